@@ -1,0 +1,153 @@
+// Package dbtest gives each test a fresh, fully migrated database.
+//
+// One PostgreSQL cluster serves a whole test binary (started on first use by
+// pgembed); a migrated template database is cloned per test, which takes a few
+// milliseconds. TEST_DATABASE_URL points the tests at an existing server
+// instead (the role needs CREATEDB).
+//
+// Packages that use it call Main from TestMain so the cluster is stopped when
+// the binary finishes:
+//
+//	func TestMain(m *testing.M) { dbtest.Main(m) }
+package dbtest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/internal/pgembed"
+	"github.com/omcp/arap/migrations"
+)
+
+var (
+	mu       sync.Mutex
+	cluster  *pgembed.Cluster
+	adminURL string // a URL to the maintenance database
+	template string
+	setupErr error
+	counter  atomic.Int64
+)
+
+// Main runs the tests and then stops the cluster.
+func Main(m *testing.M) {
+	code := m.Run()
+	mu.Lock()
+	if template != "" && cluster == nil && adminURL != "" {
+		dropDatabase(context.Background(), template)
+	}
+	if cluster != nil {
+		_ = cluster.Stop(context.Background())
+	}
+	mu.Unlock()
+	os.Exit(code)
+}
+
+func setup(ctx context.Context) error {
+	if adminURL != "" || setupErr != nil {
+		return setupErr
+	}
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		adminURL = u
+	} else {
+		c, err := pgembed.Start(ctx, pgembed.Options{Ephemeral: true})
+		if err != nil {
+			setupErr = err
+			return err
+		}
+		cluster = c
+		adminURL = c.ConnString("postgres")
+	}
+	template = fmt.Sprintf("arap_tmpl_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	if err := exec(ctx, "CREATE DATABASE "+template); err != nil {
+		setupErr = err
+		return err
+	}
+	pool, err := pgxpool.New(ctx, urlFor(template))
+	if err != nil {
+		setupErr = err
+		return err
+	}
+	defer pool.Close()
+	if err := migrations.Up(ctx, pool, nil); err != nil {
+		setupErr = err
+		return err
+	}
+	return nil
+}
+
+// URL returns the connection URL of a fresh, migrated database that is dropped
+// when the test ends (when it lives on a shared server).
+func URL(tb testing.TB) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	mu.Lock()
+	err := setup(ctx)
+	if err != nil {
+		mu.Unlock()
+		tb.Fatalf("dbtest: %v", err)
+	}
+	name := fmt.Sprintf("%s_t%d", template, counter.Add(1))
+	// Cloning needs the template to have no other sessions, so clones are
+	// serialized by mu.
+	err = exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, template))
+	mu.Unlock()
+	if err != nil {
+		tb.Fatalf("dbtest: clone template: %v", err)
+	}
+	if cluster == nil {
+		tb.Cleanup(func() { dropDatabase(context.Background(), name) })
+	}
+	return urlFor(name)
+}
+
+// New returns a pool on a fresh, migrated database, closed when the test ends.
+func New(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	pool, err := pgxpool.New(context.Background(), URL(tb))
+	if err != nil {
+		tb.Fatalf("dbtest: connect: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+func urlFor(db string) string {
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		panic(err)
+	}
+	u.Path = "/" + db
+	return u.String()
+}
+
+func exec(ctx context.Context, sql string) error {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", redact(adminURL), err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+func dropDatabase(ctx context.Context, name string) {
+	_ = exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+}
+
+func redact(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return p.Redacted()
+}

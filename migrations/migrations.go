@@ -1,0 +1,140 @@
+// Package migrations applies the database schema: our embedded SQL files, one
+// directory per schema (arap for the backend, pep for the MCP front-end), and
+// River's own migrations through rivermigrate. Migrate is safe to run from
+// several replicas at once: an advisory lock serializes them.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+)
+
+//go:embed */*.sql
+var files embed.FS
+
+// RiverSchema is the schema River's tables live in.
+const RiverSchema = "river"
+
+// Schemas lists our schemas in the order they are migrated.
+var Schemas = []string{"arap"}
+
+// lockKey is an arbitrary constant for pg_advisory_lock.
+const lockKey = 0x61726170 // "arap"
+
+// Migration is one embedded SQL file.
+type Migration struct {
+	Schema  string
+	Version int
+	Name    string
+	SQL     string
+}
+
+// All returns every embedded migration, ordered by schema then version.
+func All() ([]Migration, error) {
+	var out []Migration
+	for _, schema := range Schemas {
+		entries, err := fs.ReadDir(files, schema)
+		if err != nil {
+			return nil, fmt.Errorf("migrations: read %s: %w", schema, err)
+		}
+		var ms []Migration
+		for _, e := range entries {
+			name := e.Name()
+			num, rest, ok := strings.Cut(name, "_")
+			v, err := strconv.Atoi(num)
+			if !ok || err != nil || !strings.HasSuffix(name, ".sql") {
+				return nil, fmt.Errorf("migrations: %s/%s: want NNNN_name.sql", schema, name)
+			}
+			body, err := files.ReadFile(path.Join(schema, name))
+			if err != nil {
+				return nil, err
+			}
+			ms = append(ms, Migration{Schema: schema, Version: v, Name: strings.TrimSuffix(rest, ".sql"), SQL: string(body)})
+		}
+		sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+		for i, m := range ms {
+			if m.Version != i+1 {
+				return nil, fmt.Errorf("migrations: %s: version %d out of sequence", schema, m.Version)
+			}
+		}
+		out = append(out, ms...)
+	}
+	return out, nil
+}
+
+// Up applies every pending migration, ours and River's.
+func Up(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	all, err := All()
+	if err != nil {
+		return err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("migrations: acquire: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+		return fmt.Errorf("migrations: lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey) //nolint:errcheck
+
+	for _, s := range append([]string{RiverSchema}, Schemas...) {
+		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s}.Sanitize()); err != nil {
+			return fmt.Errorf("migrations: create schema %s: %w", s, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.arap_schema_migrations (
+		schema text NOT NULL, version int NOT NULL, name text NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (schema, version))`); err != nil {
+		return fmt.Errorf("migrations: bookkeeping table: %w", err)
+	}
+	for _, m := range all {
+		var done bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM public.arap_schema_migrations WHERE schema = $1 AND version = $2)`,
+			m.Schema, m.Version).Scan(&done); err != nil {
+			return fmt.Errorf("migrations: check %s/%d: %w", m.Schema, m.Version, err)
+		}
+		if done {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO public.arap_schema_migrations (schema, version, name) VALUES ($1, $2, $3)`, m.Schema, m.Version, m.Name)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("migrations: apply %s/%04d_%s: %w", m.Schema, m.Version, m.Name, err)
+		}
+		log.Info("migration applied", "schema", m.Schema, "version", m.Version, "name", m.Name)
+	}
+
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: RiverSchema, Logger: log})
+	if err != nil {
+		return fmt.Errorf("migrations: river migrator: %w", err)
+	}
+	res, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	if err != nil {
+		return fmt.Errorf("migrations: river: %w", err)
+	}
+	for _, v := range res.Versions {
+		log.Info("river migration applied", "version", v.Version)
+	}
+	return nil
+}
