@@ -1,0 +1,95 @@
+package audit_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func appendEvents(t *testing.T, db *pgxpool.Pool, chain string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			return audit.Append(ctx, tx, audit.Event{Chain: chain, Kind: "test.event", Actor: "system",
+				At: time.Date(2026, 11, 1, 0, 0, i, 123456789, time.UTC), Data: map[string]any{"i": i, "amount": 50000.5, "note": "<b>&"}})
+		}))
+	}
+}
+
+func TestVerifyAcceptsIntactChains(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.New(t)
+	appendEvents(t, db, "arq_a", 3)
+	appendEvents(t, db, "arq_b", 2)
+	rep, err := audit.Verify(ctx, db)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "%v", rep.Breaks)
+	require.Equal(t, 2, rep.Chains)
+	require.Equal(t, 5, rep.Events)
+
+	recs, err := audit.Chain(ctx, db, "arq_a")
+	require.NoError(t, err)
+	require.Len(t, recs, 3)
+	require.Equal(t, recs[0].Hash, recs[1].PrevHash)
+	require.Empty(t, recs[0].PrevHash)
+}
+
+func TestVerifyFindsTampering(t *testing.T) {
+	cases := map[string]struct {
+		sql     string
+		problem string
+	}{
+		"changed data":   {`UPDATE arap.audit_events SET data = jsonb_set(data, '{amount}', '1') WHERE chain = 'arq_x' AND seq = 2`, "contents"},
+		"changed actor":  {`UPDATE arap.audit_events SET actor = 'user:mallory' WHERE chain = 'arq_x' AND seq = 2`, "contents"},
+		"removed event":  {`DELETE FROM arap.audit_events WHERE chain = 'arq_x' AND seq = 2`, "sequence gap"},
+		"rewritten link": {`UPDATE arap.audit_events SET prev_hash = '\x00' WHERE chain = 'arq_x' AND seq = 2`, "prev_hash"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db := dbtest.New(t)
+			appendEvents(t, db, "arq_x", 4)
+			appendEvents(t, db, "arq_ok", 2)
+			_, err := db.Exec(ctx, tc.sql)
+			require.NoError(t, err)
+			rep, err := audit.Verify(ctx, db)
+			require.NoError(t, err)
+			require.Len(t, rep.Breaks, 1, "only the tampered chain breaks, once")
+			b := rep.Breaks[0]
+			require.Equal(t, "arq_x", b.Chain)
+			require.Contains(t, b.Problem, tc.problem)
+			if name != "removed event" {
+				require.EqualValues(t, 2, b.Seq)
+			} else {
+				require.EqualValues(t, 3, b.Seq)
+			}
+		})
+	}
+}
+
+func TestExportWritesJSONLines(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.New(t)
+	appendEvents(t, db, "arq_e", 2)
+	var buf bytes.Buffer
+	require.NoError(t, audit.Export(ctx, db, &buf))
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 2)
+	var r audit.Record
+	require.NoError(t, json.Unmarshal([]byte(lines[1]), &r))
+	require.Equal(t, "arq_e", r.Chain)
+	require.EqualValues(t, 2, r.Seq)
+}

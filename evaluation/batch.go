@@ -1,0 +1,86 @@
+package evaluation
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/omcp/arap/authzen"
+)
+
+// Items expands a batch request: each item takes the top-level subject,
+// resource, action and context as defaults, and a member it sets replaces the
+// default whole (AuthZEN 1.0 section 7.1). A batch without items is a single
+// evaluation of the top-level members.
+func Items(b authzen.EvaluationsRequest) []authzen.EvaluationRequest {
+	if len(b.Evaluations) == 0 {
+		return []authzen.EvaluationRequest{{Subject: b.Subject, Resource: b.Resource, Action: b.Action, Context: b.Context}}
+	}
+	out := make([]authzen.EvaluationRequest, len(b.Evaluations))
+	for i, it := range b.Evaluations {
+		out[i] = authzen.EvaluationRequest{
+			Subject:  orDefault(it.Subject, b.Subject),
+			Resource: orDefault(it.Resource, b.Resource),
+			Action:   orDefault(it.Action, b.Action),
+			Context:  orDefault(it.Context, b.Context),
+		}
+	}
+	return out
+}
+
+func orDefault(v, def authzen.Object) authzen.Object {
+	if v != nil {
+		return v
+	}
+	return def
+}
+
+// ValidateBatch checks the semantic option and every expanded item.
+func ValidateBatch(b authzen.EvaluationsRequest) []string {
+	var out []string
+	switch b.Options.EvaluationsSemantic {
+	case "", authzen.SemanticExecuteAll, authzen.SemanticDenyOnFirstDeny, authzen.SemanticPermitOnFirstPermit:
+	default:
+		out = append(out, fmt.Sprintf("/options/evaluations_semantic: %q is not one of %s, %s, %s", b.Options.EvaluationsSemantic,
+			authzen.SemanticExecuteAll, authzen.SemanticDenyOnFirstDeny, authzen.SemanticPermitOnFirstPermit))
+	}
+	for i, it := range Items(b) {
+		for _, v := range ValidateRequest(it) {
+			if len(b.Evaluations) > 0 {
+				if strings.HasPrefix(v, "/") {
+					v = fmt.Sprintf("/evaluations/%d%s", i, v)
+				} else {
+					v = fmt.Sprintf("/evaluations/%d: %s", i, v)
+				}
+			}
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// EvaluateBatch decides every item in order, stopping early as the semantic
+// says: deny_on_first_deny stops after the first deny, permit_on_first_permit
+// after the first permit; the response then has fewer items than the request.
+func (e *Engine) EvaluateBatch(ctx context.Context, b authzen.EvaluationsRequest) ([]Outcome, error) {
+	items := Items(b)
+	out := make([]Outcome, 0, len(items))
+	for _, it := range items {
+		o, err := e.Evaluate(ctx, it)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+		switch b.Options.EvaluationsSemantic {
+		case authzen.SemanticDenyOnFirstDeny:
+			if !o.Decision.Decision {
+				return out, nil
+			}
+		case authzen.SemanticPermitOnFirstPermit:
+			if o.Decision.Decision {
+				return out, nil
+			}
+		}
+	}
+	return out, nil
+}

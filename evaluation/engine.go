@@ -1,0 +1,329 @@
+// Package evaluation is the Policy Decision Point: it answers AuthZEN access
+// evaluations from a YAML policy whose conditions are CEL expressions.
+//
+// A decision is allow, deny, or a requestable deny. A requestable deny carries
+// context.access_request with a binding_token: an ES256 JWS that binds the
+// denied subject, resource, action and relevant context (by binding_hash) so
+// that the Access Request Service can verify a later submission without
+// sharing state with the PDP.
+//
+// The policy is loaded at start and can be reloaded (SIGHUP); a file with
+// errors is rejected with line-level messages and the running policy stays.
+package evaluation
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/oklog/ulid/v2"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/signing"
+)
+
+// Options configure an Engine.
+type Options struct {
+	// PolicyFile is reloaded by Reload. Optional when Policy is given.
+	PolicyFile string
+	// Policy is the initial policy; loaded from PolicyFile when nil.
+	Policy *Policy
+	Keys   *signing.Keys
+	// Issuer identifies this PDP (its public base URL); it is the
+	// binding_token "iss".
+	Issuer string
+	// RequestsURL is the Access Request endpoint; the binding_token "aud".
+	RequestsURL string
+	// SchemaURL returns the request_schema_url of a template.
+	SchemaURL func(template string) string
+	Now       func() time.Time
+	Log       *slog.Logger
+}
+
+// Engine evaluates access requests against the current policy.
+type Engine struct {
+	opts   Options
+	policy atomic.Pointer[Policy]
+}
+
+// New builds an Engine.
+func New(opts Options) (*Engine, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Keys == nil || opts.Issuer == "" || opts.RequestsURL == "" {
+		return nil, errors.New("evaluation: Keys, Issuer and RequestsURL are required")
+	}
+	e := &Engine{opts: opts}
+	p := opts.Policy
+	if p == nil {
+		if opts.PolicyFile == "" {
+			return nil, errors.New("evaluation: a policy or policy file is required")
+		}
+		var err error
+		if p, err = LoadFile(opts.PolicyFile); err != nil {
+			return nil, err
+		}
+	}
+	e.policy.Store(p)
+	return e, nil
+}
+
+// Policy returns the policy in force.
+func (e *Engine) Policy() *Policy { return e.policy.Load() }
+
+// SetPolicy replaces the policy in force.
+func (e *Engine) SetPolicy(p *Policy) { e.policy.Store(p) }
+
+// Reload re-reads the policy file. On error the current policy stays.
+func (e *Engine) Reload() error {
+	if e.opts.PolicyFile == "" {
+		return errors.New("evaluation: no policy file to reload")
+	}
+	p, err := LoadFile(e.opts.PolicyFile)
+	if err != nil {
+		return err
+	}
+	e.policy.Store(p)
+	return nil
+}
+
+// BindingClaims are the claims of a binding_token.
+type BindingClaims struct {
+	jwt.RegisteredClaims
+	EvaluationID          string   `json:"evaluation_id"`
+	DenialExpiresAt       string   `json:"denial_expires_at"`
+	BindingContextMembers []string `json:"binding_context_members"`
+	BindingHash           string   `json:"binding_hash"`
+	// Template names the rule that made the denial requestable. The ARS routes
+	// on this signed value, never on the PEP's echo of access_request.template.
+	Template string `json:"template"`
+}
+
+// Outcome is a decision plus what produced it, for the caller's logs and
+// metrics; only Decision goes on the wire.
+type Outcome struct {
+	Decision authzen.Decision
+	Rule     string // "" when no rule matched
+	Effect   string
+}
+
+// Evaluate decides one request. The request must already be valid (see
+// ValidateRequest).
+func (e *Engine) Evaluate(ctx context.Context, req authzen.EvaluationRequest) (Outcome, error) {
+	p := e.policy.Load()
+	now := e.opts.Now().UTC().Truncate(time.Second)
+	evalID := "eval_" + ulid.Make().String()
+	deny := func(reason string) authzen.Decision {
+		return authzen.Decision{Decision: false, Context: authzen.Object{
+			authzen.CtxEvaluationID: evalID, authzen.CtxEvaluatedAt: now, authzen.CtxReason: reason}}
+	}
+	rule, err := e.match(p, req, now)
+	if err != nil {
+		// Fail closed: a rule we could not evaluate might have denied.
+		e.opts.Log.Warn("policy rule failed to evaluate; denying", "error", err)
+		return Outcome{Decision: deny(authzen.ReasonPolicyError), Effect: EffectDeny}, nil
+	}
+	if rule == nil {
+		return Outcome{Decision: deny(authzen.ReasonNoMatchingRule), Effect: EffectDeny}, nil
+	}
+	out := Outcome{Rule: rule.Name, Effect: rule.Effect}
+	switch rule.Effect {
+	case EffectAllow:
+		out.Decision = authzen.Decision{Decision: true, Context: authzen.Object{authzen.CtxEvaluationID: evalID}}
+	case EffectDeny:
+		out.Decision = deny(rule.Reason)
+	case EffectRequest:
+		d := deny(rule.Reason)
+		hint, err := e.requestableHint(ctx, rule, req, evalID, now)
+		if err != nil {
+			return Outcome{}, err
+		}
+		d.Context[authzen.CtxAccessRequest] = hint
+		out.Decision = d
+	}
+	return out, nil
+}
+
+// match returns the first rule that applies, or nil.
+func (e *Engine) match(p *Policy, req authzen.EvaluationRequest, now time.Time) (*Rule, error) {
+	ctxObj := map[string]any(req.Context)
+	if ctxObj == nil {
+		ctxObj = map[string]any{}
+	}
+	vars := map[string]any{
+		"subject":  map[string]any(req.Subject),
+		"resource": map[string]any(req.Resource),
+		"action":   map[string]any(req.Action),
+		"context":  ctxObj,
+		"now":      now,
+	}
+	for _, r := range p.Rules {
+		if !r.Match.matches(req) {
+			continue
+		}
+		if r.program == nil {
+			return r, nil
+		}
+		val, _, err := r.program.Eval(vars)
+		if err != nil {
+			return nil, fmt.Errorf("rule %q: %w", r.Name, err)
+		}
+		b, ok := val.Value().(bool)
+		if !ok {
+			return nil, fmt.Errorf("rule %q: condition returned %T, not bool", r.Name, val.Value())
+		}
+		if b {
+			return r, nil
+		}
+	}
+	return nil, nil
+}
+
+func (m Match) matches(req authzen.EvaluationRequest) bool {
+	return (m.Action == "" || m.Action == req.Action.Str("name")) &&
+		(m.ResourceType == "" || m.ResourceType == req.Resource.Str("type")) &&
+		(m.ResourceID == "" || m.ResourceID == req.Resource.Str("id")) &&
+		(m.SubjectType == "" || m.SubjectType == req.Subject.Str("type"))
+}
+
+func (e *Engine) requestableHint(ctx context.Context, r *Rule, req authzen.EvaluationRequest, evalID string, now time.Time) (authzen.AccessRequestHint, error) {
+	expires := now.Add(r.DenialTTL)
+	hash, err := authzen.BindingHash(req.Subject, req.Resource, req.Action, req.Context, r.ContextMembers)
+	if err != nil {
+		return authzen.AccessRequestHint{}, fmt.Errorf("evaluation: binding hash: %w", err)
+	}
+	jti := make([]byte, 16)
+	_, _ = rand.Read(jti)
+	claims := BindingClaims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer:    e.opts.Issuer,
+			Audience:  jwt.ClaimStrings{e.opts.RequestsURL},
+			IssuedAt:  jwt.NewNumericDate(now),
+			ExpiresAt: jwt.NewNumericDate(expires),
+			ID:        base64.RawURLEncoding.EncodeToString(jti),
+		},
+		EvaluationID:          evalID,
+		DenialExpiresAt:       expires.Format(time.RFC3339),
+		BindingContextMembers: r.ContextMembers,
+		BindingHash:           hash,
+		Template:              r.Template,
+	}
+	token, err := e.opts.Keys.Sign(ctx, signing.TypeBinding, claims)
+	if err != nil {
+		return authzen.AccessRequestHint{}, err
+	}
+	hint := authzen.AccessRequestHint{
+		Template:     r.Template,
+		ExpiresAt:    expires,
+		BindingToken: token,
+		Display:      r.Display,
+	}
+	if r.RequestSchema != nil && e.opts.SchemaURL != nil {
+		hint.RequestSchemaURL = e.opts.SchemaURL(r.Template)
+	}
+	return hint, nil
+}
+
+// RuleForTemplate finds the requestable rule a template names.
+func (p *Policy) RuleForTemplate(template string) (*Rule, bool) {
+	for _, r := range p.Rules {
+		if r.Effect == EffectRequest && r.Template == template {
+			return r, true
+		}
+	}
+	return nil, false
+}
+
+// ValidateSubmission checks a submission's additions against the rule's
+// request_schema and returns the violations (none when valid).
+func (r *Rule) ValidateSubmission(context, requestedAccess map[string]any) []string {
+	if r.compiledSchema == nil {
+		return nil
+	}
+	inst := map[string]any{}
+	if context != nil {
+		inst["context"] = context
+	}
+	if requestedAccess != nil {
+		inst["requested_access"] = requestedAccess
+	}
+	return Violations(r.compiledSchema.Validate(inst))
+}
+
+//go:embed authzen-evaluation-request.schema.json
+var requestSchemaJSON string
+
+var requestSchema = func() *jsonschema.Schema {
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(requestSchemaJSON))
+	if err != nil {
+		panic(err)
+	}
+	c := jsonschema.NewCompiler()
+	const url = "https://openid.net/schemas/authzen-evaluation-request.json"
+	if err := c.AddResource(url, doc); err != nil {
+		panic(err)
+	}
+	return c.MustCompile(url)
+}()
+
+// ValidateRequest checks req against the AuthZEN 1.0 request schema and
+// returns the violations.
+func ValidateRequest(req authzen.EvaluationRequest) []string {
+	inst := map[string]any{}
+	for k, v := range map[string]authzen.Object{"subject": req.Subject, "resource": req.Resource, "action": req.Action, "context": req.Context} {
+		if v != nil {
+			inst[k] = map[string]any(v)
+		}
+	}
+	return Violations(requestSchema.Validate(inst))
+}
+
+var printer = message.NewPrinter(language.English)
+
+// Violations flattens a JSON Schema validation error into one line per
+// failing value: "<json pointer>: <what is wrong>", or just what is wrong
+// when it is the top-level value.
+func Violations(err error) []string {
+	if err == nil {
+		return nil
+	}
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return []string{err.Error()}
+	}
+	var out []string
+	var walk func(*jsonschema.ValidationError)
+	walk = func(v *jsonschema.ValidationError) {
+		if len(v.Causes) == 0 {
+			msg := v.ErrorKind.LocalizedString(printer)
+			if len(v.InstanceLocation) > 0 {
+				msg = "/" + strings.Join(v.InstanceLocation, "/") + ": " + msg
+			}
+			out = append(out, msg)
+			return
+		}
+		for _, c := range v.Causes {
+			walk(c)
+		}
+	}
+	walk(ve)
+	sort.Strings(out)
+	return slices.Compact(out)
+}

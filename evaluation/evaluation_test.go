@@ -1,0 +1,272 @@
+package evaluation_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/signing"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+const (
+	issuer      = "https://pdp.test"
+	requestsURL = "https://pdp.test/access/v1/requests"
+)
+
+var fixed = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+
+func setup(t *testing.T) (*evaluation.Engine, *signing.Keys) {
+	t.Helper()
+	keys, err := signing.Open(context.Background(), dbtest.New(t), signing.Options{MasterKey: make([]byte, 32)})
+	require.NoError(t, err)
+	e, err := evaluation.New(evaluation.Options{
+		PolicyFile: "testdata/policy.yaml", Keys: keys, Issuer: issuer, RequestsURL: requestsURL,
+		SchemaURL: func(tpl string) string { return issuer + "/access/v1/schemas/" + tpl },
+		Now:       func() time.Time { return fixed },
+	})
+	require.NoError(t, err)
+	return e, keys
+}
+
+func call(tool string, args map[string]any) authzen.EvaluationRequest {
+	return authzen.EvaluationRequest{
+		Subject:  authzen.Object{"type": "user", "id": "alice", "properties": map[string]any{"act": map[string]any{"sub": "agent:demo"}}},
+		Action:   authzen.Object{"name": "tools/call"},
+		Resource: authzen.Object{"type": "mcp_tool", "id": tool, "properties": map[string]any{"arguments": args}},
+		Context:  authzen.Object{"tenant": "acme", "time": "2026-11-29T10:00:00Z"},
+	}
+}
+
+func TestDecisions(t *testing.T) {
+	e, _ := setup(t)
+	ctx := context.Background()
+	cases := []struct {
+		name     string
+		req      authzen.EvaluationRequest
+		decision bool
+		reason   string
+		rule     string
+	}{
+		{"always allowed", call("get_balance", map[string]any{}), true, "", "get_balance"},
+		{"small transfer", call("wire_transfer", map[string]any{"to": "a", "amount": 25000}), true, "", "wire_transfer_small"},
+		{"over hard limit", call("wire_transfer", map[string]any{"to": "a", "amount": 2000000}), false, "amount_over_hard_limit", "wire_transfer_over_hard_limit"},
+		{"unknown tool", call("format_disk", map[string]any{}), false, authzen.ReasonNoMatchingRule, ""},
+		// A condition that cannot be evaluated denies: a rule that might have
+		// denied is never skipped.
+		{"bad argument type fails closed", call("wire_transfer", map[string]any{"to": "a", "amount": "lots"}), false, authzen.ReasonPolicyError, ""},
+		{"missing argument fails closed", call("wire_transfer", map[string]any{"to": "a"}), false, authzen.ReasonPolicyError, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := e.Evaluate(ctx, tc.req)
+			require.NoError(t, err)
+			require.Equal(t, tc.decision, out.Decision.Decision)
+			require.Equal(t, tc.rule, out.Rule)
+			require.NotEmpty(t, out.Decision.Context.Str(authzen.CtxEvaluationID))
+			require.NotContains(t, out.Decision.Context, authzen.CtxAccessRequest, "only request rules are requestable")
+			if !tc.decision {
+				require.Equal(t, tc.reason, out.Decision.Context.Str(authzen.CtxReason))
+			}
+		})
+	}
+}
+
+func TestRequestableDenialCarriesVerifiableBinding(t *testing.T) {
+	e, keys := setup(t)
+	ctx := context.Background()
+	req := call("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000})
+	out, err := e.Evaluate(ctx, req)
+	require.NoError(t, err)
+	d := out.Decision
+	require.False(t, d.Decision, "a requestable denial is still a denial")
+	require.Equal(t, authzen.ReasonApprovalRequired, d.Context[authzen.CtxReason])
+	require.Equal(t, fixed, d.Context[authzen.CtxEvaluatedAt])
+	hint := d.Context[authzen.CtxAccessRequest].(authzen.AccessRequestHint)
+	require.Equal(t, fixed.Add(10*time.Minute), hint.ExpiresAt)
+	require.Equal(t, "treasury_approval", hint.Template)
+	require.Equal(t, "Treasury approval", hint.Display["title"])
+	require.Empty(t, hint.RequestSchemaURL, "no schema, no schema URL")
+
+	var claims evaluation.BindingClaims
+	require.NoError(t, keys.Verify(ctx, signing.TypeBinding, hint.BindingToken, &claims))
+	require.Equal(t, issuer, claims.Issuer)
+	require.Equal(t, jwt.ClaimStrings{requestsURL}, claims.Audience)
+	require.Equal(t, hint.ExpiresAt, claims.ExpiresAt.Time.UTC())
+	require.Equal(t, hint.ExpiresAt.Format(time.RFC3339), claims.DenialExpiresAt)
+	require.NotEmpty(t, claims.ID)
+	require.Equal(t, d.Context[authzen.CtxEvaluationID], claims.EvaluationID)
+	require.Equal(t, []string{"tenant"}, claims.BindingContextMembers)
+	require.Equal(t, "treasury_approval", claims.Template)
+	// The hash covers subject (without act), resource, action and the tenant
+	// member only; the volatile time member is not bound.
+	req.Context["time"] = "later"
+	req.Subject["properties"] = map[string]any{"act": map[string]any{"sub": "someone-else"}}
+	want, err := authzen.BindingHash(req.Subject, req.Resource, req.Action, req.Context, []string{"tenant"})
+	require.NoError(t, err)
+	require.Equal(t, want, claims.BindingHash)
+
+	// Every denial gets its own jti and evaluation id.
+	out2, err := e.Evaluate(ctx, req)
+	require.NoError(t, err)
+	var claims2 evaluation.BindingClaims
+	require.NoError(t, keys.Verify(ctx, signing.TypeBinding, out2.Decision.Context[authzen.CtxAccessRequest].(authzen.AccessRequestHint).BindingToken, &claims2))
+	require.NotEqual(t, claims.ID, claims2.ID)
+	require.NotEqual(t, claims.EvaluationID, claims2.EvaluationID)
+}
+
+func TestRequestSchema(t *testing.T) {
+	e, _ := setup(t)
+	out, err := e.Evaluate(context.Background(), call("read_customer_record", map[string]any{"customer_id": "c-1"}))
+	require.NoError(t, err)
+	hint := out.Decision.Context[authzen.CtxAccessRequest].(authzen.AccessRequestHint)
+	require.Equal(t, issuer+"/access/v1/schemas/read_customer_record", hint.RequestSchemaURL)
+	require.Equal(t, fixed.Add(2*time.Minute), hint.ExpiresAt, "the rule's denial_ttl overrides the default")
+
+	rule, ok := e.Policy().RuleForTemplate("read_customer_record")
+	require.True(t, ok)
+	require.Empty(t, rule.ValidateSubmission(map[string]any{"business_justification": "Renewal review for ACME"}, nil))
+	v := rule.ValidateSubmission(map[string]any{"business_justification": "short"}, nil)
+	require.Len(t, v, 1)
+	require.Contains(t, v[0], "/context/business_justification")
+	v = rule.ValidateSubmission(nil, nil)
+	require.Len(t, v, 1)
+	require.Contains(t, v[0], "context")
+}
+
+func TestBatchSemantics(t *testing.T) {
+	e, _ := setup(t)
+	ctx := context.Background()
+	base := call("get_balance", map[string]any{})
+	batch := authzen.EvaluationsRequest{
+		Subject: base.Subject, Action: base.Action,
+		Evaluations: []authzen.EvaluationRequest{
+			{Resource: authzen.Object{"type": "mcp_tool", "id": "get_balance"}},
+			{Resource: authzen.Object{"type": "mcp_tool", "id": "format_disk"}},
+			{Resource: authzen.Object{"type": "mcp_tool", "id": "get_balance"}},
+		},
+	}
+	decisions := func(semantic string) []bool {
+		b := batch
+		b.Options.EvaluationsSemantic = semantic
+		require.Empty(t, evaluation.ValidateBatch(b))
+		outs, err := e.EvaluateBatch(ctx, b)
+		require.NoError(t, err)
+		var ds []bool
+		for _, o := range outs {
+			ds = append(ds, o.Decision.Decision)
+		}
+		return ds
+	}
+	require.Equal(t, []bool{true, false, true}, decisions(""))
+	require.Equal(t, []bool{true, false, true}, decisions(authzen.SemanticExecuteAll))
+	require.Equal(t, []bool{true, false}, decisions(authzen.SemanticDenyOnFirstDeny))
+	require.Equal(t, []bool{true}, decisions(authzen.SemanticPermitOnFirstPermit))
+
+	// An item's member replaces the default whole.
+	items := evaluation.Items(authzen.EvaluationsRequest{
+		Subject:     authzen.Object{"type": "user", "id": "alice"},
+		Evaluations: []authzen.EvaluationRequest{{Subject: authzen.Object{"type": "user", "id": "bob"}}},
+	})
+	require.Equal(t, "bob", items[0].Subject.Str("id"))
+
+	bad := batch
+	bad.Options.EvaluationsSemantic = "first_wins"
+	bad.Evaluations = append(bad.Evaluations, authzen.EvaluationRequest{Action: authzen.Object{"verb": "x"}})
+	v := evaluation.ValidateBatch(bad)
+	require.Equal(t, []string{
+		`/options/evaluations_semantic: "first_wins" is not one of execute_all, deny_on_first_deny, permit_on_first_permit`,
+		"/evaluations/3/action: missing property 'name'",
+		"/evaluations/3: missing property 'resource'",
+	}, v)
+}
+
+func TestValidateRequest(t *testing.T) {
+	require.Empty(t, evaluation.ValidateRequest(call("get_balance", nil)))
+	v := evaluation.ValidateRequest(authzen.EvaluationRequest{
+		Subject:  authzen.Object{"type": "user"},
+		Resource: authzen.Object{"type": 7, "id": "x"},
+	})
+	joined := strings.Join(v, "\n")
+	require.Contains(t, joined, "/subject: missing property 'id'")
+	require.Contains(t, joined, "/resource/type: got number, want string")
+	require.Contains(t, joined, "\nmissing property 'action'")
+}
+
+func TestPolicyErrorsHaveLines(t *testing.T) {
+	doc := `version: 1
+rules:
+  - name: ok_rule
+    match: {action: read}
+    effect: allow
+  - name: bad_cel
+    when: resource.id ==
+    effect: allow
+  - name: bad_effect
+    match: {action: read}
+    effect: maybe
+  - name: typo
+    match: {action: read}
+    efect: allow
+  - name: ok_rule
+    match: {action: read}
+    effect: deny
+  - name: bad_ttl
+    match: {action: read}
+    effect: request
+    denial_ttl: soon
+`
+	_, err := evaluation.Parse("p.yaml", []byte(doc))
+	var perr *evaluation.Error
+	require.ErrorAs(t, err, &perr)
+	msg := err.Error()
+	// The first error at decode time stops decoding, so line-level decode
+	// errors and compile errors are reported in two passes; here the decode
+	// error (unknown field) comes first.
+	require.Contains(t, msg, "p.yaml:14:")
+	require.Contains(t, msg, `unknown rule field "efect"`)
+
+	doc = strings.Replace(doc, "efect", "effect", 1)
+	doc = strings.Replace(doc, "denial_ttl: soon", "denial_ttl: 5m", 1)
+	_, err = evaluation.Parse("p.yaml", []byte(doc))
+	require.ErrorAs(t, err, &perr)
+	msg = err.Error()
+	require.Contains(t, msg, `p.yaml:7: rule "bad_cel": when:`)
+	require.Contains(t, msg, `p.yaml:9: rule "bad_effect": effect must be allow, deny or request`)
+	require.Contains(t, msg, `p.yaml:15: rule "ok_rule" is defined twice`)
+	require.Len(t, perr.Problems, 3)
+}
+
+func TestReloadKeepsPolicyOnError(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "policy.yaml")
+	good, err := os.ReadFile("testdata/policy.yaml")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(file, good, 0o600))
+	keys, err := signing.Open(context.Background(), dbtest.New(t), signing.Options{MasterKey: make([]byte, 32)})
+	require.NoError(t, err)
+	e, err := evaluation.New(evaluation.Options{PolicyFile: file, Keys: keys, Issuer: issuer, RequestsURL: requestsURL})
+	require.NoError(t, err)
+	before := e.Policy()
+
+	require.NoError(t, os.WriteFile(file, []byte("version: 1\nrules:\n  - name: x\n    when: 1 +\n    effect: allow\n"), 0o600))
+	err = e.Reload()
+	require.ErrorContains(t, err, "policy.yaml:4:")
+	require.Same(t, before, e.Policy(), "a bad file leaves the running policy in place")
+
+	require.NoError(t, os.WriteFile(file, []byte("version: 1\nrules:\n  - name: everything\n    when: \"true\"\n    effect: allow\n"), 0o600))
+	require.NoError(t, e.Reload())
+	out, err := e.Evaluate(context.Background(), call("format_disk", nil))
+	require.NoError(t, err)
+	require.True(t, out.Decision.Decision)
+}

@@ -1,0 +1,404 @@
+package evaluation
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/ext"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"go.yaml.in/yaml/v3"
+)
+
+// Effects a rule can have.
+const (
+	EffectAllow   = "allow"   // decision true
+	EffectDeny    = "deny"    // decision false, not requestable
+	EffectRequest = "request" // decision false, requestable: access can be asked for
+)
+
+// Policy is a compiled policy file. It is immutable; reloading builds a new one.
+type Policy struct {
+	Source   string // file name, for messages
+	Defaults Defaults
+	Rules    []*Rule
+	byName   map[string]*Rule
+}
+
+// Rule returns the named rule.
+func (p *Policy) Rule(name string) (*Rule, bool) {
+	r, ok := p.byName[name]
+	return r, ok
+}
+
+// Defaults apply to rules that do not set their own values.
+type Defaults struct {
+	DenialTTL  Duration `yaml:"denial_ttl"`  // lifetime of a requestable denial and its binding_token
+	RequestTTL Duration `yaml:"request_ttl"` // how long a submitted request may stay pending
+}
+
+// Rule is one compiled rule. Rules are tried in file order; the first whose
+// match and condition hold decides. No match means deny, not requestable.
+type Rule struct {
+	Name        string
+	Description string
+	Match       Match
+	When        Expr
+	Effect      string
+	Reason      string
+	// Requestable rules only:
+	Template       string         // opaque routing id sent as access_request.template
+	Display        map[string]any // UI hints for the PEP and the approver
+	ContextMembers []string       // authorization-relevant context members (binding_context_members)
+	DenialTTL      time.Duration
+	RequestTTL     time.Duration
+	// RequestSchema describes what a submission must add (context and
+	// requested_access); nil means nothing beyond the denied evaluation.
+	RequestSchema  map[string]any
+	compiledSchema *jsonschema.Schema
+	program        cel.Program
+}
+
+// Match is a cheap pre-filter on exact values; empty fields match anything.
+type Match struct {
+	Action       string `yaml:"action"`
+	ResourceType string `yaml:"resource_type"`
+	ResourceID   string `yaml:"resource_id"`
+	SubjectType  string `yaml:"subject_type"`
+}
+
+// Expr is a CEL expression with the line it came from.
+type Expr struct {
+	Src  string
+	Line int
+}
+
+// UnmarshalYAML keeps the line number for error messages.
+func (e *Expr) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: expected a CEL expression string", n.Line)
+	}
+	e.Src, e.Line = n.Value, n.Line
+	return nil
+}
+
+// Duration is a time.Duration written as "10m", "24h".
+type Duration struct {
+	time.Duration
+	Line int
+}
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil || v <= 0 {
+		return fmt.Errorf("line %d: %q is not a positive duration (e.g. 10m, 24h)", n.Line, n.Value)
+	}
+	d.Duration, d.Line = v, n.Line
+	return nil
+}
+
+type fileSpec struct {
+	Version  int        `yaml:"version"`
+	Defaults Defaults   `yaml:"defaults"`
+	Rules    []ruleSpec `yaml:"rules"`
+}
+
+type ruleSpec struct {
+	Line           int            `yaml:"-"`
+	Name           string         `yaml:"name"`
+	Description    string         `yaml:"description"`
+	Match          Match          `yaml:"match"`
+	When           Expr           `yaml:"when"`
+	Effect         string         `yaml:"effect"`
+	Reason         string         `yaml:"reason"`
+	Template       string         `yaml:"template"`
+	Display        map[string]any `yaml:"display"`
+	ContextMembers []string       `yaml:"context_members"`
+	DenialTTL      Duration       `yaml:"denial_ttl"`
+	RequestTTL     Duration       `yaml:"request_ttl"`
+	RequestSchema  map[string]any `yaml:"request_schema"`
+}
+
+func (r *ruleSpec) UnmarshalYAML(n *yaml.Node) error {
+	// Node.Decode cannot reject unknown keys, so check them here, with lines.
+	if err := checkKeys(n, ruleKeys, "rule"); err != nil {
+		return err
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == "match" {
+			if err := checkKeys(n.Content[i+1], matchKeys, "match"); err != nil {
+				return err
+			}
+		}
+	}
+	type plain ruleSpec
+	var p plain
+	if err := n.Decode(&p); err != nil {
+		return err
+	}
+	*r = ruleSpec(p)
+	r.Line = n.Line
+	return nil
+}
+
+var (
+	ruleKeys = []string{"name", "description", "match", "when", "effect", "reason", "template", "display",
+		"context_members", "denial_ttl", "request_ttl", "request_schema"}
+	matchKeys = []string{"action", "resource_type", "resource_id", "subject_type"}
+)
+
+func checkKeys(n *yaml.Node, known []string, what string) error {
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: %s must be a mapping", n.Line, what)
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if !slices.Contains(known, k.Value) {
+			return fmt.Errorf("line %d: unknown %s field %q (known: %s)", k.Line, what, k.Value, strings.Join(known, ", "))
+		}
+	}
+	return nil
+}
+
+// Error lists every problem found in a policy file, each with its line.
+type Error struct {
+	Source   string
+	Problems []Problem
+}
+
+// Problem is one error at one line.
+type Problem struct {
+	Line    int
+	Message string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "policy %s: %d problem(s)", e.Source, len(e.Problems))
+	for _, p := range e.Problems {
+		if p.Line > 0 {
+			fmt.Fprintf(&b, "\n  %s:%d: %s", e.Source, p.Line, p.Message)
+		} else {
+			fmt.Fprintf(&b, "\n  %s: %s", e.Source, p.Message)
+		}
+	}
+	return b.String()
+}
+
+var (
+	nameRE   = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
+	reasonRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
+	lineRE   = regexp.MustCompile(`line (\d+)`)
+)
+
+// LoadFile reads and compiles a policy file.
+func LoadFile(path string) (*Policy, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	return Parse(path, b)
+}
+
+// Parse compiles a policy document. All problems are reported at once.
+func Parse(source string, doc []byte) (*Policy, error) {
+	perr := &Error{Source: source}
+	add := func(line int, format string, args ...any) {
+		perr.Problems = append(perr.Problems, Problem{Line: line, Message: fmt.Sprintf(format, args...)})
+	}
+	var spec fileSpec
+	dec := yaml.NewDecoder(bytes.NewReader(doc))
+	dec.KnownFields(true)
+	if err := dec.Decode(&spec); err != nil {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			for _, m := range te.Errors {
+				add(lineOf(m), "%s", stripLine(m))
+			}
+		} else {
+			add(lineOf(err.Error()), "%s", stripLine(strings.TrimPrefix(err.Error(), "yaml: ")))
+		}
+		return nil, perr
+	}
+	if spec.Version != 1 {
+		add(1, "version must be 1, got %d", spec.Version)
+	}
+	p := &Policy{Source: source, Defaults: spec.Defaults, byName: map[string]*Rule{}}
+	if p.Defaults.DenialTTL.Duration == 0 {
+		p.Defaults.DenialTTL.Duration = 10 * time.Minute
+	}
+	if p.Defaults.RequestTTL.Duration == 0 {
+		p.Defaults.RequestTTL.Duration = 24 * time.Hour
+	}
+	env, err := newCELEnv()
+	if err != nil {
+		return nil, err
+	}
+	for _, rs := range spec.Rules {
+		r, problems := compileRule(env, p.Defaults, rs)
+		perr.Problems = append(perr.Problems, problems...)
+		if r == nil {
+			continue
+		}
+		if _, dup := p.byName[r.Name]; dup {
+			add(rs.Line, "rule %q is defined twice", r.Name)
+			continue
+		}
+		p.byName[r.Name] = r
+		p.Rules = append(p.Rules, r)
+	}
+	if len(perr.Problems) > 0 {
+		return nil, perr
+	}
+	return p, nil
+}
+
+func lineOf(msg string) int {
+	m := lineRE.FindStringSubmatch(msg)
+	if m == nil {
+		return 0
+	}
+	var n int
+	fmt.Sscan(m[1], &n)
+	return n
+}
+
+func stripLine(msg string) string {
+	return strings.TrimSpace(lineRE.ReplaceAllString(strings.TrimPrefix(msg, "line "), ""))
+}
+
+func compileRule(env *cel.Env, d Defaults, rs ruleSpec) (*Rule, []Problem) {
+	var ps []Problem
+	add := func(line int, format string, args ...any) {
+		ps = append(ps, Problem{Line: line, Message: fmt.Sprintf("rule %q: ", rs.Name) + fmt.Sprintf(format, args...)})
+	}
+	if !nameRE.MatchString(rs.Name) {
+		add(rs.Line, "name must be lower_snake_case (a-z, 0-9, _), at most 63 characters")
+	}
+	r := &Rule{
+		Name: rs.Name, Description: rs.Description, Match: rs.Match, When: rs.When, Effect: rs.Effect,
+		Reason: rs.Reason, Template: rs.Template, Display: rs.Display, ContextMembers: rs.ContextMembers,
+		DenialTTL: rs.DenialTTL.Duration, RequestTTL: rs.RequestTTL.Duration, RequestSchema: rs.RequestSchema,
+	}
+	switch r.Effect {
+	case EffectAllow, EffectDeny, EffectRequest:
+	default:
+		add(rs.Line, "effect must be allow, deny or request, got %q", r.Effect)
+	}
+	if r.Reason == "" {
+		switch r.Effect {
+		case EffectRequest:
+			r.Reason = "approval_required"
+		case EffectDeny:
+			r.Reason = "policy_denied"
+		}
+	} else if !reasonRE.MatchString(r.Reason) {
+		add(rs.Line, "reason must be a lower_snake_case code")
+	}
+	if r.Effect != EffectRequest {
+		if r.Template != "" || r.Display != nil || r.ContextMembers != nil || r.RequestSchema != nil || r.DenialTTL != 0 || r.RequestTTL != 0 {
+			add(rs.Line, "template, display, context_members, request_schema, denial_ttl and request_ttl apply only to effect: request")
+		}
+	}
+	if r.Template == "" {
+		r.Template = r.Name
+	}
+	if r.DenialTTL == 0 {
+		r.DenialTTL = d.DenialTTL.Duration
+	}
+	if r.RequestTTL == 0 {
+		r.RequestTTL = d.RequestTTL.Duration
+	}
+	if r.ContextMembers == nil {
+		r.ContextMembers = []string{}
+	}
+	for _, m := range r.ContextMembers {
+		if m == "" || slices.Contains(machineryMembers, m) {
+			add(rs.Line, "context_members may not include %q: it is protocol machinery, not an authorization input", m)
+		}
+	}
+	if r.Match == (Match{}) && r.When.Src == "" {
+		add(rs.Line, "needs match or when (a rule that matches everything should say when: \"true\")")
+	}
+	if r.When.Src != "" {
+		ast, iss := env.Compile(r.When.Src)
+		if iss != nil && iss.Err() != nil {
+			add(r.When.Line, "when: %s", oneLine(iss.Err().Error()))
+		} else if ast.OutputType() != cel.BoolType && ast.OutputType() != cel.DynType {
+			add(r.When.Line, "when: must be a bool expression, is %s", ast.OutputType())
+		} else {
+			prg, err := env.Program(ast, cel.CostLimit(celCostLimit), cel.EvalOptions(cel.OptOptimize))
+			if err != nil {
+				add(r.When.Line, "when: %v", err)
+			}
+			r.program = prg
+		}
+	}
+	if r.RequestSchema != nil {
+		c := jsonschema.NewCompiler()
+		c.DefaultDraft(jsonschema.Draft2020)
+		url := "urn:arap:schema:" + r.Name
+		if err := c.AddResource(url, jsonCompatible(r.RequestSchema)); err != nil {
+			add(rs.Line, "request_schema: %v", err)
+		} else if sch, err := c.Compile(url); err != nil {
+			add(rs.Line, "request_schema: %s", oneLine(err.Error()))
+		} else {
+			r.compiledSchema = sch
+			r.RequestSchema = jsonCompatible(r.RequestSchema).(map[string]any)
+		}
+	}
+	return r, ps
+}
+
+var machineryMembers = []string{"access_request", "evaluation_id", "evaluated_at", "reason", "approval"}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// jsonCompatible converts YAML-decoded values (ints, nested maps) to the
+// shapes encoding/json produces (float64, map[string]any).
+func jsonCompatible(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, val := range x {
+			out[k] = jsonCompatible(val)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, val := range x {
+			out[i] = jsonCompatible(val)
+		}
+		return out
+	case int:
+		return float64(x)
+	case int64:
+		return float64(x)
+	case uint64:
+		return float64(x)
+	default:
+		return v
+	}
+}
+
+const celCostLimit = 100000
+
+func newCELEnv() (*cel.Env, error) {
+	return cel.NewEnv(
+		cel.Variable("subject", cel.MapType(cel.StringType, cel.DynType)),
+		cel.Variable("resource", cel.MapType(cel.StringType, cel.DynType)),
+		cel.Variable("action", cel.MapType(cel.StringType, cel.DynType)),
+		cel.Variable("context", cel.MapType(cel.StringType, cel.DynType)),
+		cel.Variable("now", cel.TimestampType),
+		cel.CrossTypeNumericComparisons(true),
+		cel.OptionalTypes(),
+		ext.Strings(),
+	)
+}
