@@ -180,30 +180,7 @@ func validate(n New) error {
 	return nil
 }
 
-func newID() string {
-	b := make([]byte, 10)
-	_, _ = rand.Read(b)
-	return "cli_" + strings.ToLower(base32NoPad(b))
-}
-
-func base32NoPad(b []byte) string {
-	const alphabet = "0123456789abcdefghjkmnpqrstvwxyz" // Crockford
-	var sb strings.Builder
-	var acc uint
-	bits := 0
-	for _, x := range b {
-		acc = acc<<8 | uint(x)
-		bits += 8
-		for bits >= 5 {
-			sb.WriteByte(alphabet[(acc>>(bits-5))&31])
-			bits -= 5
-		}
-	}
-	if bits > 0 {
-		sb.WriteByte(alphabet[(acc<<(5-bits))&31])
-	}
-	return sb.String()
-}
+func newID() string { return "cli_" + strings.ToLower(rand.Text()) }
 
 const selectClient = `SELECT id, name, token_hash, scopes, resolver_kind, actors, created_at, revoked_at FROM arap.api_clients`
 

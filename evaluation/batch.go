@@ -62,11 +62,11 @@ func ValidateBatch(b authzen.EvaluationsRequest) []string {
 // EvaluateBatch decides every item in order, stopping early as the semantic
 // says: deny_on_first_deny stops after the first deny, permit_on_first_permit
 // after the first permit; the response then has fewer items than the request.
-func (e *Engine) EvaluateBatch(ctx context.Context, b authzen.EvaluationsRequest) ([]Outcome, error) {
+func (e *Engine) EvaluateBatch(ctx context.Context, callerID string, b authzen.EvaluationsRequest) ([]Outcome, error) {
 	items := Items(b)
 	out := make([]Outcome, 0, len(items))
 	for _, it := range items {
-		o, err := e.Evaluate(ctx, it)
+		o, err := e.Evaluate(ctx, callerID, it)
 		if err != nil {
 			return nil, err
 		}

@@ -114,6 +114,9 @@ type BindingClaims struct {
 	// Template names the rule that made the denial requestable. The ARS routes
 	// on this signed value, never on the PEP's echo of access_request.template.
 	Template string `json:"template"`
+	// AuthorizedParty is the API client that asked for the evaluation; only
+	// it may submit the request, so a leaked token is useless to others.
+	AuthorizedParty string `json:"azp,omitempty"`
 }
 
 // Outcome is a decision plus what produced it, for the caller's logs and
@@ -124,9 +127,9 @@ type Outcome struct {
 	Effect   string
 }
 
-// Evaluate decides one request. The request must already be valid (see
-// ValidateRequest).
-func (e *Engine) Evaluate(ctx context.Context, req authzen.EvaluationRequest) (Outcome, error) {
+// Evaluate decides one request for the API client callerID. The request must
+// already be valid (see ValidateRequest).
+func (e *Engine) Evaluate(ctx context.Context, callerID string, req authzen.EvaluationRequest) (Outcome, error) {
 	p := e.policy.Load()
 	now := e.opts.Now().UTC().Truncate(time.Second)
 	evalID := "eval_" + ulid.Make().String()
@@ -151,7 +154,7 @@ func (e *Engine) Evaluate(ctx context.Context, req authzen.EvaluationRequest) (O
 		out.Decision = deny(rule.Reason)
 	case EffectRequest:
 		d := deny(rule.Reason)
-		hint, err := e.requestableHint(ctx, rule, req, evalID, now)
+		hint, err := e.requestableHint(ctx, callerID, rule, req, evalID, now)
 		if err != nil {
 			return Outcome{}, err
 		}
@@ -203,7 +206,7 @@ func (m Match) matches(req authzen.EvaluationRequest) bool {
 		(m.SubjectType == "" || m.SubjectType == req.Subject.Str("type"))
 }
 
-func (e *Engine) requestableHint(ctx context.Context, r *Rule, req authzen.EvaluationRequest, evalID string, now time.Time) (authzen.AccessRequestHint, error) {
+func (e *Engine) requestableHint(ctx context.Context, callerID string, r *Rule, req authzen.EvaluationRequest, evalID string, now time.Time) (authzen.AccessRequestHint, error) {
 	expires := now.Add(r.DenialTTL)
 	hash, err := authzen.BindingHash(req.Subject, req.Resource, req.Action, req.Context, r.ContextMembers)
 	if err != nil {
@@ -224,6 +227,7 @@ func (e *Engine) requestableHint(ctx context.Context, r *Rule, req authzen.Evalu
 		BindingContextMembers: r.ContextMembers,
 		BindingHash:           hash,
 		Template:              r.Template,
+		AuthorizedParty:       callerID,
 	}
 	token, err := e.opts.Keys.Sign(ctx, signing.TypeBinding, claims)
 	if err != nil {

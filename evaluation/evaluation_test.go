@@ -69,7 +69,7 @@ func TestDecisions(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := e.Evaluate(ctx, tc.req)
+			out, err := e.Evaluate(ctx, "cli_test", tc.req)
 			require.NoError(t, err)
 			require.Equal(t, tc.decision, out.Decision.Decision)
 			require.Equal(t, tc.rule, out.Rule)
@@ -86,7 +86,7 @@ func TestRequestableDenialCarriesVerifiableBinding(t *testing.T) {
 	e, keys := setup(t)
 	ctx := context.Background()
 	req := call("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000})
-	out, err := e.Evaluate(ctx, req)
+	out, err := e.Evaluate(ctx, "cli_test", req)
 	require.NoError(t, err)
 	d := out.Decision
 	require.False(t, d.Decision, "a requestable denial is still a denial")
@@ -108,6 +108,7 @@ func TestRequestableDenialCarriesVerifiableBinding(t *testing.T) {
 	require.Equal(t, d.Context[authzen.CtxEvaluationID], claims.EvaluationID)
 	require.Equal(t, []string{"tenant"}, claims.BindingContextMembers)
 	require.Equal(t, "treasury_approval", claims.Template)
+	require.Equal(t, "cli_test", claims.AuthorizedParty)
 	// The hash covers subject (without act), resource, action and the tenant
 	// member only; the volatile time member is not bound.
 	req.Context["time"] = "later"
@@ -117,7 +118,7 @@ func TestRequestableDenialCarriesVerifiableBinding(t *testing.T) {
 	require.Equal(t, want, claims.BindingHash)
 
 	// Every denial gets its own jti and evaluation id.
-	out2, err := e.Evaluate(ctx, req)
+	out2, err := e.Evaluate(ctx, "cli_test", req)
 	require.NoError(t, err)
 	var claims2 evaluation.BindingClaims
 	require.NoError(t, keys.Verify(ctx, signing.TypeBinding, out2.Decision.Context[authzen.CtxAccessRequest].(authzen.AccessRequestHint).BindingToken, &claims2))
@@ -127,7 +128,7 @@ func TestRequestableDenialCarriesVerifiableBinding(t *testing.T) {
 
 func TestRequestSchema(t *testing.T) {
 	e, _ := setup(t)
-	out, err := e.Evaluate(context.Background(), call("read_customer_record", map[string]any{"customer_id": "c-1"}))
+	out, err := e.Evaluate(context.Background(), "cli_test", call("read_customer_record", map[string]any{"customer_id": "c-1"}))
 	require.NoError(t, err)
 	hint := out.Decision.Context[authzen.CtxAccessRequest].(authzen.AccessRequestHint)
 	require.Equal(t, issuer+"/access/v1/schemas/read_customer_record", hint.RequestSchemaURL)
@@ -160,7 +161,7 @@ func TestBatchSemantics(t *testing.T) {
 		b := batch
 		b.Options.EvaluationsSemantic = semantic
 		require.Empty(t, evaluation.ValidateBatch(b))
-		outs, err := e.EvaluateBatch(ctx, b)
+		outs, err := e.EvaluateBatch(ctx, "cli_test", b)
 		require.NoError(t, err)
 		var ds []bool
 		for _, o := range outs {
@@ -266,7 +267,7 @@ func TestReloadKeepsPolicyOnError(t *testing.T) {
 
 	require.NoError(t, os.WriteFile(file, []byte("version: 1\nrules:\n  - name: everything\n    when: \"true\"\n    effect: allow\n"), 0o600))
 	require.NoError(t, e.Reload())
-	out, err := e.Evaluate(context.Background(), call("format_disk", nil))
+	out, err := e.Evaluate(context.Background(), "cli_test", call("format_disk", nil))
 	require.NoError(t, err)
 	require.True(t, out.Decision.Decision)
 }

@@ -1,0 +1,109 @@
+package requests
+
+import (
+	"context"
+
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/riverqueue/river"
+)
+
+var (
+	submitted = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "arap_requests_submitted_total", Help: "Access requests created (replays not counted).",
+	})
+	transitions = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "arap_requests_transitions_total", Help: "Access request state changes, by new state.",
+	}, []string{"to"})
+)
+
+// ExpireArgs is the job that expires a request at its deadline. It is
+// scheduled in the transaction that creates the request, so no request can
+// exist without its expiry job.
+type ExpireArgs struct {
+	RequestID string `json:"request_id"`
+}
+
+// Kind implements river.JobArgs.
+func (ExpireArgs) Kind() string { return "requests.expire" }
+
+// ExpireWorker runs ExpireArgs.
+type ExpireWorker struct {
+	river.WorkerDefaults[ExpireArgs]
+	Service *Service
+}
+
+// Work expires the request, or does nothing if it has already ended.
+func (w *ExpireWorker) Work(ctx context.Context, job *river.Job[ExpireArgs]) error {
+	r, err := w.Service.Expire(ctx, job.Args.RequestID)
+	switch code := ErrorCode(err); {
+	case err == nil:
+		w.Service.cfg.Log.Info("request expired", "request_id", r.ID)
+		return nil
+	case code == errNotDue:
+		// Scheduled early (clock skew between hosts): try again at the deadline.
+		cur, lerr := load(ctx, w.Service.cfg.DB, job.Args.RequestID)
+		if lerr != nil {
+			return lerr
+		}
+		return river.JobSnooze(max(time.Until(cur.ExpiresAt), time.Second))
+	case code != "":
+		return nil // already terminal, or gone: nothing to do
+	default:
+		return err
+	}
+}
+
+// PurgeArgs is the periodic retention job.
+type PurgeArgs struct{}
+
+// Kind implements river.JobArgs.
+func (PurgeArgs) Kind() string { return "requests.purge" }
+
+// PurgeWorker deletes idempotency keys of requests that ended more than the
+// idempotency retention ago, and spent jti values whose tokens have expired.
+type PurgeWorker struct {
+	river.WorkerDefaults[PurgeArgs]
+	Service *Service
+}
+
+// Work runs one purge.
+func (w *PurgeWorker) Work(ctx context.Context, _ *river.Job[PurgeArgs]) error {
+	_, _, err := w.Service.Purge(ctx)
+	return err
+}
+
+// Purge removes expired retention state and reports how much.
+func (s *Service) Purge(ctx context.Context) (keys, jtis int64, err error) {
+	now := s.now()
+	tag, err := s.cfg.DB.Exec(ctx, `DELETE FROM arap.idempotency_keys k USING arap.requests r
+		WHERE k.request_id = r.id AND r.terminal_at < $1`, now.Add(-s.cfg.IdempotencyRetention))
+	if err != nil {
+		return 0, 0, fmt.Errorf("requests: purge keys: %w", err)
+	}
+	keys = tag.RowsAffected()
+	// A spent jti is useless once its token has expired (plus skew).
+	tag, err = s.cfg.DB.Exec(ctx, `DELETE FROM arap.binding_jtis WHERE expires_at < $1`, now.Add(-s.cfg.ClockSkew-time.Minute))
+	if err != nil {
+		return keys, 0, fmt.Errorf("requests: purge jtis: %w", err)
+	}
+	return keys, tag.RowsAffected(), nil
+}
+
+// AddWorkers registers the package's job workers.
+func (s *Service) AddWorkers(w *river.Workers) {
+	river.AddWorker(w, &ExpireWorker{Service: s})
+	river.AddWorker(w, &PurgeWorker{Service: s})
+}
+
+// PeriodicJobs are the package's scheduled jobs.
+func (s *Service) PeriodicJobs() []*river.PeriodicJob {
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
+			return PurgeArgs{}, nil
+		}, &river.PeriodicJobOpts{RunOnStart: true}),
+	}
+}

@@ -1,0 +1,93 @@
+package requests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/omcp/arap/authzen"
+)
+
+// Request is an access request as stored.
+type Request struct {
+	ID                    string
+	ClientID              string
+	Status                Status
+	StatusReason          string
+	Rule                  string
+	Subject               authzen.Object
+	Resource              authzen.Object
+	Action                authzen.Object
+	Context               authzen.Object
+	RequestedAccess       authzen.Object
+	ClientInfo            *authzen.ClientInfo
+	Denial                authzen.Denial
+	EvaluationID          string
+	BindingHash           string
+	BindingContextMembers []string
+	Display               map[string]any
+	ExpiresAt             time.Time
+	CreatedAt             time.Time
+	UpdatedAt             time.Time
+	TerminalAt            *time.Time
+	Result                *authzen.Result
+}
+
+const requestColumns = `id, client_id, status, coalesce(status_reason, ''), rule, subject, resource, action, context,
+	requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
+	expires_at, created_at, updated_at, terminal_at, result`
+
+func scanRequest(row pgx.Row) (*Request, error) {
+	var r Request
+	err := row.Scan(&r.ID, &r.ClientID, &r.Status, &r.StatusReason, &r.Rule, &r.Subject, &r.Resource, &r.Action, &r.Context,
+		&r.RequestedAccess, &r.ClientInfo, &r.Denial, &r.EvaluationID, &r.BindingHash, &r.BindingContextMembers, &r.Display,
+		&r.ExpiresAt, &r.CreatedAt, &r.UpdatedAt, &r.TerminalAt, &r.Result)
+	if err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Querier runs a query returning one row; pools and transactions both do.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func load(ctx context.Context, q Querier, id string) (*Request, error) {
+	r, err := scanRequest(q.QueryRow(ctx, `SELECT `+requestColumns+` FROM arap.requests WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, errUnknownTask
+	}
+	if err != nil {
+		return nil, fmt.Errorf("requests: load %s: %w", id, err)
+	}
+	return r, nil
+}
+
+// Handle renders the request as an ARAP task response. statusEndpoint is the
+// request's URL; links.cancel is offered only while the request is pending.
+func (r *Request) Handle(statusEndpoint string) authzen.TaskResponse {
+	exp := r.ExpiresAt
+	t := authzen.Task{
+		ID:             r.ID,
+		Status:         string(r.Status),
+		StatusEndpoint: statusEndpoint,
+		ExpiresAt:      &exp,
+	}
+	if r.Display != nil || r.StatusReason != "" {
+		t.Display = map[string]any{}
+		for k, v := range r.Display {
+			t.Display[k] = v
+		}
+		if r.StatusReason != "" {
+			t.Display[authzen.DisplayStatusReason] = r.StatusReason
+		}
+	}
+	if r.Status == Pending {
+		t.Links = map[string]any{"cancel": statusEndpoint + "/cancel"}
+	}
+	return authzen.TaskResponse{Task: t, Result: r.Result}
+}

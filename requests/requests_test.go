@@ -1,0 +1,432 @@
+package requests_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/requests"
+)
+
+func TestSubmitCreatesPendingRequestWithAuditAndExpiryJob(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	res, err := f.svc.Submit(ctx, f.pep, "key-1", f.fresh("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000}))
+	require.NoError(t, err)
+	r := res.Request
+	require.False(t, res.Replayed)
+	require.True(t, strings.HasPrefix(r.ID, "arq_"))
+	require.Greater(t, len(r.ID), 24, "task ids carry enough entropy")
+	require.Equal(t, requests.Pending, r.Status)
+	require.Equal(t, "wire_transfer_large", r.Rule)
+	require.WithinDuration(t, f.clock.Now().Add(24*time.Hour), r.ExpiresAt, 2*time.Second)
+
+	h := r.Handle(f.svc.StatusEndpoint(r.ID))
+	require.Equal(t, requestsURL+"/"+r.ID, h.Task.StatusEndpoint)
+	require.Equal(t, requestsURL+"/"+r.ID+"/cancel", h.Task.Links["cancel"])
+	require.Equal(t, "Treasury approval", h.Task.Display["title"])
+	require.Nil(t, h.Result)
+
+	events, err := audit.Chain(ctx, f.db, r.ID)
+	require.NoError(t, err)
+	require.Len(t, events, 1)
+	require.Equal(t, "request.submitted", events[0].Kind)
+	require.Equal(t, "client:pep", events[0].Actor)
+
+	var jobs int
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM river.river_job WHERE kind = 'requests.expire' AND args->>'request_id' = $1`, r.ID).Scan(&jobs))
+	require.Equal(t, 1, jobs)
+}
+
+func TestIdempotency(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	req := toolCall("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000})
+	d, hint := f.deny(f.pep, req)
+	body := submission(req, d, hint)
+	raw := mustJSON(t, body)
+
+	first, err := f.svc.Submit(ctx, f.pep, "k", raw)
+	require.NoError(t, err)
+
+	// Same key, same bytes: the same handle, even though the token's jti repeats.
+	again, err := f.svc.Submit(ctx, f.pep, "k", raw)
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, first.Request.ID, again.Request.ID)
+
+	// Same key, an equivalent body (reordered, re-spaced): still the same.
+	equivalent := []byte(" {\n\"denial\": " + string(mustJSON(t, body["denial"])) + ", \"subject\": " + string(mustJSON(t, body["subject"])) +
+		", \"action\":" + string(mustJSON(t, body["action"])) + ",\"resource\":" + string(mustJSON(t, body["resource"])) +
+		",\"context\":" + string(mustJSON(t, body["context"])) + "}\n")
+	again, err = f.svc.Submit(ctx, f.pep, "\"k\"", equivalent)
+	require.NoError(t, err, "the sf-string form of the key is the same key")
+	require.Equal(t, first.Request.ID, again.Request.ID)
+
+	// After a restart (a new service on the same database): still the same.
+	svc2, err := requests.NewService(requests.Config{DB: f.db, Jobs: f.jobs, Keys: f.keys, Policy: f.engine, Issuer: issuer, RequestsURL: requestsURL})
+	require.NoError(t, err)
+	again, err = svc2.Submit(ctx, f.pep, "k", raw)
+	require.NoError(t, err)
+	require.Equal(t, first.Request.ID, again.Request.ID)
+
+	// Same key, different body: 409 duplicate_request, and nothing changes.
+	body["context"] = map[string]any{"tenant": "acme", "note": "changed"}
+	_, err = f.svc.Submit(ctx, f.pep, "k", mustJSON(t, body))
+	require.Equal(t, authzen.ProblemDuplicateRequest, requests.ErrorCode(err))
+	require.Equal(t, 1, count(t, f, "arap.requests"))
+
+	// Keys are scoped to the client: another client's "k" is its own.
+	_, err = f.svc.Submit(ctx, f.other, "k", f.fresh("wire_transfer", map[string]any{"to": "x", "amount": 30000}))
+	require.Equal(t, authzen.ProblemInvalidDenialBinding, requests.ErrorCode(err), "the token was issued to pep, not other-pep")
+
+	// No key: accepted as a fresh request each time (with a fresh denial).
+	a, err := f.svc.Submit(ctx, f.pep, "", f.fresh("wire_transfer", map[string]any{"to": "acct-1", "amount": 30000}))
+	require.NoError(t, err)
+	b, err := f.svc.Submit(ctx, f.pep, "", f.fresh("wire_transfer", map[string]any{"to": "acct-1", "amount": 30000}))
+	require.NoError(t, err)
+	require.NotEqual(t, a.Request.ID, b.Request.ID)
+}
+
+func TestConcurrentDuplicatesCreateOneRequest(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	raw := f.fresh("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000})
+	const n = 50
+	ids := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			res, err := f.svc.Submit(ctx, f.pep, "same-key", raw)
+			errs[i] = err
+			if err == nil {
+				ids[i] = res.Request.ID
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, ids[0], ids[i])
+	}
+	require.Equal(t, 1, count(t, f, "arap.requests"))
+	require.Equal(t, 1, count(t, f, "arap.audit_events WHERE kind = 'request.submitted'"))
+}
+
+func TestSubmissionErrors(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	wire := map[string]any{"to": "acct-991", "amount": 50000}
+	cases := []struct {
+		name   string
+		key    string
+		body   func() []byte
+		code   string
+		detail string
+	}{
+		{"malformed JSON", "", func() []byte { return []byte(`{"subject": `) }, authzen.ProblemInvalidRequest, "not valid JSON"},
+		{"duplicate member", "", func() []byte { return []byte(`{"subject": {}, "subject": {}}`) }, authzen.ProblemInvalidRequest, "not valid JSON"},
+		{"not an object", "", func() []byte { return []byte(`[1]`) }, authzen.ProblemInvalidRequest, "JSON object"},
+		{"NUL in a string", "", func() []byte { return []byte(`{"subject": {"id": "a\u0000b"}}`) }, authzen.ProblemInvalidRequest, "NUL"},
+		{"unknown member", "", func() []byte { return patch(f.fresh("wire_transfer", wire), "denail", 1) }, authzen.ProblemInvalidRequest, "unknown member(s) denail"},
+		{"unknown denial member", "", func() []byte {
+			return patch(f.fresh("wire_transfer", wire), "denial", map[string]any{"binding_tokn": "x", "expires_at": "2026-01-01T00:00:00Z"})
+		}, authzen.ProblemInvalidRequest, "denial.binding_tokn"},
+		{"wrong type", "", func() []byte { return patch(f.fresh("wire_transfer", wire), "subject", "alice") }, authzen.ProblemInvalidRequest, "wrong type"},
+		{"bulk", "", func() []byte { return patch(f.fresh("wire_transfer", wire), "items", []any{map[string]any{}}) }, authzen.ProblemUnsupported, "bulk"},
+		{"no denial", "", func() []byte { return patch(f.fresh("wire_transfer", wire), "denial", nil) }, authzen.ProblemNotRequestable, "no denial"},
+		{"evaluation_id only", "", func() []byte {
+			return patch(f.fresh("wire_transfer", wire), "denial", map[string]any{"evaluation_id": "eval_x", "expires_at": "2026-01-01T00:00:00Z"})
+		}, authzen.ProblemInvalidDenialBinding, "binding_token is required"},
+		{"forged token", "", func() []byte {
+			b := f.fresh("wire_transfer", wire)
+			var m map[string]any
+			require.NoError(t, json.Unmarshal(b, &m))
+			tok := m["denial"].(map[string]any)["binding_token"].(string)
+			parts := strings.Split(tok, ".")
+			// Re-sign nothing: swap in a payload that binds a smaller amount.
+			m["denial"].(map[string]any)["binding_token"] = parts[0] + "." + parts[1][:len(parts[1])-4] + "AAAA." + parts[2]
+			return mustJSON(t, m)
+		}, authzen.ProblemInvalidDenialBinding, "does not verify"},
+		{"garbage token", "", func() []byte {
+			return patchDenial(t, f.fresh("wire_transfer", wire), "binding_token", "eyJhbGciOiJub25lIn0.e30.")
+		}, authzen.ProblemInvalidDenialBinding, "does not verify"},
+		{"different arguments", "", func() []byte {
+			b := f.fresh("wire_transfer", wire)
+			return patch(b, "resource", map[string]any{"type": "mcp_tool", "id": "wire_transfer", "properties": map[string]any{"arguments": map[string]any{"to": "acct-991", "amount": 5000000}}})
+		}, authzen.ProblemInvalidDenialBinding, "does not match the denied evaluation"},
+		{"changed relevant context", "", func() []byte {
+			req := toolCall("read_customer_record", map[string]any{"customer_id": "c-1"})
+			d, hint := f.deny(f.pep, req)
+			body := submission(req, d, hint)
+			body["context"] = map[string]any{"tenant": "other", "business_justification": "A long enough reason"}
+			return mustJSON(t, body)
+		}, authzen.ProblemInvalidDenialBinding, "context (tenant)"},
+		{"echoed expiry altered", "", func() []byte {
+			return patchDenial(t, f.fresh("wire_transfer", wire), "expires_at", time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+		}, authzen.ProblemInvalidDenialBinding, "does not match the expiry the PDP signed"},
+		{"evaluation_id altered", "", func() []byte {
+			return patchDenial(t, f.fresh("wire_transfer", wire), "evaluation_id", "eval_other")
+		}, authzen.ProblemInvalidDenialBinding, "evaluation_id"},
+		{"schema violation", "", func() []byte {
+			req := toolCall("read_customer_record", map[string]any{"customer_id": "c-1"})
+			d, hint := f.deny(f.pep, req)
+			body := submission(req, d, hint)
+			body["context"] = map[string]any{"tenant": "acme", "business_justification": "short"}
+			return mustJSON(t, body)
+		}, authzen.ProblemSchemaViolation, "/context/business_justification"},
+		{"actor the client may not claim", "", func() []byte {
+			return patch(f.fresh("wire_transfer", wire), "client", map[string]any{"actor": map[string]any{"id": "agent:demo", "act": map[string]any{"sub": "user:root"}}})
+		}, authzen.ProblemActorNotAuthorized, `"user:root"`},
+		{"bad idempotency key", "has space", func() []byte { return f.fresh("wire_transfer", wire) }, authzen.ProblemInvalidIdempotencyKey, "printable ASCII"},
+		{"overlong idempotency key", strings.Repeat("k", 256), func() []byte { return f.fresh("wire_transfer", wire) }, authzen.ProblemInvalidIdempotencyKey, "longer than"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := count(t, f, "arap.requests")
+			_, err := f.svc.Submit(ctx, f.pep, tc.key, tc.body())
+			require.Error(t, err)
+			require.Equal(t, tc.code, requests.ErrorCode(err), "%v", err)
+			require.Contains(t, err.Error(), tc.detail)
+			require.Equal(t, before, count(t, f, "arap.requests"), "a refused submission changes nothing")
+		})
+	}
+	require.Zero(t, count(t, f, "arap.binding_jtis"), "refused submissions do not spend the token")
+}
+
+func TestBindingTokenReplayAndExpiry(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	raw := f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000})
+	_, err := f.svc.Submit(ctx, f.pep, "k1", raw)
+	require.NoError(t, err)
+	// The same token under another key is a replay, not a retry.
+	_, err = f.svc.Submit(ctx, f.pep, "k2", raw)
+	require.Equal(t, authzen.ProblemInvalidDenialBinding, requests.ErrorCode(err))
+	require.Contains(t, err.Error(), "jti replay")
+
+	// A denial past its expiry (10 minutes by default, plus 30s of skew).
+	stale := f.fresh("wire_transfer", map[string]any{"to": "b", "amount": 50000})
+	f.clock.Advance(10*time.Minute + 20*time.Second)
+	_, err = f.svc.Submit(ctx, f.pep, "k3", stale)
+	require.NoError(t, err, "within the clock-skew tolerance")
+	stale = f.fresh("wire_transfer", map[string]any{"to": "c", "amount": 50000})
+	f.clock.Advance(10*time.Minute + 31*time.Second)
+	_, err = f.svc.Submit(ctx, f.pep, "k4", stale)
+	require.Equal(t, authzen.ProblemExpiredDenial, requests.ErrorCode(err))
+
+	// A denial whose rule the policy no longer offers is not requestable.
+	raw = f.fresh("wire_transfer", map[string]any{"to": "d", "amount": 50000})
+	p, err := evaluation.Parse("new.yaml", []byte("version: 1\nrules:\n  - name: wire_transfer\n    match: {resource_id: wire_transfer}\n    effect: deny\n"))
+	require.NoError(t, err)
+	f.engine.SetPolicy(p)
+	_, err = f.svc.Submit(ctx, f.pep, "k5", raw)
+	require.Equal(t, authzen.ProblemNotRequestable, requests.ErrorCode(err))
+}
+
+func TestStatusIsOnlyForTheSubmitter(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	res, err := f.svc.Submit(ctx, f.pep, "", f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000}))
+	require.NoError(t, err)
+	got, err := f.svc.Get(ctx, f.pep, res.Request.ID)
+	require.NoError(t, err)
+	require.Equal(t, requests.Pending, got.Status)
+	_, err = f.svc.Get(ctx, f.other, res.Request.ID)
+	require.Equal(t, authzen.ProblemUnknownTask, requests.ErrorCode(err))
+	_, err = f.svc.Get(ctx, f.pep, "arq_nope")
+	require.Equal(t, authzen.ProblemUnknownTask, requests.ErrorCode(err))
+	_, err = f.svc.Cancel(ctx, f.other, res.Request.ID, "", "")
+	require.Equal(t, authzen.ProblemUnknownTask, requests.ErrorCode(err))
+}
+
+func TestCancel(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	res, err := f.svc.Submit(ctx, f.pep, "", f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000}))
+	require.NoError(t, err)
+	id := res.Request.ID
+	r, err := f.svc.Cancel(ctx, f.pep, id, "", "user changed their mind")
+	require.NoError(t, err)
+	require.Equal(t, requests.Cancelled, r.Status)
+	require.NotNil(t, r.TerminalAt)
+	h := r.Handle(f.svc.StatusEndpoint(id))
+	require.Nil(t, h.Task.Links, "no cancel link once terminal")
+	require.Equal(t, requests.ReasonCancelledByPEP, h.Task.Display[authzen.DisplayStatusReason])
+
+	_, err = f.svc.Cancel(ctx, f.pep, id, "", "")
+	require.Equal(t, authzen.ProblemInvalidTaskState, requests.ErrorCode(err))
+	require.Contains(t, err.Error(), "already cancelled")
+
+	events, err := audit.Chain(ctx, f.db, id)
+	require.NoError(t, err)
+	require.Len(t, events, 2)
+	require.Equal(t, "request.cancelled", events[1].Kind)
+	require.Contains(t, string(events[1].Data), "user changed their mind")
+}
+
+func TestExpiry(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	res, err := f.svc.Submit(ctx, f.pep, "", f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000}))
+	require.NoError(t, err)
+	id := res.Request.ID
+
+	_, err = f.svc.Expire(ctx, id)
+	require.Equal(t, "not_due", requests.ErrorCode(err), "nothing expires before its deadline")
+
+	f.clock.Advance(24*time.Hour + time.Second)
+	// A cancel after the deadline loses to expiry; the reader sees expired.
+	_, err = f.svc.Cancel(ctx, f.pep, id, "", "")
+	require.Equal(t, authzen.ProblemInvalidTaskState, requests.ErrorCode(err))
+	r, err := f.svc.Get(ctx, f.pep, id)
+	require.NoError(t, err)
+	require.Equal(t, requests.Expired, r.Status)
+	require.Equal(t, requests.ReasonTimeout, r.StatusReason, "a timeout is not a denial")
+
+	_, err = f.svc.Expire(ctx, id)
+	require.Equal(t, authzen.ProblemInvalidTaskState, requests.ErrorCode(err))
+	require.Equal(t, 1, count(t, f, fmt.Sprintf("arap.audit_events WHERE chain = '%s' AND kind = 'request.expired'", id)))
+
+	// Past retention the handle answers task_expired.
+	f.clock.Advance(7*24*time.Hour + time.Minute)
+	_, err = f.svc.Get(ctx, f.pep, id)
+	require.Equal(t, authzen.ProblemTaskExpired, requests.ErrorCode(err))
+}
+
+// TestStateMachine enumerates every (from, to) pair: only pending moves, and
+// only to a terminal state; a terminal request never changes.
+func TestStateMachine(t *testing.T) {
+	for _, from := range requests.AllStatuses {
+		for _, to := range requests.AllStatuses {
+			want := from == requests.Pending && to != requests.Pending
+			require.Equal(t, want, requests.CanTransition(from, to), "%s -> %s", from, to)
+		}
+	}
+	f := setup(t)
+	ctx := context.Background()
+	for _, from := range requests.AllStatuses {
+		if from == requests.Pending {
+			continue
+		}
+		for _, to := range requests.AllStatuses {
+			if to == requests.Pending {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s to %s", from, to), func(t *testing.T) {
+				res, err := f.svc.Submit(ctx, f.pep, "", f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000}))
+				require.NoError(t, err)
+				id := res.Request.ID
+				_, err = f.db.Exec(ctx, `UPDATE arap.requests SET status = $2, terminal_at = now() WHERE id = $1`, id, from)
+				require.NoError(t, err)
+				if to == requests.Expired {
+					f.clock.Advance(25 * time.Hour)
+					defer f.clock.Advance(-25 * time.Hour)
+				}
+				_, err = f.svc.Transition(ctx, id, requests.Change{To: to, Reason: "x", Actor: "test"})
+				require.Equal(t, authzen.ProblemInvalidTaskState, requests.ErrorCode(err))
+				var status string
+				require.NoError(t, f.db.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, id).Scan(&status))
+				require.Equal(t, string(from), status)
+			})
+		}
+	}
+}
+
+// TestExpiryJob runs real River workers: a request with a 2 s lifetime is
+// expired by its job, once.
+func TestExpiryJob(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	workers := river.NewWorkers()
+	f.svc.AddWorkers(workers)
+	worker, err := river.NewClient(riverpgxv5.New(f.db), &river.Config{
+		Schema: migrations.RiverSchema, Workers: workers,
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 5}},
+		FetchPollInterval: 100 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	require.NoError(t, worker.Start(ctx))
+	defer worker.Stop(ctx)
+
+	res, err := f.svc.Submit(ctx, f.pep, "", f.fresh("quick", map[string]any{}))
+	require.NoError(t, err)
+	id := res.Request.ID
+	require.Eventually(t, func() bool {
+		var status string
+		require.NoError(t, f.db.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, id).Scan(&status))
+		return status == "expired"
+	}, 60*time.Second, 100*time.Millisecond)
+	require.Equal(t, 1, count(t, f, fmt.Sprintf("arap.audit_events WHERE chain = '%s' AND kind = 'request.expired'", id)))
+}
+
+func TestPurge(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	done, err := f.svc.Submit(ctx, f.pep, "old", f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000}))
+	require.NoError(t, err)
+	_, err = f.svc.Cancel(ctx, f.pep, done.Request.ID, "", "")
+	require.NoError(t, err)
+	pending, err := f.svc.Submit(ctx, f.pep, "live", f.fresh("wire_transfer", map[string]any{"to": "b", "amount": 50000}))
+	require.NoError(t, err)
+
+	keys, jtis, err := f.svc.Purge(ctx)
+	require.NoError(t, err)
+	require.Zero(t, keys, "keys are kept at least 24 h after the request ends")
+	require.Zero(t, jtis)
+
+	f.clock.Advance(25 * time.Hour)
+	keys, jtis, err = f.svc.Purge(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, keys, "only the ended request's key goes; the pending one's stays")
+	require.EqualValues(t, 2, jtis)
+	var n int
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM arap.idempotency_keys WHERE request_id = $1`, pending.Request.ID).Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+func count(t *testing.T, f *fixture, from string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, f.db.QueryRow(context.Background(), "SELECT count(*) FROM "+from).Scan(&n))
+	return n
+}
+
+func patch(raw []byte, member string, v any) []byte {
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		panic(err)
+	}
+	if v == nil {
+		delete(m, member)
+	} else {
+		m[member] = v
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+func patchDenial(t *testing.T, raw []byte, member string, v any) []byte {
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(raw, &m))
+	m["denial"].(map[string]any)[member] = v
+	return mustJSON(t, m)
+}

@@ -1,0 +1,230 @@
+// Package requests runs the access-request lifecycle of the Access Request
+// Service (ARAP sections 3.3 to 3.5): submission with idempotency and denial
+// binding checks, status, cancellation, expiry, and the audit trail of each
+// request.
+//
+// Every state change is one conditional UPDATE (... WHERE status = 'pending')
+// in a transaction that also writes the audit event and enqueues the jobs the
+// change implies, so a change and its consequences commit together, and a
+// change that loses a race changes nothing and says so.
+package requests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/signing"
+)
+
+// JobInserter enqueues River jobs inside a transaction.
+type JobInserter interface {
+	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
+}
+
+// PolicySource gives the policy in force.
+type PolicySource interface {
+	Policy() *evaluation.Policy
+}
+
+// Config configures a Service.
+type Config struct {
+	DB     *pgxpool.Pool
+	Jobs   JobInserter
+	Keys   *signing.Keys
+	Policy PolicySource
+	// Issuer is the PDP identifier binding tokens must carry as "iss".
+	Issuer string
+	// RequestsURL is this service's identifier (binding_token "aud") and the
+	// base of status endpoints.
+	RequestsURL string
+	// ClockSkew is tolerated when checking a denial's freshness. Default 30s.
+	ClockSkew time.Duration
+	// Retention is how long a terminal request stays readable; after it the
+	// status endpoint answers task_expired. Default 7 days.
+	Retention time.Duration
+	// IdempotencyRetention keeps keys at least this long after the request
+	// ends. Default 24h (ARAP's minimum).
+	IdempotencyRetention time.Duration
+	Now                  func() time.Time
+	Log                  *slog.Logger
+}
+
+// Service is the Access Request Service.
+type Service struct {
+	cfg Config
+}
+
+// NewService checks cfg and returns a Service.
+func NewService(cfg Config) (*Service, error) {
+	if cfg.DB == nil || cfg.Jobs == nil || cfg.Keys == nil || cfg.Policy == nil || cfg.Issuer == "" || cfg.RequestsURL == "" {
+		return nil, errors.New("requests: DB, Jobs, Keys, Policy, Issuer and RequestsURL are required")
+	}
+	if cfg.ClockSkew == 0 {
+		cfg.ClockSkew = 30 * time.Second
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = 7 * 24 * time.Hour
+	}
+	if cfg.IdempotencyRetention == 0 {
+		cfg.IdempotencyRetention = 24 * time.Hour
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{cfg: cfg}, nil
+}
+
+func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// StatusEndpoint is the URL of request id.
+func (s *Service) StatusEndpoint(id string) string { return s.cfg.RequestsURL + "/" + id }
+
+// Caller is the authenticated API client making a call.
+type Caller struct {
+	ID   string
+	Name string
+	// MayAssertActor says whether the client may claim an actor id.
+	MayAssertActor func(id string) bool
+}
+
+func (c Caller) principal() string { return "client:" + c.Name }
+
+// Get returns request id if caller may see it. A pending request whose
+// deadline has passed is expired on the spot (the expiry job may not have run
+// yet), so a reader never sees "pending" after expires_at.
+func (s *Service) Get(ctx context.Context, caller Caller, id string) (*Request, error) {
+	r, err := load(ctx, s.cfg.DB, id)
+	if err != nil {
+		return nil, err
+	}
+	if r.ClientID != caller.ID {
+		// Not "forbidden": another client's request does not exist for you.
+		return nil, errUnknownTask
+	}
+	if r.Status == Pending && !s.now().Before(r.ExpiresAt) {
+		if r, err = s.Expire(ctx, id); err != nil {
+			return nil, err
+		}
+	}
+	if r.TerminalAt != nil && s.now().After(r.TerminalAt.Add(s.cfg.Retention)) {
+		return nil, refuse(authzen.ProblemTaskExpired, "this access request ended at %s and is past its retention period", r.TerminalAt.Format(time.RFC3339))
+	}
+	return r, nil
+}
+
+// Cancel cancels caller's pending request id.
+func (s *Service) Cancel(ctx context.Context, caller Caller, id, reason, comment string) (*Request, error) {
+	r, err := s.Get(ctx, caller, id)
+	if err != nil {
+		return nil, err
+	}
+	if reason == "" {
+		reason = ReasonCancelledByPEP
+	}
+	return s.Transition(ctx, r.ID, Change{
+		To:     Cancelled,
+		Reason: reason,
+		Actor:  caller.principal(),
+		Data:   map[string]any{"reason": reason, "comment": comment},
+	})
+}
+
+// Expire moves request id to expired if it is pending and due. It is what the
+// expiry job runs; running it twice, or on two replicas, expires once.
+func (s *Service) Expire(ctx context.Context, id string) (*Request, error) {
+	return s.Transition(ctx, id, Change{To: Expired, Reason: ReasonTimeout, Actor: "system"})
+}
+
+// errNotDue is the code of an expiry attempted before the deadline.
+const errNotDue = "not_due"
+
+// Change describes a state transition.
+type Change struct {
+	To     Status
+	Reason string
+	Actor  string
+	Result any            // stored as the task's result
+	Data   map[string]any // extra audit detail
+	// Within runs inside the transaction after the state has changed, for
+	// work that must commit with it (votes, callbacks).
+	Within func(ctx context.Context, tx pgx.Tx, r *Request) error
+}
+
+// Transition applies c to request id in one conditional UPDATE. Expiry
+// applies only once the deadline has passed, every other change only before
+// it, so a late decision loses to expiry. If the request is not pending (or
+// the deadline check fails) nothing changes and the error says why.
+func (s *Service) Transition(ctx context.Context, id string, c Change) (*Request, error) {
+	var out *Request
+	err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
+		var err error
+		out, err = s.TransitionTx(ctx, tx, id, c)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// TransitionTx is Transition inside the caller's transaction.
+func (s *Service) TransitionTx(ctx context.Context, tx pgx.Tx, id string, c Change) (*Request, error) {
+	if !CanTransition(Pending, c.To) {
+		return nil, fmt.Errorf("requests: %s is not a state a request can move to", c.To)
+	}
+	now := s.now()
+	deadline := `expires_at > $5`
+	if c.To == Expired {
+		deadline = `expires_at <= $5`
+	}
+	r, err := scanRequest(tx.QueryRow(ctx, `UPDATE arap.requests
+		SET status = $2, status_reason = $3, result = $4, terminal_at = $5, updated_at = $5
+		WHERE id = $1 AND status = 'pending' AND `+deadline+`
+		RETURNING `+requestColumns, id, c.To, c.Reason, c.Result, now))
+	if errors.Is(err, pgx.ErrNoRows) {
+		cur, lerr := load(ctx, tx, id)
+		if lerr != nil {
+			return nil, lerr
+		}
+		if cur.Status == Pending && c.To == Expired {
+			return nil, &Error{Code: errNotDue, Detail: "the request's deadline has not passed", Current: Pending}
+		}
+		if cur.Status == Pending {
+			return nil, &Error{Code: authzen.ProblemInvalidTaskState, Current: Expired,
+				Detail: fmt.Sprintf("the access request expired at %s", cur.ExpiresAt.Format(time.RFC3339))}
+		}
+		return nil, &Error{Code: authzen.ProblemInvalidTaskState, Current: cur.Status,
+			Detail: fmt.Sprintf("the access request is already %s", cur.Status)}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("requests: transition %s to %s: %w", id, c.To, err)
+	}
+	data := map[string]any{"from": string(Pending), "to": string(c.To), "reason": c.Reason}
+	for k, v := range c.Data {
+		data[k] = v
+	}
+	if err := audit.Append(ctx, tx, audit.Event{Chain: id, Kind: "request." + string(c.To), Actor: c.Actor, At: now, Data: data}); err != nil {
+		return nil, err
+	}
+	if c.Within != nil {
+		if err := c.Within(ctx, tx, r); err != nil {
+			return nil, err
+		}
+	}
+	transitions.WithLabelValues(string(c.To)).Inc()
+	return r, nil
+}

@@ -1,0 +1,406 @@
+package requests
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gowebpki/jcs"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/signing"
+)
+
+// Submitted is the outcome of a submission.
+type Submitted struct {
+	Request *Request
+	// Replayed is true when an earlier submission with the same
+	// Idempotency-Key and an equivalent body is being answered again.
+	Replayed bool
+}
+
+// MaxIdempotencyKeyLen bounds the Idempotency-Key header.
+const MaxIdempotencyKeyLen = 255
+
+// Submit accepts an access request. The checks run in this order, and the
+// first that fails decides the error: body syntax; idempotency lookup (a
+// retry gets the original handle back even though its binding_token's jti
+// repeats); structure; actor chain; binding_token signature, issuer and
+// audience; jti replay; freshness; binding; request schema; create.
+//
+// key is the Idempotency-Key ("" for none: every such submission is new).
+// body is the raw request body.
+func (s *Service) Submit(ctx context.Context, caller Caller, key string, body []byte) (*Submitted, error) {
+	key, err := parseIdempotencyKey(key)
+	if err != nil {
+		return nil, err
+	}
+	canon, err := jcs.Transform(body)
+	if err != nil {
+		return nil, refuse(authzen.ProblemInvalidRequest, "the body is not valid JSON: %v", err)
+	}
+	if bytes.Contains(canon, []byte(`\u0000`)) {
+		return nil, refuse(authzen.ProblemInvalidRequest, "strings may not contain NUL characters")
+	}
+	bodyHash := sha256.Sum256(canon)
+
+	if key != "" {
+		if sub, err := s.replay(ctx, s.cfg.DB, caller, key, bodyHash[:]); sub != nil || err != nil {
+			return sub, err
+		}
+	}
+
+	res, err := s.checkAndCreate(ctx, caller, key, bodyHash[:], body)
+	var refusal *Error
+	if key != "" && errors.As(err, &refusal) {
+		// A duplicate in flight may have committed while this one was being
+		// checked (its jti is now spent): answer as the retry it is.
+		if sub, rerr := s.replay(ctx, s.cfg.DB, caller, key, bodyHash[:]); sub != nil || rerr != nil {
+			return sub, rerr
+		}
+	}
+	return res, err
+}
+
+func (s *Service) checkAndCreate(ctx context.Context, caller Caller, key string, bodyHash, body []byte) (*Submitted, error) {
+	sub, err := decodeSubmission(body)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkActors(caller, sub); err != nil {
+		return nil, err
+	}
+	claims, err := s.verifyBinding(ctx, caller, sub)
+	if err != nil {
+		return nil, err
+	}
+	rule, ok := s.cfg.Policy.Policy().RuleForTemplate(claims.Template)
+	if !ok {
+		return nil, refuse(authzen.ProblemNotRequestable, "the policy no longer offers the approval this denial pointed to (template %q); evaluate again", claims.Template)
+	}
+	if v := rule.ValidateSubmission(sub.Context, sub.RequestedAccess); len(v) > 0 {
+		return nil, &Error{Code: authzen.ProblemSchemaViolation, Errors: v,
+			Detail: "the submission does not satisfy the request schema at request_schema_url: " + strings.Join(v, "; ")}
+	}
+	return s.create(ctx, caller, key, bodyHash, sub, claims, rule)
+}
+
+func parseIdempotencyKey(k string) (string, error) {
+	// RFC 8941 sf-string form ("...") and a bare token are both accepted.
+	if len(k) >= 2 && k[0] == '"' && k[len(k)-1] == '"' {
+		k = k[1 : len(k)-1]
+	}
+	if len(k) > MaxIdempotencyKeyLen {
+		return "", refuse(authzen.ProblemInvalidIdempotencyKey, "Idempotency-Key is longer than %d characters", MaxIdempotencyKeyLen)
+	}
+	for _, c := range k {
+		if c < 0x21 || c > 0x7e {
+			return "", refuse(authzen.ProblemInvalidIdempotencyKey, "Idempotency-Key must be printable ASCII without spaces")
+		}
+	}
+	return k, nil
+}
+
+// replay answers a repeated Idempotency-Key: the original handle for an
+// equivalent body, duplicate_request for a different one, nothing if unseen.
+func (s *Service) replay(ctx context.Context, q Querier, caller Caller, key string, bodyHash []byte) (*Submitted, error) {
+	var stored []byte
+	var id string
+	err := q.QueryRow(ctx, `SELECT body_hash, request_id FROM arap.idempotency_keys WHERE client_id = $1 AND key = $2`,
+		caller.ID, key).Scan(&stored, &id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("requests: idempotency lookup: %w", err)
+	}
+	if subtle.ConstantTimeCompare(stored, bodyHash) != 1 {
+		return nil, refuse(authzen.ProblemDuplicateRequest,
+			"Idempotency-Key %q was already used with a different body (request %s); use a new key for a new request", key, id)
+	}
+	r, err := load(ctx, q, id)
+	if err != nil {
+		return nil, err
+	}
+	return &Submitted{Request: r, Replayed: true}, nil
+}
+
+func decodeSubmission(body []byte) (*authzen.Submission, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		return nil, refuse(authzen.ProblemInvalidRequest, "the body must be a JSON object")
+	}
+	if err := unknownMembers(top, authzen.SubmissionMembers, ""); err != nil {
+		return nil, err
+	}
+	if raw, ok := top["denial"]; ok {
+		var d map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &d); err != nil {
+			return nil, refuse(authzen.ProblemInvalidRequest, "denial must be an object")
+		}
+		if err := unknownMembers(d, authzen.DenialMembers, "denial."); err != nil {
+			return nil, err
+		}
+	}
+	var sub authzen.Submission
+	if err := json.Unmarshal(body, &sub); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nil, refuse(authzen.ProblemInvalidRequest, "%s has the wrong type: expected %s", te.Field, te.Type)
+		}
+		return nil, refuse(authzen.ProblemInvalidRequest, "cannot read the submission: %v", err)
+	}
+	if len(sub.Items) > 0 || top["items"] != nil {
+		return nil, refuse(authzen.ProblemUnsupported, "bulk submissions (items) are not supported by this service; submit one request per denial")
+	}
+	if sub.Callback != nil {
+		return nil, refuse(authzen.ProblemUnsupported, "callbacks are not supported yet")
+	}
+	if sub.Subject == nil || sub.Resource == nil || sub.Action == nil {
+		return nil, refuse(authzen.ProblemInvalidRequest, "subject, resource and action are required (the ones from the denied evaluation)")
+	}
+	if v := evaluation.ValidateRequest(authzen.EvaluationRequest{Subject: sub.Subject, Resource: sub.Resource, Action: sub.Action, Context: sub.Context}); len(v) > 0 {
+		return nil, &Error{Code: authzen.ProblemInvalidRequest, Errors: v, Detail: "subject, resource or action is malformed: " + strings.Join(v, "; ")}
+	}
+	if sub.Denial == nil {
+		return nil, refuse(authzen.ProblemNotRequestable, "the submission has no denial: an access request must come from a requestable denial (context.access_request)")
+	}
+	if sub.Denial.BindingToken == "" {
+		return nil, refuse(authzen.ProblemInvalidDenialBinding, "denial.binding_token is required: this service does not share state with the PDP, so evaluation_id alone cannot be verified")
+	}
+	if sub.Denial.ExpiresAt == nil {
+		return nil, refuse(authzen.ProblemInvalidDenialBinding, "denial.expires_at is required: echo context.access_request.expires_at")
+	}
+	return &sub, nil
+}
+
+// unknownMembers refuses members outside known. The submission's top level
+// and its denial are not ARAP extension points; an unknown name there is a
+// mistake (a typo of a required member, usually) and is reported as such.
+func unknownMembers(obj map[string]json.RawMessage, known []string, prefix string) error {
+	var bad []string
+	for k := range obj {
+		if !slices.Contains(known, k) {
+			bad = append(bad, prefix+k)
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	sort.Strings(bad)
+	return refuse(authzen.ProblemInvalidRequest, "unknown member(s) %s; allowed: %s", strings.Join(bad, ", "), prefix+strings.Join(known, ", "+prefix))
+}
+
+// checkActors verifies that the caller may assert every actor it names, in
+// client.actor (and its act chain) and in subject.properties.act: ARAP
+// requires the whole claimed chain to be authorized by the caller.
+func checkActors(caller Caller, sub *authzen.Submission) error {
+	var ids []string
+	var walk func(act map[string]any, idKey string)
+	walk = func(act map[string]any, idKey string) {
+		for depth := 0; act != nil && depth < 16; depth++ {
+			id, _ := act[idKey].(string)
+			ids = append(ids, id)
+			act, _ = act["act"].(map[string]any)
+			idKey = "sub"
+		}
+	}
+	if sub.Client != nil && sub.Client.Actor != nil {
+		walk(sub.Client.Actor, "id")
+	}
+	if act, ok := sub.Subject.Obj("properties")["act"].(map[string]any); ok {
+		walk(act, "sub")
+	}
+	for _, id := range ids {
+		if id == "" {
+			return refuse(authzen.ProblemInvalidRequest, "every actor in the chain needs an id (client.actor.id, act.sub)")
+		}
+		if caller.MayAssertActor == nil || !caller.MayAssertActor(id) {
+			return refuse(authzen.ProblemActorNotAuthorized, "client %q is not allowed to act through actor %q; an operator can allow it (arapctl clients create --actor)", caller.Name, id)
+		}
+	}
+	return nil
+}
+
+// verifyBinding checks the binding_token: signature, issuer, audience and
+// intended client; then jti replay; then freshness; then that it binds this
+// submission's subject, resource, action and relevant context.
+func (s *Service) verifyBinding(ctx context.Context, caller Caller, sub *authzen.Submission) (*evaluation.BindingClaims, error) {
+	d := sub.Denial
+	invalid := func(format string, args ...any) error {
+		return refuse(authzen.ProblemInvalidDenialBinding, format, args...)
+	}
+	var c evaluation.BindingClaims
+	if err := s.cfg.Keys.Verify(ctx, signing.TypeBinding, d.BindingToken, &c); err != nil {
+		if errors.Is(err, signing.ErrMalformed) || errors.Is(err, signing.ErrBadSignature) || errors.Is(err, signing.ErrUnknownKey) ||
+			errors.Is(err, signing.ErrKeyExpired) || errors.Is(err, signing.ErrWrongType) {
+			return nil, invalid("denial.binding_token does not verify: %v", err)
+		}
+		return nil, err
+	}
+	if c.Issuer != s.cfg.Issuer {
+		return nil, invalid("denial.binding_token was issued by %q, not by this deployment's PDP", c.Issuer)
+	}
+	if len(c.Audience) == 0 || !slices.Contains([]string(c.Audience), s.cfg.RequestsURL) {
+		return nil, invalid("denial.binding_token is not meant for this Access Request Service (aud)")
+	}
+	if c.AuthorizedParty != caller.ID {
+		return nil, invalid("denial.binding_token was issued to a different client; submit from the client that evaluated")
+	}
+	if c.ID == "" || c.ExpiresAt == nil {
+		return nil, invalid("denial.binding_token lacks jti or exp")
+	}
+	var seen bool
+	if err := s.cfg.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM arap.binding_jtis WHERE jti = $1)`, c.ID).Scan(&seen); err != nil {
+		return nil, fmt.Errorf("requests: jti lookup: %w", err)
+	}
+	if seen {
+		return nil, invalid("denial.binding_token has already been used for another request (jti replay); evaluate again for a fresh denial")
+	}
+
+	// Freshness: the earlier of exp and the protected denial expiry, which
+	// the echoed denial.expires_at must match.
+	deadline := c.ExpiresAt.Time
+	if c.DenialExpiresAt != "" {
+		protected, err := time.Parse(time.RFC3339, c.DenialExpiresAt)
+		if err != nil {
+			return nil, invalid("denial.binding_token has a malformed denial_expires_at")
+		}
+		if !protected.Equal(*d.ExpiresAt) {
+			return nil, invalid("denial.expires_at (%s) does not match the expiry the PDP signed (%s)", d.ExpiresAt.Format(time.RFC3339), c.DenialExpiresAt)
+		}
+		if protected.Before(deadline) {
+			deadline = protected
+		}
+	} else if deadline.After(*d.ExpiresAt) {
+		return nil, invalid("denial.binding_token cannot prove the denial's freshness: its exp is later than denial.expires_at and it carries no denial_expires_at")
+	}
+	if s.now().After(deadline.Add(s.cfg.ClockSkew)) {
+		return nil, refuse(authzen.ProblemExpiredDenial, "the requestable denial expired at %s; evaluate again for a fresh one", deadline.UTC().Format(time.RFC3339))
+	}
+
+	hash, err := authzen.BindingHash(sub.Subject, sub.Resource, sub.Action, sub.Context, c.BindingContextMembers)
+	if err != nil {
+		return nil, invalid("cannot compute the binding of this submission: %v", err)
+	}
+	if subtle.ConstantTimeCompare([]byte(hash), []byte(c.BindingHash)) != 1 {
+		return nil, invalid("the submission's subject, resource, action or %s does not match the denied evaluation", describeMembers(c.BindingContextMembers))
+	}
+	if d.EvaluationID != "" && d.EvaluationID != c.EvaluationID {
+		return nil, invalid("denial.evaluation_id does not match the binding_token")
+	}
+	return &c, nil
+}
+
+func describeMembers(m []string) string {
+	if len(m) == 0 {
+		return "context"
+	}
+	return "context (" + strings.Join(m, ", ") + ")"
+}
+
+// create writes the request, its idempotency key, the spent jti, the first
+// audit event and the expiry job in one transaction. The key row is written
+// first: a concurrent duplicate blocks on it, then sees the committed row and
+// replays it, so concurrent duplicates create one request.
+func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHash []byte, sub *authzen.Submission, c *evaluation.BindingClaims, rule *evaluation.Rule) (*Submitted, error) {
+	now := s.now()
+	r := &Request{
+		ID:                    "arq_" + rand.Text(),
+		ClientID:              caller.ID,
+		Status:                Pending,
+		Rule:                  rule.Name,
+		Subject:               sub.Subject,
+		Resource:              sub.Resource,
+		Action:                sub.Action,
+		Context:               sub.Context,
+		RequestedAccess:       sub.RequestedAccess,
+		ClientInfo:            sub.Client,
+		Denial:                *sub.Denial,
+		EvaluationID:          c.EvaluationID,
+		BindingHash:           c.BindingHash,
+		BindingContextMembers: c.BindingContextMembers,
+		Display:               rule.Display,
+		ExpiresAt:             now.Add(rule.RequestTTL).Truncate(time.Second),
+		CreatedAt:             now,
+		UpdatedAt:             now,
+	}
+	var out *Submitted
+	err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
+		if key != "" {
+			tag, err := tx.Exec(ctx, `INSERT INTO arap.idempotency_keys (client_id, key, body_hash, request_id, created_at)
+				VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`, caller.ID, key, bodyHash, r.ID, now)
+			if err != nil {
+				return fmt.Errorf("requests: claim idempotency key: %w", err)
+			}
+			if tag.RowsAffected() == 0 {
+				// A concurrent duplicate committed first.
+				sub, err := s.replay(ctx, tx, caller, key, bodyHash)
+				if err == nil && sub == nil {
+					err = errors.New("requests: idempotency key vanished")
+				}
+				out = sub
+				return errReplay{err}
+			}
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO arap.binding_jtis (jti, expires_at, request_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
+			c.ID, c.ExpiresAt.Time, r.ID)
+		if err != nil {
+			return fmt.Errorf("requests: record jti: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return refuse(authzen.ProblemInvalidDenialBinding, "denial.binding_token has already been used for another request (jti replay); evaluate again for a fresh denial")
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO arap.requests (id, client_id, status, rule, subject, resource, action, context,
+			requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
+			expires_at, created_at, updated_at)
+			VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16)`,
+			r.ID, r.ClientID, r.Rule, r.Subject, r.Resource, r.Action, r.Context, r.RequestedAccess, r.ClientInfo, r.Denial,
+			r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now); err != nil {
+			return fmt.Errorf("requests: insert: %w", err)
+		}
+		if err := audit.Append(ctx, tx, audit.Event{Chain: r.ID, Kind: "request.submitted", Actor: caller.principal(), At: now,
+			Data: map[string]any{
+				"client_id": caller.ID, "rule": r.Rule, "evaluation_id": r.EvaluationID, "binding_hash": r.BindingHash,
+				"subject": r.Subject.Str("id"), "resource": r.Resource.Str("type") + ":" + r.Resource.Str("id"),
+				"action": r.Action.Str("name"), "expires_at": r.ExpiresAt, "idempotency_key_used": key != "",
+			}}); err != nil {
+			return err
+		}
+		if _, err := s.cfg.Jobs.InsertTx(ctx, tx, ExpireArgs{RequestID: r.ID}, &river.InsertOpts{ScheduledAt: r.ExpiresAt}); err != nil {
+			return fmt.Errorf("requests: schedule expiry: %w", err)
+		}
+		out = &Submitted{Request: r}
+		return nil
+	})
+	var rep errReplay
+	if errors.As(err, &rep) {
+		if rep.err != nil {
+			return nil, rep.err
+		}
+		return out, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	submitted.Inc()
+	return out, nil
+}
+
+// errReplay rolls back a creation that found a committed duplicate.
+type errReplay struct{ err error }
+
+func (e errReplay) Error() string { return "replay" }
