@@ -1,0 +1,234 @@
+package arap
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/requests"
+)
+
+var decisions = promauto.NewCounterVec(prometheus.CounterOpts{
+	Name: "arap_decisions_total", Help: "Access evaluation decisions, by effect (allow, deny, request).",
+}, []string{"effect"})
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := s.d.Ready(r.Context()); err != nil {
+		s.d.Log.Warn("not ready", "error", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) url(path string) string { return s.d.PublicURL + path }
+
+func (s *Server) discovery(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Cache-Control", "max-age=300")
+	writeJSON(w, http.StatusOK, authzen.Metadata{
+		PolicyDecisionPoint:       s.d.PublicURL,
+		AccessEvaluationEndpoint:  s.url(authzen.PathEvaluation),
+		AccessEvaluationsEndpoint: s.url(authzen.PathEvaluations),
+		AccessRequestEndpoint:     s.url(authzen.PathRequests),
+		JWKSURI:                   s.url(authzen.PathJWKS),
+		Capabilities:              []string{authzen.CapabilityAccessRequest},
+	})
+}
+
+func (s *Server) jwks(w http.ResponseWriter, r *http.Request) {
+	set, err := s.d.Keys.JWKS(r.Context())
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
+	// Short caching: verifiers refetch on an unknown kid anyway.
+	w.Header().Set("Cache-Control", "max-age=60")
+	w.Header().Set("Content-Type", "application/jwk-set+json")
+	_ = json.NewEncoder(w).Encode(set)
+}
+
+// decodeJSON decodes body into v, reporting type errors with the member name.
+func decodeJSON(body []byte, v any) error {
+	if err := json.Unmarshal(body, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return errors.New(te.Field + ": expected " + te.Type.String())
+		}
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return errors.New("the body is not valid JSON: " + se.Error())
+		}
+		return err
+	}
+	return nil
+}
+
+func (s *Server) evaluate(w http.ResponseWriter, r *http.Request) {
+	body, berr := readBody(w, r, s.d.Limits.MaxBody, false)
+	if berr != nil {
+		writeProblem(w, r, berr.code, berr.detail, nil)
+		return
+	}
+	var req authzen.EvaluationRequest
+	if err := decodeJSON(body, &req); err != nil {
+		writeProblem(w, r, authzen.ProblemInvalidRequest, err.Error(), nil)
+		return
+	}
+	if v := evaluation.ValidateRequest(req); len(v) > 0 {
+		writeProblem(w, r, authzen.ProblemInvalidRequest, "the evaluation request does not match the AuthZEN schema", v)
+		return
+	}
+	out, err := s.d.Engine.Evaluate(r.Context(), clientFrom(r).ID, req)
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
+	s.decided(out)
+	writeJSON(w, http.StatusOK, s.wire(out.Decision))
+}
+
+func (s *Server) evaluateBatch(w http.ResponseWriter, r *http.Request) {
+	body, berr := readBody(w, r, s.d.Limits.MaxBatchBody, false)
+	if berr != nil {
+		writeProblem(w, r, berr.code, berr.detail, nil)
+		return
+	}
+	var req authzen.EvaluationsRequest
+	if err := decodeJSON(body, &req); err != nil {
+		writeProblem(w, r, authzen.ProblemInvalidRequest, err.Error(), nil)
+		return
+	}
+	if len(req.Evaluations) > s.d.Limits.MaxBatchItems {
+		writeProblem(w, r, authzen.ProblemPayloadTooLarge, "too many evaluations in one batch; the limit is "+strconv.Itoa(s.d.Limits.MaxBatchItems), nil)
+		return
+	}
+	if v := evaluation.ValidateBatch(req); len(v) > 0 {
+		writeProblem(w, r, authzen.ProblemInvalidRequest, "the evaluations request does not match the AuthZEN schema", v)
+		return
+	}
+	outs, err := s.d.Engine.EvaluateBatch(r.Context(), clientFrom(r).ID, req)
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
+	if len(req.Evaluations) == 0 {
+		// Without an evaluations array the batch endpoint answers like the
+		// single one.
+		s.decided(outs[0])
+		writeJSON(w, http.StatusOK, s.wire(outs[0].Decision))
+		return
+	}
+	resp := authzen.EvaluationsResponse{Evaluations: make([]authzen.Decision, len(outs))}
+	for i, o := range outs {
+		s.decided(o)
+		resp.Evaluations[i] = s.wire(o.Decision)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) decided(o evaluation.Outcome) { decisions.WithLabelValues(o.Effect).Inc() }
+
+// wire fills in deployment URLs of a decision's access_request hint.
+func (s *Server) wire(d authzen.Decision) authzen.Decision {
+	if hint, ok := d.Context[authzen.CtxAccessRequest].(authzen.AccessRequestHint); ok {
+		hint.Endpoint = s.url(authzen.PathRequests)
+		d.Context[authzen.CtxAccessRequest] = hint
+	}
+	return d
+}
+
+func (s *Server) requestSchema(w http.ResponseWriter, r *http.Request) {
+	rule, ok := s.d.Engine.Policy().RuleForTemplate(chi.URLParam(r, "template"))
+	if !ok || rule.RequestSchema == nil {
+		writeProblem(w, r, authzen.ProblemNotFound, "no request schema for this template", nil)
+		return
+	}
+	doc := map[string]any{}
+	for k, v := range rule.RequestSchema {
+		doc[k] = v
+	}
+	doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+	doc["$id"] = s.url(authzen.PathSchemas + "/" + rule.Template)
+	w.Header().Set("Content-Type", "application/schema+json")
+	_ = json.NewEncoder(w).Encode(doc)
+}
+
+func caller(c *clients.Client) requests.Caller {
+	return requests.Caller{ID: c.ID, Name: c.Name, MayAssertActor: c.MayAssertActor}
+}
+
+func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
+	body, berr := readBody(w, r, s.d.Limits.MaxBody, false)
+	if berr != nil {
+		writeProblem(w, r, berr.code, berr.detail, nil)
+		return
+	}
+	res, err := s.d.Requests.Submit(r.Context(), caller(clientFrom(r)), r.Header.Get(authzen.HeaderIdempotencyKey), body)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	endpoint := s.d.Requests.StatusEndpoint(res.Request.ID)
+	w.Header().Set("Location", endpoint)
+	if res.Replayed {
+		w.Header().Set(authzen.HeaderIdempotentReplayed, "true")
+	}
+	writeJSON(w, http.StatusAccepted, res.Request.Handle(endpoint))
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	req, err := s.d.Requests.Get(r.Context(), caller(clientFrom(r)), chi.URLParam(r, "id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Status == requests.Pending {
+		// Pollers should back off; ARAP PEPs honour Retry-After.
+		w.Header().Set("Retry-After", "5")
+	}
+	writeJSON(w, http.StatusOK, req.Handle(s.d.Requests.StatusEndpoint(req.ID)))
+}
+
+// cancelBody is the optional body of a cancellation (ARAP section 3.5).
+type cancelBody struct {
+	Reason  string `json:"reason"`
+	Comment string `json:"comment"`
+}
+
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
+	body, berr := readBody(w, r, s.d.Limits.MaxBody, true)
+	if berr != nil {
+		writeProblem(w, r, berr.code, berr.detail, nil)
+		return
+	}
+	var cb cancelBody
+	if body != nil {
+		if err := decodeJSON(body, &cb); err != nil {
+			writeProblem(w, r, authzen.ProblemInvalidRequest, err.Error(), nil)
+			return
+		}
+		if len(cb.Reason) > 64 || len(cb.Comment) > 1000 || strings.ContainsFunc(cb.Reason, func(c rune) bool { return c <= ' ' || c > '~' }) {
+			writeProblem(w, r, authzen.ProblemInvalidRequest, "reason must be a short code (at most 64 printable characters, no spaces) and comment at most 1000 characters", nil)
+			return
+		}
+	}
+	req, err := s.d.Requests.Cancel(r.Context(), caller(clientFrom(r)), chi.URLParam(r, "id"), cb.Reason, cb.Comment)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, req.Handle(s.d.Requests.StatusEndpoint(req.ID)))
+}

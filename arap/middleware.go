@@ -1,0 +1,229 @@
+package arap
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/httprate"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/clients"
+)
+
+var (
+	httpRequests = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "arap_http_requests_total", Help: "HTTP requests served by the backend, by route and status code.",
+	}, []string{"method", "route", "code"})
+	httpDuration = promauto.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "arap_http_request_duration_seconds", Help: "Backend HTTP request latency by route.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+	}, []string{"method", "route"})
+)
+
+type ctxKey int
+
+const (
+	clientKey ctxKey = iota
+	requestIDKey
+	plainErrorsKey
+	logInfoKey
+)
+
+// logInfo carries what inner handlers learn back to the access log.
+type logInfo struct{ client string }
+
+// plainErrors marks AuthZEN evaluation routes, whose errors are plain text
+// (AuthZEN 1.0) rather than problem+json (ARAP).
+func plainErrors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), plainErrorsKey, true)))
+	})
+}
+
+// clientFrom returns the authenticated client.
+func clientFrom(r *http.Request) *clients.Client {
+	c, _ := r.Context().Value(clientKey).(*clients.Client)
+	return c
+}
+
+// requestID echoes X-Request-ID (AuthZEN 1.0) or assigns one, for logs.
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(authzen.HeaderRequestID)
+		if id == "" || len(id) > 200 || strings.ContainsFunc(id, func(c rune) bool { return c < 0x20 || c > 0x7e }) {
+			id = rand.Text()
+		}
+		w.Header().Set(authzen.HeaderRequestID, id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	bytes  int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	n, err := s.ResponseWriter.Write(b)
+	s.bytes += n
+	return n, err
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// accessLog logs one line per request and records metrics. Bodies, query
+// strings and headers are never logged: they carry tokens and tool arguments.
+func (s *Server) accessLog(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		info := &logInfo{}
+		r = r.WithContext(context.WithValue(r.Context(), logInfoKey, info))
+		next.ServeHTTP(rec, r)
+		route := chi.RouteContext(r.Context()).RoutePattern()
+		if route == "" {
+			route = "unmatched"
+		}
+		elapsed := time.Since(start)
+		httpRequests.WithLabelValues(r.Method, route, strconv.Itoa(rec.status)).Inc()
+		httpDuration.WithLabelValues(r.Method, route).Observe(elapsed.Seconds())
+		attrs := []any{"method", r.Method, "route", route, "status", rec.status, "bytes", rec.bytes,
+			"duration_ms", float64(elapsed.Microseconds()) / 1000, "request_id", r.Context().Value(requestIDKey)}
+		if info.client != "" {
+			attrs = append(attrs, "client", info.client)
+		}
+		level := slog.LevelInfo
+		if route == "/healthz" || route == "/readyz" || route == "/metrics" {
+			level = slog.LevelDebug
+		}
+		s.d.Log.Log(r.Context(), level, "http request", attrs...)
+	})
+}
+
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer func() {
+				if v := recover(); v != nil {
+					if v == http.ErrAbortHandler {
+						panic(v)
+					}
+					log.Error("panic serving request", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+					writeProblem(w, r, authzen.ProblemInternal, "internal error", nil)
+				}
+			}()
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// authenticate requires a valid bearer token (RFC 6750).
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	byIP := httprate.NewRateLimiter(s.d.Limits.UnauthenticatedPerMinute, time.Minute,
+		httprate.WithKeyFuncs(httprate.KeyByIP), httprate.WithLimitHandler(tooMany))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := bearer(r)
+		var c *clients.Client
+		var err error
+		if ok {
+			c, err = s.d.Clients.Authenticate(r.Context(), token)
+		}
+		if !ok || errors.Is(err, clients.ErrUnauthenticated) {
+			key, _ := httprate.KeyByIP(r)
+			if byIP.RespondOnLimit(w, r, key) {
+				return
+			}
+			w.Header().Set("WWW-Authenticate", `Bearer realm="arap"`)
+			if ok {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="arap", error="invalid_token"`)
+			}
+			detail := "an Authorization: Bearer <token> header is required"
+			if ok {
+				detail = "the bearer token is unknown or revoked"
+			}
+			writeProblem(w, r, authzen.ProblemUnauthorized, detail, nil)
+			return
+		}
+		if err != nil {
+			s.internal(w, r, err)
+			return
+		}
+		if info, ok := r.Context().Value(logInfoKey).(*logInfo); ok {
+			info.client = c.Name
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientKey, c)))
+	})
+}
+
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+// rateLimit applies each client's request budget.
+func (s *Server) rateLimit(next http.Handler) http.Handler {
+	return httprate.Limit(s.d.Limits.RequestsPerMinute, time.Minute,
+		httprate.WithKeyFuncs(func(r *http.Request) (string, error) { return clientFrom(r).ID, nil }),
+		httprate.WithLimitHandler(tooMany))(next)
+}
+
+func tooMany(w http.ResponseWriter, r *http.Request) {
+	if w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "60")
+	}
+	writeProblem(w, r, authzen.ProblemRateLimited, "too many requests; retry after the number of seconds in Retry-After", nil)
+}
+
+// require admits clients holding any of scopes.
+func (s *Server) require(scopes ...string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c := clientFrom(r)
+			for _, sc := range scopes {
+				if c.Has(sc) {
+					next.ServeHTTP(w, r)
+					return
+				}
+			}
+			w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm="arap", error="insufficient_scope", scope=%q`, strings.Join(scopes, " ")))
+			writeProblem(w, r, authzen.ProblemInsufficientScope,
+				fmt.Sprintf("client %q lacks the %s scope this endpoint needs", c.Name, strings.Join(scopes, " or ")), nil)
+		})
+	}
+}

@@ -1,0 +1,53 @@
+package arap
+
+import (
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/clients"
+)
+
+// routes lists the whole HTTP surface.
+func (s *Server) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(recoverer(s.d.Log), requestID, s.accessLog, securityHeaders)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, authzen.ProblemNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path, nil)
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, authzen.ProblemMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path, nil)
+	})
+
+	// Operations.
+	r.Get("/healthz", s.healthz)
+	r.Get("/readyz", s.readyz)
+	r.Handle("/metrics", promhttp.Handler())
+
+	// Public metadata.
+	r.Get(authzen.WellKnownPath, s.discovery)
+	r.Get(authzen.PathJWKS, s.jwks)
+
+	// AuthZEN evaluation (errors in AuthZEN's plain form).
+	r.Group(func(r chi.Router) {
+		r.Use(plainErrors, s.authenticate, s.rateLimit, s.require(clients.ScopeEvaluate))
+		r.Post(authzen.PathEvaluation, s.evaluate)
+		r.Post(authzen.PathEvaluations, s.evaluateBatch)
+	})
+
+	// ARAP (errors as problem+json).
+	r.Group(func(r chi.Router) {
+		r.Use(s.authenticate, s.rateLimit)
+		r.With(s.require(clients.ScopeEvaluate, clients.ScopeRequest)).Get(authzen.PathSchemas+"/{template}", s.requestSchema)
+		r.With(s.require(clients.ScopeRequest)).Route(authzen.PathRequests, func(r chi.Router) {
+			r.Post("/", s.submit)
+			r.Get("/{id}", s.status)
+			r.Post("/{id}/cancel", s.cancel)
+			r.Delete("/{id}/cancel", s.cancel)
+			r.Delete("/{id}", s.cancel)
+		})
+	})
+	return r
+}

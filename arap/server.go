@@ -1,0 +1,109 @@
+// Package arap is the backend's HTTP surface: AuthZEN discovery and
+// evaluation, the ARAP Access Request Service (submit, status, cancel), JWKS,
+// request schemas, health and metrics. Handlers are thin: they authenticate,
+// decode, call the evaluation and requests packages, and encode. Every route
+// is listed in routes.go.
+package arap
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/requests"
+	"github.com/omcp/arap/signing"
+)
+
+// Limits bound what one caller can make the server do.
+type Limits struct {
+	// MaxBody bounds single-request bodies (submission, evaluation).
+	MaxBody int64
+	// MaxBatchBody bounds batch evaluation bodies.
+	MaxBatchBody int64
+	// MaxBatchItems bounds the number of evaluations in one batch.
+	MaxBatchItems int
+	// RequestsPerMinute is each API client's rate limit; UnauthenticatedPerMinute
+	// limits callers (by IP address) whose token is missing or wrong.
+	RequestsPerMinute        int
+	UnauthenticatedPerMinute int
+}
+
+// DefaultLimits are used for zero fields.
+var DefaultLimits = Limits{
+	MaxBody:                  64 << 10,
+	MaxBatchBody:             1 << 20,
+	MaxBatchItems:            200,
+	RequestsPerMinute:        6000,
+	UnauthenticatedPerMinute: 120,
+}
+
+// Deps are what the handlers need.
+type Deps struct {
+	// PublicURL is the externally visible base URL (no trailing slash); it is
+	// the PDP identifier and the base of every URL we hand out.
+	PublicURL string
+	Clients   *clients.Store
+	Engine    *evaluation.Engine
+	Requests  *requests.Service
+	Keys      *signing.Keys
+	Limits    Limits
+	Log       *slog.Logger
+	// Ready reports whether the service can take traffic (database, workers).
+	Ready func(ctx context.Context) error
+}
+
+// Server is the backend's http.Handler.
+type Server struct {
+	d       Deps
+	handler http.Handler
+}
+
+// New builds the handler.
+func New(d Deps) (*Server, error) {
+	if d.PublicURL == "" || d.Clients == nil || d.Engine == nil || d.Requests == nil || d.Keys == nil {
+		return nil, errors.New("arap: PublicURL, Clients, Engine, Requests and Keys are required")
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Ready == nil {
+		d.Ready = func(context.Context) error { return nil }
+	}
+	l := &d.Limits
+	if l.MaxBody == 0 {
+		l.MaxBody = DefaultLimits.MaxBody
+	}
+	if l.MaxBatchBody == 0 {
+		l.MaxBatchBody = DefaultLimits.MaxBatchBody
+	}
+	if l.MaxBatchItems == 0 {
+		l.MaxBatchItems = DefaultLimits.MaxBatchItems
+	}
+	if l.RequestsPerMinute == 0 {
+		l.RequestsPerMinute = DefaultLimits.RequestsPerMinute
+	}
+	if l.UnauthenticatedPerMinute == 0 {
+		l.UnauthenticatedPerMinute = DefaultLimits.UnauthenticatedPerMinute
+	}
+	s := &Server{d: d}
+	s.handler = s.routes()
+	return s, nil
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// HTTPServer wraps h with the timeouts every listener should have.
+func HTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    32 << 10,
+	}
+}

@@ -1,0 +1,169 @@
+// Command arapd runs the approval backend.
+//
+//	arapd serve     the backend (AuthZEN PDP, ARAP Access Request Service, workers)
+//	arapd dev       everything on loopback with a private PostgreSQL and seed data
+//	arapd migrate   apply database migrations (ours and River's)
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/backend"
+	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/migrations"
+)
+
+const usage = `usage: arapd <command> [flags]
+
+commands:
+  serve     run the backend (AuthZEN PDP, ARAP Access Request Service, workers)
+  dev       run everything locally with a private PostgreSQL and seed data
+  migrate   apply database migrations
+
+Run "arapd <command> -h" for the flags of a command.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:])
+	case "dev":
+		err = runDev(os.Args[2:])
+	case "migrate":
+		err = migrate(os.Args[2:])
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "arapd: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "arapd:", err)
+		os.Exit(1)
+	}
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func logger(level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+// signals returns a context cancelled by SIGTERM or SIGINT and a channel fed
+// by SIGHUP.
+func signals() (context.Context, <-chan struct{}) {
+	ctx, _ := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	reload := make(chan struct{}, 1)
+	go func() {
+		for range hup {
+			select {
+			case reload <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return ctx, reload
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	addr := fs.String("addr", env("ARAP_ADDR", "127.0.0.1:8480"), "listen address (ARAP_ADDR)")
+	public := fs.String("public-url", env("ARAP_PUBLIC_URL", ""), "external base URL, e.g. https://arap.example.com (ARAP_PUBLIC_URL; default http://<addr>)")
+	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL)")
+	policy := fs.String("policy", env("ARAP_POLICY", ""), "policy file (ARAP_POLICY); reloaded on SIGHUP")
+	keyFile := fs.String("master-key-file", env("ARAP_MASTER_KEY_FILE", ""), "file holding the base64 32-byte master key (ARAP_MASTER_KEY_FILE, or the key itself in ARAP_MASTER_KEY)")
+	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
+	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
+	_ = fs.Parse(args)
+	log := logger(*level)
+	key, err := masterKey(*keyFile)
+	if err != nil {
+		return err
+	}
+	ctx, reload := signals()
+	b, err := backend.New(ctx, backend.Config{
+		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, PolicyFile: *policy, MasterKey: key, Migrate: *doMigrate, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	return b.Run(ctx, reload)
+}
+
+func masterKey(file string) ([]byte, error) {
+	raw := os.Getenv("ARAP_MASTER_KEY")
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("master key: %w", err)
+		}
+		raw = string(b)
+	}
+	if raw == "" {
+		return nil, errors.New("a master key is required: set ARAP_MASTER_KEY (base64 of 32 random bytes, e.g. `openssl rand -base64 32`) or --master-key-file")
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(raw))
+	if err != nil || len(key) != 32 {
+		return nil, errors.New("the master key must be the base64 encoding of exactly 32 bytes")
+	}
+	return key, nil
+}
+
+func migrate(args []string) error {
+	fs := flag.NewFlagSet("migrate", flag.ExitOnError)
+	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL)")
+	_ = fs.Parse(args)
+	if *dbURL == "" {
+		return errors.New("--database-url or DATABASE_URL is required")
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return migrations.Up(ctx, pool, logger("info"))
+}
+
+func runDev(args []string) error {
+	fs := flag.NewFlagSet("dev", flag.ExitOnError)
+	opts := dev.Options{}
+	fs.StringVar(&opts.Addr, "addr", "127.0.0.1:8480", "backend and web UI address")
+	fs.StringVar(&opts.MCPAddr, "mcp-addr", "127.0.0.1:8481", "MCP endpoint address")
+	fs.StringVar(&opts.DataDir, "data-dir", ".arap-dev", "where the private PostgreSQL cluster, policy and keys live")
+	fs.StringVar(&opts.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "use this database instead of a private cluster (DATABASE_URL)")
+	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
+	_ = fs.Parse(args)
+	opts.Log = logger(*level)
+	opts.Out = os.Stdout
+	ctx, reload := signals()
+	return dev.Run(ctx, opts, reload)
+}

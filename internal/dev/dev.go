@@ -1,0 +1,213 @@
+// Package dev runs `arapd dev`: a private PostgreSQL cluster (or the given
+// database), migrations, seed data with fixed tokens, and the backend, all on
+// loopback. Like `vault server -dev`: one command, then it prints what to
+// open and which tokens to use. Nothing here is for production.
+package dev
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/omcp/arap/backend"
+	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/internal/pgembed"
+)
+
+//go:embed policy.yaml
+var seedPolicy []byte
+
+// SeedPolicy is the dev-mode policy document.
+func SeedPolicy() []byte { return seedPolicy }
+
+// Fixed dev-only tokens (DESIGN.md, "Dev mode, pinned").
+const (
+	PEPToken      = "dev-pep-token"
+	ResolverToken = "dev-resolver-token"
+	ITSMToken     = "dev-itsm-token"
+)
+
+// Options configure Run.
+type Options struct {
+	Addr        string
+	MCPAddr     string
+	DataDir     string
+	DatabaseURL string
+	Log         *slog.Logger
+	Out         io.Writer
+}
+
+// Run brings everything up and serves until ctx ends.
+func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	dataDir, err := filepath.Abs(o.DataDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("dev: data dir: %w", err)
+	}
+
+	dbURL := o.DatabaseURL
+	if dbURL == "" {
+		cluster, err := startCluster(ctx, dataDir, o.Log)
+		if err != nil {
+			return err
+		}
+		defer cluster.Stop(context.Background()) //nolint:errcheck
+		if dbURL, err = ensureDatabase(ctx, cluster, "arap"); err != nil {
+			return err
+		}
+	}
+	key, err := masterKey(filepath.Join(dataDir, "master.key"))
+	if err != nil {
+		return err
+	}
+	policyFile := filepath.Join(dataDir, "policy.yaml")
+	if err := writePolicy(policyFile, o.Log); err != nil {
+		return err
+	}
+
+	b, err := backend.New(ctx, backend.Config{
+		Addr: o.Addr, DatabaseURL: dbURL, PolicyFile: policyFile, MasterKey: key, Migrate: true, Log: o.Log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := Seed(ctx, b.Clients()); err != nil {
+		_ = b.Stop(context.Background())
+		return err
+	}
+	printBanner(o.Out, b.URL(), policyFile, dataDir)
+	return b.Run(ctx, reload)
+}
+
+// startCluster starts the private cluster under dataDir/pg. When the process
+// is root and the data dir is inside a directory the server account cannot
+// enter (such as /root), the cluster goes to a directory under /tmp instead.
+func startCluster(ctx context.Context, dataDir string, log *slog.Logger) (*pgembed.Cluster, error) {
+	pgDir := filepath.Join(dataDir, "pg")
+	c, err := pgembed.Start(ctx, pgembed.Options{DataDir: pgDir})
+	var nt *pgembed.NotTraversableError
+	if errors.As(err, &nt) {
+		alt := filepath.Join(os.TempDir(), "arap-dev-"+strings.NewReplacer("/", "_").Replace(strings.Trim(dataDir, "/")), "pg")
+		log.Warn("the PostgreSQL account cannot reach the data dir; keeping the cluster elsewhere", "data_dir", dataDir, "cluster", alt)
+		if err := os.MkdirAll(filepath.Dir(alt), 0o755); err != nil {
+			return nil, err
+		}
+		c, err = pgembed.Start(ctx, pgembed.Options{DataDir: alt})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dev: %w", err)
+	}
+	return c, nil
+}
+
+func ensureDatabase(ctx context.Context, c *pgembed.Cluster, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, c.ConnString("postgres"))
+	if err != nil {
+		return "", fmt.Errorf("dev: connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return "", err
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			return "", fmt.Errorf("dev: create database: %w", err)
+		}
+	}
+	return c.ConnString(name), nil
+}
+
+// masterKey reads the dev master key, creating it on first run.
+func masterKey(path string) ([]byte, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+		if err != nil || len(key) != 32 {
+			return nil, fmt.Errorf("dev: %s is not a base64 32-byte key; delete it (and the data dir) to start over", path)
+		}
+		return key, nil
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("dev: write master key: %w", err)
+	}
+	return key, nil
+}
+
+// writePolicy installs the seed policy unless the file exists; an existing
+// file is the user's and is kept (with a note when it differs from the seed).
+func writePolicy(path string, log *slog.Logger) error {
+	cur, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return os.WriteFile(path, seedPolicy, 0o600)
+	}
+	if err != nil {
+		return err
+	}
+	if string(cur) != string(seedPolicy) {
+		log.Info("keeping the existing dev policy, which differs from the built-in seed; delete it to get the seed back", "policy", path)
+	}
+	return nil
+}
+
+// Seed creates the dev API clients with their fixed tokens; existing ones are
+// left alone, so a restart keeps the state.
+func Seed(ctx context.Context, store *clients.Store) error {
+	seed := []clients.New{
+		{Name: "dev-pep", Token: PEPToken, Scopes: []string{clients.ScopeEvaluate, clients.ScopeRequest}, Kind: clients.KindAutomation, Actors: []string{"agent:*"}},
+		{Name: "dev-resolver", Token: ResolverToken, Scopes: []string{clients.ScopeDecide}, Kind: clients.KindAutomation},
+		{Name: "dev-itsm", Token: ITSMToken, Scopes: []string{clients.ScopeDecide}, Kind: clients.KindITSM},
+	}
+	for _, n := range seed {
+		_, _, err := store.Create(ctx, n, "dev-seed")
+		if err != nil && !errors.Is(err, clients.ErrNameTaken) {
+			return fmt.Errorf("dev: seed client %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+func printBanner(w io.Writer, url, policy, dataDir string) {
+	fmt.Fprintf(w, `
+arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
+
+  Backend (AuthZEN PDP + ARAP)  %[1]s
+  Discovery                      %[1]s/.well-known/authzen-configuration
+  Policy (edit, then kill -HUP)  %[2]s
+  Data                           %[3]s
+
+  API tokens
+    PEP (evaluate, request)      %[4]s
+    Automated resolver (decide)  %[5]s
+    ITSM (decide)                %[6]s
+
+  Try it:
+    curl -s %[1]s/.well-known/authzen-configuration
+    curl -s -H 'Authorization: Bearer %[4]s' -H 'Content-Type: application/json' \
+      %[1]s/access/v1/evaluation -d '{"subject":{"type":"user","id":"alice"},"action":{"name":"tools/call"},"resource":{"type":"mcp_tool","id":"wire_transfer","properties":{"arguments":{"to":"acct-991","amount":50000}}}}'
+
+Started %[7]s. Ctrl-C stops.
+`, url, policy, dataDir, PEPToken, ResolverToken, ITSMToken, time.Now().Format(time.RFC3339))
+}
