@@ -28,6 +28,8 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/audit"
 )
 
 // Alg is the only JWS algorithm we issue and accept.
@@ -140,8 +142,9 @@ func (k *Keys) ensureKey(ctx context.Context) error {
 }
 
 // Rotate makes a new signing key and retires the current one, which keeps
-// verifying for verifyWindow. It returns the new key id.
-func (k *Keys) Rotate(ctx context.Context, verifyWindow time.Duration) (string, error) {
+// verifying for verifyWindow. It returns the new key id. by names who asked,
+// for the audit trail.
+func (k *Keys) Rotate(ctx context.Context, verifyWindow time.Duration, by string) (string, error) {
 	var kid string
 	err := pgx.BeginFunc(ctx, k.db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey); err != nil {
@@ -153,8 +156,11 @@ func (k *Keys) Rotate(ctx context.Context, verifyWindow time.Duration) (string, 
 			return fmt.Errorf("signing: retire: %w", err)
 		}
 		var err error
-		kid, err = k.insertKey(ctx, tx)
-		return err
+		if kid, err = k.insertKey(ctx, tx); err != nil {
+			return err
+		}
+		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "key.rotated", Actor: by, At: now,
+			Data: map[string]any{"kid": kid, "retired_verify_until": now.Add(verifyWindow)}})
 	})
 	if err != nil {
 		return "", err
@@ -393,4 +399,26 @@ func (k *Keys) ActiveKid() string {
 // MarshalJSON keeps private material out of any accidental encoding.
 func (k *Keys) MarshalJSON() ([]byte, error) {
 	return json.Marshal(map[string]string{"active_kid": k.ActiveKid()})
+}
+
+// KeyInfo describes a stored key (public parts only).
+type KeyInfo struct {
+	Kid       string     `json:"kid"`
+	Alg       string     `json:"alg"`
+	CreatedAt time.Time  `json:"created_at"`
+	RetiredAt *time.Time `json:"retired_at,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+// List returns every stored key, oldest first; it needs no master key.
+func List(ctx context.Context, db *pgxpool.Pool) ([]KeyInfo, error) {
+	rows, err := db.Query(ctx, `SELECT kid, alg, created_at, retired_at, expires_at FROM arap.signing_keys ORDER BY created_at`)
+	if err != nil {
+		return nil, fmt.Errorf("signing: list: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (KeyInfo, error) {
+		var k KeyInfo
+		err := r.Scan(&k.Kid, &k.Alg, &k.CreatedAt, &k.RetiredAt, &k.ExpiresAt)
+		return k, err
+	})
 }

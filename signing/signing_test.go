@@ -48,7 +48,7 @@ func TestSignVerifyRotateExpire(t *testing.T) {
 	require.ErrorIs(t, keys.Verify(ctx, signing.TypeBinding, tampered, &jwt.MapClaims{}), signing.ErrBadSignature)
 	require.ErrorIs(t, keys.Verify(ctx, signing.TypeBinding, "not-a-jws", &jwt.MapClaims{}), signing.ErrMalformed)
 
-	newKid, err := keys.Rotate(ctx, time.Hour)
+	newKid, err := keys.Rotate(ctx, time.Hour, "test")
 	require.NoError(t, err)
 	require.NotEqual(t, oldKid, newKid)
 	fresh, err := keys.Sign(ctx, signing.TypeBinding, jwt.MapClaims{"x": "2"})
@@ -82,7 +82,7 @@ func TestOtherReplicaSeesRotationOnUnknownKid(t *testing.T) {
 	b, err := signing.Open(ctx, db, signing.Options{MasterKey: master})
 	require.NoError(t, err)
 	require.Equal(t, a.ActiveKid(), b.ActiveKid(), "replicas share one key")
-	_, err = a.Rotate(ctx, time.Hour)
+	_, err = a.Rotate(ctx, time.Hour, "test")
 	require.NoError(t, err)
 	tok, err := a.Sign(ctx, signing.TypeApproval, jwt.MapClaims{})
 	require.NoError(t, err)

@@ -1,0 +1,317 @@
+// Command arapctl is the operator and integration CLI of arap.
+//
+// Administrative commands (clients, keys, audit) work on the database
+// directly (DATABASE_URL), like an operator's psql session, so the first API
+// client can be created before any token exists.
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/signing"
+)
+
+const usage = `usage: arapctl <command> <subcommand> [flags]
+
+  clients create --name NAME --scope S[,S] --kind KIND [--actor PATTERN]...
+  clients list [--json]
+  clients revoke NAME|ID
+  keys rotate [--verify-window 192h]
+  keys list
+  audit verify
+  audit export [--out FILE]
+
+Administrative commands use DATABASE_URL (or --database-url); keys rotate also
+needs the master key (ARAP_MASTER_KEY or --master-key-file).
+`
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "arapctl:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			fmt.Fprint(os.Stderr, "\n"+usage)
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func run(args []string, out io.Writer) error {
+	if len(args) < 2 {
+		if len(args) == 1 && (args[0] == "-h" || args[0] == "help" || args[0] == "--help") {
+			fmt.Fprint(out, usage)
+			return nil
+		}
+		return usageError{"missing command"}
+	}
+	cmd, sub, rest := args[0], args[1], args[2:]
+	switch cmd + " " + sub {
+	case "clients create":
+		return clientsCreate(rest, out)
+	case "clients list":
+		return clientsList(rest, out)
+	case "clients revoke":
+		return clientsRevoke(rest, out)
+	case "keys rotate":
+		return keysRotate(rest, out)
+	case "keys list":
+		return keysList(rest, out)
+	case "audit verify":
+		return auditVerify(rest, out)
+	case "audit export":
+		return auditExport(rest, out)
+	}
+	return usageError{fmt.Sprintf("unknown command %q", cmd+" "+sub)}
+}
+
+// dbFlags adds --database-url to fs and returns a connector.
+func dbFlags(fs *flag.FlagSet) func(ctx context.Context) (*pgxpool.Pool, error) {
+	u := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (DATABASE_URL)")
+	return func(ctx context.Context) (*pgxpool.Pool, error) {
+		if *u == "" {
+			return nil, errors.New("DATABASE_URL or --database-url is required")
+		}
+		return pgxpool.New(ctx, *u)
+	}
+}
+
+// operator names the person running the command, for the audit trail.
+func operator() string {
+	name := os.Getenv("USER")
+	if name == "" {
+		name = "unknown"
+	}
+	return "operator:" + name
+}
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+func clientsCreate(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("clients create", flag.ContinueOnError)
+	connect := dbFlags(fs)
+	name := fs.String("name", "", "client name")
+	scopes := fs.String("scope", "", "comma-separated scopes: "+strings.Join(clients.AllScopes, ", "))
+	kind := fs.String("kind", clients.KindAutomation, "resolver kind: "+strings.Join(clients.AllKinds, ", "))
+	var actors multi
+	fs.Var(&actors, "actor", "actor id pattern the client may assert (repeatable), e.g. 'agent:*'")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	ctx := context.Background()
+	db, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var sc []string
+	for _, s := range strings.Split(*scopes, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			sc = append(sc, s)
+		}
+	}
+	c, token, err := clients.NewStore(db).Create(ctx, clients.New{Name: *name, Scopes: sc, Kind: *kind, Actors: actors}, operator())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "created client %s (%s)\ntoken: %s\nThe token is shown once; store it now.\n", c.Name, c.ID, token)
+	return nil
+}
+
+func clientsList(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("clients list", flag.ContinueOnError)
+	connect := dbFlags(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	ctx := context.Background()
+	db, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	list, err := clients.NewStore(db).List(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(out).Encode(list)
+	}
+	tw := tabwriter.NewWriter(out, 0, 2, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tSCOPES\tKIND\tACTORS\tCREATED\tSTATUS")
+	for _, c := range list {
+		status := "active"
+		if c.RevokedAt != nil {
+			status = "revoked " + c.RevokedAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Name, c.ID, strings.Join(c.Scopes, ","), c.Kind,
+			strings.Join(c.Actors, ","), c.CreatedAt.Format(time.RFC3339), status)
+	}
+	return tw.Flush()
+}
+
+func clientsRevoke(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("clients revoke", flag.ContinueOnError)
+	connect := dbFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	if fs.NArg() != 1 {
+		return usageError{"clients revoke takes one client name or id"}
+	}
+	ctx := context.Background()
+	db, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	c, err := clients.NewStore(db).Revoke(ctx, fs.Arg(0), operator())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "revoked client %s (%s); replicas refuse its token within 5 seconds\n", c.Name, c.ID)
+	return nil
+}
+
+func keysRotate(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("keys rotate", flag.ContinueOnError)
+	connect := dbFlags(fs)
+	window := fs.Duration("verify-window", signing.DefaultVerifyWindow, "how long the retired key keeps verifying (cover the longest approval)")
+	keyFile := fs.String("master-key-file", os.Getenv("ARAP_MASTER_KEY_FILE"), "file with the base64 master key (or ARAP_MASTER_KEY)")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	raw := os.Getenv("ARAP_MASTER_KEY")
+	if *keyFile != "" {
+		b, err := os.ReadFile(*keyFile)
+		if err != nil {
+			return err
+		}
+		raw = string(b)
+	}
+	master, err := base64.StdEncoding.DecodeString(strings.TrimSpace(raw))
+	if err != nil || len(master) != 32 {
+		return errors.New("keys rotate needs the master key: ARAP_MASTER_KEY or --master-key-file (base64 of 32 bytes)")
+	}
+	ctx := context.Background()
+	db, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	keys, err := signing.Open(ctx, db, signing.Options{MasterKey: master})
+	if err != nil {
+		return err
+	}
+	old := keys.ActiveKid()
+	kid, err := keys.Rotate(ctx, *window, operator())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "new signing key %s; %s retired, verifying until %s\n", kid, old, time.Now().Add(*window).UTC().Format(time.RFC3339))
+	return nil
+}
+
+func keysList(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("keys list", flag.ContinueOnError)
+	connect := dbFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	ctx := context.Background()
+	db, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	list, err := signing.List(ctx, db)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(out, 0, 2, 2, ' ', 0)
+	fmt.Fprintln(tw, "KID\tALG\tCREATED\tSTATE")
+	for _, k := range list {
+		state := "signing"
+		if k.RetiredAt != nil {
+			state = "verify-only until " + k.ExpiresAt.Format(time.RFC3339)
+			if k.ExpiresAt != nil && time.Now().After(*k.ExpiresAt) {
+				state = "expired"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k.Kid, k.Alg, k.CreatedAt.Format(time.RFC3339), state)
+	}
+	return tw.Flush()
+}
+
+func auditVerify(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("audit verify", flag.ContinueOnError)
+	connect := dbFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	ctx := context.Background()
+	db, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rep, err := audit.Verify(ctx, db)
+	if err != nil {
+		return err
+	}
+	if rep.OK() {
+		fmt.Fprintf(out, "audit: %d chains, %d events, all intact\n", rep.Chains, rep.Events)
+		return nil
+	}
+	for _, b := range rep.Breaks {
+		fmt.Fprintln(out, "BROKEN:", b.String())
+	}
+	return fmt.Errorf("audit: %d of %d chains broken", len(rep.Breaks), rep.Chains)
+}
+
+func auditExport(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("audit export", flag.ContinueOnError)
+	connect := dbFlags(fs)
+	file := fs.String("out", "", "write to FILE instead of standard output")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	ctx := context.Background()
+	db, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	w := out
+	if *file != "" {
+		f, err := os.OpenFile(*file, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w = f
+	}
+	return audit.Export(ctx, db, w)
+}

@@ -1,0 +1,168 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/internal/dbtest"
+)
+
+var (
+	binDir   string
+	buildErr error
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "arap-e2e-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binDir = dir
+	for _, cmd := range []string{"arapd", "arapctl"} {
+		out, err := osexec.Command("go", "build", "-o", filepath.Join(dir, cmd), "../cmd/"+cmd).CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("build %s: %v\n%s", cmd, err, out)
+		}
+	}
+	defer os.RemoveAll(dir)
+	dbtest.Main(m)
+}
+
+// masterKey is a fixed test master key (base64).
+var masterKey = base64.StdEncoding.EncodeToString([]byte("e2e-master-key-0123456789abcdef!"))
+
+// proc is a running arapd process whose JSON log lines are collected.
+type proc struct {
+	t     *testing.T
+	cmd   *osexec.Cmd
+	mu    sync.Mutex
+	lines []map[string]any
+	raw   []string
+	addr  string
+	ready chan struct{}
+	done  chan struct{}
+}
+
+// startArapd runs `arapd <args>` and waits until it logs "backend started".
+func startArapd(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	require.NoError(t, buildErr)
+	cmd := osexec.Command(filepath.Join(binDir, "arapd"), args...)
+	cmd.Env = append(os.Environ(), env...)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	cmd.Stdout = io.Discard
+	require.NoError(t, cmd.Start())
+	p := &proc{t: t, cmd: cmd, ready: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var m map[string]any
+			line := sc.Text()
+			_ = json.Unmarshal([]byte(line), &m)
+			p.mu.Lock()
+			p.raw = append(p.raw, line)
+			if m != nil {
+				p.lines = append(p.lines, m)
+				if m["msg"] == "backend started" && p.addr == "" {
+					p.addr, _ = m["addr"].(string)
+					close(p.ready)
+				}
+			}
+			p.mu.Unlock()
+		}
+	}()
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("arapd %v log:\n%s", args, strings.Join(p.logLines(), "\n"))
+		}
+	})
+	select {
+	case <-p.ready:
+	case <-p.done:
+		t.Fatalf("arapd exited before starting:\n%s", strings.Join(p.logLines(), "\n"))
+	case <-time.After(60 * time.Second):
+		t.Fatalf("arapd did not start within 60s:\n%s", strings.Join(p.logLines(), "\n"))
+	}
+	return p
+}
+
+func (p *proc) logLines() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.raw...)
+}
+
+// waitLog waits for a log line with msg.
+func (p *proc) waitLog(msg string, timeout time.Duration) map[string]any {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		p.mu.Lock()
+		for _, l := range p.lines {
+			if l["msg"] == msg {
+				p.mu.Unlock()
+				return l
+			}
+		}
+		p.mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.t.Fatalf("no log line %q within %s", msg, timeout)
+	return nil
+}
+
+func (p *proc) url() string { return "http://" + p.addr }
+
+func (p *proc) signal(sig syscall.Signal) { require.NoError(p.t, p.cmd.Process.Signal(sig)) }
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(timeout):
+		p.t.Fatalf("process did not exit within %s", timeout)
+		return -1
+	}
+}
+
+func arapctl(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	cmd := osexec.CommandContext(context.Background(), filepath.Join(binDir, "arapctl"), args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "arapctl %v: %s", args, out)
+	return string(out)
+}
+
+// exec runs one of the built binaries to completion.
+func exec(t *testing.T, env []string, name string, args ...string) error {
+	t.Helper()
+	cmd := osexec.Command(filepath.Join(binDir, name), args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %v: %w\n%s", name, args, err, out)
+	}
+	return nil
+}
