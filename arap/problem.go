@@ -41,6 +41,7 @@ var problems = map[string]struct {
 	authzen.ProblemNotFound:              {http.StatusNotFound, "Not found"},
 	authzen.ProblemCallbackRefused:       {http.StatusBadRequest, "Callback endpoint refused"},
 	authzen.ProblemIneligibleApprover:    {http.StatusForbidden, "Not eligible to decide this request"},
+	authzen.ProblemAlreadyDecided:        {http.StatusConflict, "This approver has already decided"},
 	authzen.ProblemInternal:              {http.StatusInternalServerError, "Internal error"},
 }
 

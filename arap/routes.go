@@ -49,5 +49,15 @@ func (s *Server) routes() http.Handler {
 			r.Delete("/{id}", s.cancel)
 		})
 	})
+
+	// Decision API for resolvers (ITSM systems, supervising agents, risk
+	// engines) and admins: problem+json errors, like ARAP.
+	r.Group(func(r chi.Router) {
+		r.Use(s.authenticate, s.rateLimit, s.require(clients.ScopeDecide, clients.ScopeAdmin))
+		r.Get("/v1/requests", s.listRequests)
+		r.Get("/v1/requests/{id}", s.showRequest)
+		r.Post("/v1/requests/{id}/decisions", s.decide)
+		r.Post("/v1/approvals/{id}/revoke", s.revokeApproval)
+	})
 	return r
 }

@@ -111,6 +111,7 @@ const (
 	ProblemNotFound              = "not_found"
 	ProblemCallbackRefused       = "callback_refused"
 	ProblemIneligibleApprover    = "ineligible_approver"
+	ProblemAlreadyDecided        = "already_decided"
 	ProblemInternal              = "internal_error"
 )
 

@@ -22,8 +22,10 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/omcp/arap/arap"
+	"github.com/omcp/arap/attributes"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/requests"
@@ -59,6 +61,8 @@ type Backend struct {
 	requests *requests.Service
 	keys     *signing.Keys
 	clients  *clients.Store
+	people   *directory.Store
+	attrs    *attributes.Store
 	server   *http.Server
 	listener net.Listener
 	started  atomic.Bool
@@ -130,10 +134,14 @@ func (b *Backend) build(ctx context.Context) error {
 		return err
 	}
 	requestsURL := public + authzen.PathRequests
+	b.attrs = attributes.NewStore(b.pool)
+	b.people = directory.NewStore(b.pool)
 	if b.engine, err = evaluation.New(evaluation.Options{
 		PolicyFile: cfg.PolicyFile, Keys: b.keys, Issuer: public, RequestsURL: requestsURL,
-		SchemaURL: func(tpl string) string { return public + authzen.PathSchemas + "/" + url.PathEscape(tpl) },
-		Log:       cfg.Log,
+		SchemaURL:  func(tpl string) string { return public + authzen.PathSchemas + "/" + url.PathEscape(tpl) },
+		Attributes: b.attrs,
+		Approvals:  &requests.ApprovalStore{DB: b.pool, Now: time.Now},
+		Log:        cfg.Log,
 	}); err != nil {
 		return err
 	}
@@ -265,6 +273,18 @@ func (b *Backend) Clients() *clients.Store { return b.clients }
 
 // Keys are the signing keys.
 func (b *Backend) Keys() *signing.Keys { return b.keys }
+
+// Directory is the user and group store.
+func (b *Backend) Directory() *directory.Store { return b.people }
+
+// Attributes is the attribute store.
+func (b *Backend) Attributes() *attributes.Store { return b.attrs }
+
+// Requests is the access request service.
+func (b *Backend) Requests() *requests.Service { return b.requests }
+
+// Engine is the policy decision point.
+func (b *Backend) Engine() *evaluation.Engine { return b.engine }
 
 // Run starts the backend and serves until ctx ends (SIGTERM), reloading the
 // policy on every value from reload (SIGHUP). It then stops gracefully,

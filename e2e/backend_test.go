@@ -26,9 +26,11 @@ rules:
   - name: wire_transfer_large
     match: {action: tools/call, resource_type: mcp_tool, resource_id: wire_transfer}
     effect: request
+    approval: {groups: [treasury]}
   - name: quick
     match: {action: tools/call, resource_type: mcp_tool, resource_id: quick}
     effect: request
+    approval: {groups: [treasury]}
     request_ttl: 3s
 `
 

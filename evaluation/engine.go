@@ -49,8 +49,18 @@ type Options struct {
 	RequestsURL string
 	// SchemaURL returns the request_schema_url of a template.
 	SchemaURL func(template string) string
+	// Attributes supplies attributes.<key> to conditions; none when nil.
+	Attributes AttributeSource
+	// Approvals resolves approval ids at re-evaluation; without it every
+	// presented approval is unverifiable.
+	Approvals Approvals
 	Now       func() time.Time
 	Log       *slog.Logger
+}
+
+// AttributeSource gives the current attributes.
+type AttributeSource interface {
+	Snapshot(ctx context.Context) (map[string]any, error)
 }
 
 // Engine evaluates access requests against the current policy.
@@ -125,6 +135,10 @@ type Outcome struct {
 	Decision authzen.Decision
 	Rule     string // "" when no rule matched
 	Effect   string
+	// Reeval is true when the request presented an approval; Reason is the
+	// re-evaluation's reason code then.
+	Reeval bool
+	Reason string
 }
 
 // Evaluate decides one request for the API client callerID. The request must
@@ -137,7 +151,10 @@ func (e *Engine) Evaluate(ctx context.Context, callerID string, req authzen.Eval
 		return authzen.Decision{Decision: false, Context: authzen.Object{
 			authzen.CtxEvaluationID: evalID, authzen.CtxEvaluatedAt: now, authzen.CtxReason: reason}}
 	}
-	rule, err := e.match(p, req, now)
+	if approval, ok := req.Context[authzen.CtxApproval]; ok {
+		return e.reevaluate(ctx, p, callerID, req, approval, evalID, now)
+	}
+	rule, err := e.match(ctx, p, req, now)
 	if err != nil {
 		// Fail closed: a rule we could not evaluate might have denied.
 		e.opts.Log.Warn("policy rule failed to evaluate; denying", "error", err)
@@ -164,18 +181,42 @@ func (e *Engine) Evaluate(ctx context.Context, callerID string, req authzen.Eval
 	return out, nil
 }
 
-// match returns the first rule that applies, or nil.
-func (e *Engine) match(p *Policy, req authzen.EvaluationRequest, now time.Time) (*Rule, error) {
-	ctxObj := map[string]any(req.Context)
-	if ctxObj == nil {
-		ctxObj = map[string]any{}
+// Vars are the inputs of policy conditions: the request, the time, the
+// attributes and which windows are open.
+func (e *Engine) Vars(ctx context.Context, p *Policy, req authzen.EvaluationRequest, now time.Time) (map[string]any, error) {
+	ctxObj := map[string]any{}
+	for k, v := range req.Context {
+		if k != authzen.CtxApproval { // an input to the decision, never to conditions
+			ctxObj[k] = v
+		}
 	}
-	vars := map[string]any{
-		"subject":  map[string]any(req.Subject),
-		"resource": map[string]any(req.Resource),
-		"action":   map[string]any(req.Action),
-		"context":  ctxObj,
-		"now":      now,
+	attrs := map[string]any{}
+	if e.opts.Attributes != nil {
+		var err error
+		if attrs, err = e.opts.Attributes.Snapshot(ctx); err != nil {
+			return nil, err
+		}
+	}
+	windows := make(map[string]bool, len(p.Windows))
+	for name, w := range p.Windows {
+		windows[name] = w.Open(now)
+	}
+	return map[string]any{
+		"subject":    map[string]any(req.Subject),
+		"resource":   map[string]any(req.Resource),
+		"action":     map[string]any(req.Action),
+		"context":    ctxObj,
+		"now":        now,
+		"attributes": attrs,
+		"windows":    windows,
+	}, nil
+}
+
+// match returns the first rule that applies, or nil.
+func (e *Engine) match(ctx context.Context, p *Policy, req authzen.EvaluationRequest, now time.Time) (*Rule, error) {
+	vars, err := e.Vars(ctx, p, req, now)
+	if err != nil {
+		return nil, err
 	}
 	for _, r := range p.Rules {
 		if !r.Match.matches(req) {

@@ -225,6 +225,7 @@ rules:
   - name: bad_ttl
     match: {action: read}
     effect: request
+    approval: {users: [bob]}
     denial_ttl: soon
 `
 	_, err := evaluation.Parse("p.yaml", []byte(doc))

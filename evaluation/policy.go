@@ -28,6 +28,7 @@ type Policy struct {
 	Source   string // file name, for messages
 	Defaults Defaults
 	Rules    []*Rule
+	Windows  map[string]*Window
 	byName   map[string]*Rule
 }
 
@@ -60,7 +61,10 @@ type Rule struct {
 	RequestTTL     time.Duration
 	// RequestSchema describes what a submission must add (context and
 	// requested_access); nil means nothing beyond the denied evaluation.
-	RequestSchema  map[string]any
+	RequestSchema map[string]any
+	// Approval says who decides and how; Resolvers decide automatically.
+	Approval       ApprovalPolicy
+	Resolvers      []*Resolver
 	compiledSchema *jsonschema.Schema
 	program        cel.Program
 }
@@ -105,9 +109,10 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 }
 
 type fileSpec struct {
-	Version  int        `yaml:"version"`
-	Defaults Defaults   `yaml:"defaults"`
-	Rules    []ruleSpec `yaml:"rules"`
+	Version  int                   `yaml:"version"`
+	Defaults Defaults              `yaml:"defaults"`
+	Windows  map[string]windowSpec `yaml:"windows"`
+	Rules    []ruleSpec            `yaml:"rules"`
 }
 
 type ruleSpec struct {
@@ -124,6 +129,7 @@ type ruleSpec struct {
 	DenialTTL      Duration       `yaml:"denial_ttl"`
 	RequestTTL     Duration       `yaml:"request_ttl"`
 	RequestSchema  map[string]any `yaml:"request_schema"`
+	Approval       *approvalSpec  `yaml:"approval"`
 }
 
 func (r *ruleSpec) UnmarshalYAML(n *yaml.Node) error {
@@ -150,7 +156,7 @@ func (r *ruleSpec) UnmarshalYAML(n *yaml.Node) error {
 
 var (
 	ruleKeys = []string{"name", "description", "match", "when", "effect", "reason", "template", "display",
-		"context_members", "denial_ttl", "request_ttl", "request_schema"}
+		"context_members", "denial_ttl", "request_ttl", "request_schema", "approval"}
 	matchKeys = []string{"action", "resource_type", "resource_id", "subject_type"}
 )
 
@@ -230,7 +236,19 @@ func Parse(source string, doc []byte) (*Policy, error) {
 	if spec.Version != 1 {
 		add(1, "version must be 1, got %d", spec.Version)
 	}
-	p := &Policy{Source: source, Defaults: spec.Defaults, byName: map[string]*Rule{}}
+	p := &Policy{Source: source, Defaults: spec.Defaults, byName: map[string]*Rule{}, Windows: map[string]*Window{}}
+	for name, ws := range spec.Windows {
+		if !nameRE.MatchString(name) {
+			add(ws.Line, "window name %q must be lower_snake_case", name)
+			continue
+		}
+		w, err := compileWindow(name, ws)
+		if err != nil {
+			add(ws.Line, "%v", err)
+			continue
+		}
+		p.Windows[name] = w
+	}
 	if p.Defaults.DenialTTL.Duration == 0 {
 		p.Defaults.DenialTTL.Duration = 10 * time.Minute
 	}
@@ -303,9 +321,13 @@ func compileRule(env *cel.Env, d Defaults, rs ruleSpec) (*Rule, []Problem) {
 		add(rs.Line, "reason must be a lower_snake_case code")
 	}
 	if r.Effect != EffectRequest {
-		if r.Template != "" || r.Display != nil || r.ContextMembers != nil || r.RequestSchema != nil || r.DenialTTL != 0 || r.RequestTTL != 0 {
-			add(rs.Line, "template, display, context_members, request_schema, denial_ttl and request_ttl apply only to effect: request")
+		if r.Template != "" || r.Display != nil || r.ContextMembers != nil || r.RequestSchema != nil || r.DenialTTL != 0 || r.RequestTTL != 0 || rs.Approval != nil {
+			add(rs.Line, "template, display, context_members, request_schema, denial_ttl, request_ttl and approval apply only to effect: request")
 		}
+	} else if rs.Approval == nil {
+		add(rs.Line, "effect: request needs an approval section saying who may decide (groups, users, clients, kinds or resolvers)")
+	} else {
+		r.Approval, r.Resolvers = compileApproval(env, *rs.Approval, add)
 	}
 	if r.Template == "" {
 		r.Template = r.Name
@@ -328,18 +350,11 @@ func compileRule(env *cel.Env, d Defaults, rs ruleSpec) (*Rule, []Problem) {
 		add(rs.Line, "needs match or when (a rule that matches everything should say when: \"true\")")
 	}
 	if r.When.Src != "" {
-		ast, iss := env.Compile(r.When.Src)
-		if iss != nil && iss.Err() != nil {
-			add(r.When.Line, "when: %s", oneLine(iss.Err().Error()))
-		} else if ast.OutputType() != cel.BoolType && ast.OutputType() != cel.DynType {
-			add(r.When.Line, "when: must be a bool expression, is %s", ast.OutputType())
-		} else {
-			prg, err := env.Program(ast, cel.CostLimit(celCostLimit), cel.EvalOptions(cel.OptOptimize))
-			if err != nil {
-				add(r.When.Line, "when: %v", err)
-			}
-			r.program = prg
+		prg, err := compileCondition(env, r.When.Src)
+		if err != nil {
+			add(r.When.Line, "when: %v", err)
 		}
+		r.program = prg
 	}
 	if r.RequestSchema != nil {
 		c := jsonschema.NewCompiler()
@@ -397,6 +412,8 @@ func newCELEnv() (*cel.Env, error) {
 		cel.Variable("action", cel.MapType(cel.StringType, cel.DynType)),
 		cel.Variable("context", cel.MapType(cel.StringType, cel.DynType)),
 		cel.Variable("now", cel.TimestampType),
+		cel.Variable("attributes", cel.MapType(cel.StringType, cel.DynType)),
+		cel.Variable("windows", cel.MapType(cel.StringType, cel.BoolType)),
 		cel.CrossTypeNumericComparisons(true),
 		cel.OptionalTypes(),
 		ext.Strings(),

@@ -97,6 +97,7 @@ func (s *Service) Purge(ctx context.Context) (keys, jtis int64, err error) {
 func (s *Service) AddWorkers(w *river.Workers) {
 	river.AddWorker(w, &ExpireWorker{Service: s})
 	river.AddWorker(w, &PurgeWorker{Service: s})
+	river.AddWorker(w, &ResolveWorker{Service: s})
 }
 
 // PeriodicJobs are the package's scheduled jobs.

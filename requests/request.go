@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/evaluation"
 )
 
 // Request is an access request as stored.
@@ -34,17 +35,19 @@ type Request struct {
 	UpdatedAt             time.Time
 	TerminalAt            *time.Time
 	Result                *authzen.Result
+	// ApprovalPolicy is the rule's approval policy as it was at submission.
+	ApprovalPolicy evaluation.ApprovalPolicy
 }
 
 const requestColumns = `id, client_id, status, coalesce(status_reason, ''), rule, subject, resource, action, context,
 	requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
-	expires_at, created_at, updated_at, terminal_at, result`
+	expires_at, created_at, updated_at, terminal_at, result, approval_policy`
 
 func scanRequest(row pgx.Row) (*Request, error) {
 	var r Request
 	err := row.Scan(&r.ID, &r.ClientID, &r.Status, &r.StatusReason, &r.Rule, &r.Subject, &r.Resource, &r.Action, &r.Context,
 		&r.RequestedAccess, &r.ClientInfo, &r.Denial, &r.EvaluationID, &r.BindingHash, &r.BindingContextMembers, &r.Display,
-		&r.ExpiresAt, &r.CreatedAt, &r.UpdatedAt, &r.TerminalAt, &r.Result)
+		&r.ExpiresAt, &r.CreatedAt, &r.UpdatedAt, &r.TerminalAt, &r.Result, &r.ApprovalPolicy)
 	if err != nil {
 		return nil, err
 	}

@@ -32,9 +32,11 @@ type JobInserter interface {
 	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
 }
 
-// PolicySource gives the policy in force.
-type PolicySource interface {
+// PDP is what the service needs of the policy decision point: the policy in
+// force and its automated resolvers.
+type PDP interface {
 	Policy() *evaluation.Policy
+	Resolve(ctx context.Context, rule *evaluation.Rule, req authzen.EvaluationRequest, now time.Time) (*evaluation.Resolver, error)
 }
 
 // Config configures a Service.
@@ -42,7 +44,7 @@ type Config struct {
 	DB     *pgxpool.Pool
 	Jobs   JobInserter
 	Keys   *signing.Keys
-	Policy PolicySource
+	Policy PDP
 	// Issuer is the PDP identifier binding tokens must carry as "iss".
 	Issuer string
 	// RequestsURL is this service's identifier (binding_token "aud") and the

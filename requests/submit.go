@@ -334,6 +334,7 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		BindingHash:           c.BindingHash,
 		BindingContextMembers: c.BindingContextMembers,
 		Display:               rule.Display,
+		ApprovalPolicy:        rule.Approval,
 		ExpiresAt:             now.Add(rule.RequestTTL).Truncate(time.Second),
 		CreatedAt:             now,
 		UpdatedAt:             now,
@@ -366,10 +367,10 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO arap.requests (id, client_id, status, rule, subject, resource, action, context,
 			requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
-			expires_at, created_at, updated_at)
-			VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16)`,
+			expires_at, created_at, updated_at, approval_policy)
+			VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17)`,
 			r.ID, r.ClientID, r.Rule, r.Subject, r.Resource, r.Action, r.Context, r.RequestedAccess, r.ClientInfo, r.Denial,
-			r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now); err != nil {
+			r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now, r.ApprovalPolicy); err != nil {
 			return fmt.Errorf("requests: insert: %w", err)
 		}
 		if err := audit.Append(ctx, tx, audit.Event{Chain: r.ID, Kind: "request.submitted", Actor: caller.principal(), At: now,
@@ -382,6 +383,11 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		}
 		if _, err := s.cfg.Jobs.InsertTx(ctx, tx, ExpireArgs{RequestID: r.ID}, &river.InsertOpts{ScheduledAt: r.ExpiresAt}); err != nil {
 			return fmt.Errorf("requests: schedule expiry: %w", err)
+		}
+		if len(rule.Resolvers) > 0 {
+			if _, err := s.cfg.Jobs.InsertTx(ctx, tx, ResolveArgs{RequestID: r.ID}, nil); err != nil {
+				return fmt.Errorf("requests: schedule resolvers: %w", err)
+			}
 		}
 		out = &Submitted{Request: r}
 		return nil

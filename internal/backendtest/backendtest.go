@@ -56,7 +56,7 @@ func Start(t testing.TB, o Options) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dev.Seed(ctx, b.Clients()); err != nil {
+	if err := dev.Seed(ctx, b.Clients(), b.Directory()); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Start(ctx); err != nil {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/internal/pgembed"
 )
 
@@ -90,7 +91,7 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 	if err != nil {
 		return err
 	}
-	if err := Seed(ctx, b.Clients()); err != nil {
+	if err := Seed(ctx, b.Clients(), b.Directory()); err != nil {
 		_ = b.Stop(context.Background())
 		return err
 	}
@@ -172,9 +173,35 @@ func writePolicy(path string, log *slog.Logger) error {
 	return nil
 }
 
-// Seed creates the dev API clients with their fixed tokens; existing ones are
-// left alone, so a restart keeps the state.
-func Seed(ctx context.Context, store *clients.Store) error {
+// Password is every dev user's password.
+const Password = "dev-password"
+
+// Users and groups of dev mode: alice and mallory request; bob and carol
+// approve for treasury, dave and erin for platform.
+var (
+	Users  = []string{"alice", "bob", "carol", "dave", "erin", "mallory"}
+	Groups = map[string][]string{"treasury": {"bob", "carol"}, "platform": {"dave", "erin"}}
+)
+
+// Seed creates the dev API clients with their fixed tokens, and the dev
+// users and groups; existing ones are left alone, so a restart keeps state.
+func Seed(ctx context.Context, store *clients.Store, people *directory.Store) error {
+	for _, u := range Users {
+		err := people.CreateUser(ctx, directory.User{Name: u, DisplayName: strings.ToUpper(u[:1]) + u[1:], Email: u + "@example.com"}, Password, "dev-seed")
+		if err != nil && !errors.Is(err, directory.ErrExists) {
+			return fmt.Errorf("dev: seed user %s: %w", u, err)
+		}
+	}
+	for g, members := range Groups {
+		if err := people.CreateGroup(ctx, g, "dev-seed"); err != nil && !errors.Is(err, directory.ErrExists) {
+			return fmt.Errorf("dev: seed group %s: %w", g, err)
+		}
+		for _, m := range members {
+			if err := people.AddMember(ctx, g, m, "dev-seed"); err != nil {
+				return fmt.Errorf("dev: seed group %s: %w", g, err)
+			}
+		}
+	}
 	seed := []clients.New{
 		{Name: "dev-pep", Token: PEPToken, Scopes: []string{clients.ScopeEvaluate, clients.ScopeRequest}, Kind: clients.KindAutomation, Actors: []string{"agent:*"}},
 		{Name: "dev-resolver", Token: ResolverToken, Scopes: []string{clients.ScopeDecide}, Kind: clients.KindAutomation},

@@ -1,0 +1,265 @@
+package arap
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/requests"
+)
+
+// RequestView is a request as deciders see it (GET /v1/requests/{id}): what
+// is asked, by whom, for whom, under which rule, and how far the decision
+// has got. Unlike the PEP's task handle it shows arguments and votes, and
+// never the approval's signed state.
+type RequestView struct {
+	ID              string                    `json:"id"`
+	Status          string                    `json:"status"`
+	StatusReason    string                    `json:"status_reason,omitempty"`
+	Rule            string                    `json:"rule"`
+	Subject         authzen.Object            `json:"subject"`
+	Action          authzen.Object            `json:"action"`
+	Resource        authzen.Object            `json:"resource"`
+	Context         authzen.Object            `json:"context,omitempty"`
+	RequestedAccess authzen.Object            `json:"requested_access,omitempty"`
+	Client          *authzen.ClientInfo       `json:"client,omitempty"`
+	SubmittedBy     string                    `json:"submitted_by"`
+	Display         map[string]any            `json:"display,omitempty"`
+	CreatedAt       time.Time                 `json:"created_at"`
+	ExpiresAt       time.Time                 `json:"expires_at"`
+	EndedAt         *time.Time                `json:"ended_at,omitempty"`
+	ApprovalPolicy  evaluation.ApprovalPolicy `json:"approval_policy"`
+	Votes           []requests.Vote           `json:"votes"`
+	Progress        Progress                  `json:"progress"`
+	Approval        *ApprovalSummary          `json:"approval,omitempty"`
+	// YouMayDecide says whether the caller may vote now, and Why not.
+	YouMayDecide bool   `json:"you_may_decide"`
+	Why          string `json:"why_not,omitempty"`
+}
+
+// Progress counts approvals toward the quorum.
+type Progress struct {
+	Approvals      int `json:"approvals"`
+	Quorum         int `json:"quorum"`
+	HumanApprovals int `json:"human_approvals"`
+	RequireHumans  int `json:"require_humans"`
+}
+
+// ApprovalSummary is the issued approval without its signed state.
+type ApprovalSummary struct {
+	ID            string    `json:"id"`
+	ApprovedAt    time.Time `json:"approved_at"`
+	ApprovedUntil time.Time `json:"approved_until"`
+}
+
+// ListResponse is a page of requests.
+type ListResponse struct {
+	Requests   []RequestView `json:"requests"`
+	NextCursor string        `json:"next_cursor,omitempty"`
+}
+
+// DecisionBody is the body of POST /v1/requests/{id}/decisions.
+type DecisionBody struct {
+	Decision      string     `json:"decision"`
+	Reason        string     `json:"reason"`
+	ApprovedUntil *time.Time `json:"approved_until"`
+}
+
+// voter is the API client as a decider; admins list everything.
+func voter(c *clients.Client) requests.Voter { return requests.ClientVoter(c.ID, c.Name, c.Kind) }
+
+// View renders r for v (nil: an admin looking), with votes.
+func View(r *requests.Request, votes []requests.Vote, v *requests.Voter, now time.Time) RequestView {
+	out := RequestView{
+		ID: r.ID, Status: string(r.Status), StatusReason: r.StatusReason, Rule: r.Rule, Subject: r.Subject, Action: r.Action,
+		Resource: r.Resource, Context: r.Context, RequestedAccess: r.RequestedAccess, Client: r.ClientInfo, SubmittedBy: r.ClientID,
+		Display: r.Display, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, EndedAt: r.TerminalAt, ApprovalPolicy: r.ApprovalPolicy,
+		Votes: votes, Progress: Progress{Quorum: r.ApprovalPolicy.Quorum, RequireHumans: r.ApprovalPolicy.RequireHumans},
+	}
+	if out.Votes == nil {
+		out.Votes = []requests.Vote{}
+	}
+	for _, vt := range votes {
+		if vt.Decision == evaluation.DecisionApprove {
+			out.Progress.Approvals++
+			if vt.Kind == "human" {
+				out.Progress.HumanApprovals++
+			}
+		}
+	}
+	if r.Result != nil && r.Result.Approval != nil {
+		a := r.Result.Approval
+		out.Approval = &ApprovalSummary{ID: a.ID, ApprovedAt: a.ApprovedAt, ApprovedUntil: a.ApprovedUntil}
+	}
+	if v != nil {
+		if err := requests.Eligible(*v, r, now); err != nil {
+			out.Why = err.(*requests.Error).Detail
+		} else {
+			out.YouMayDecide = true
+			for _, vt := range votes {
+				if vt.Voter == v.ID {
+					out.YouMayDecide, out.Why = false, "you have already decided"
+				}
+			}
+		}
+	}
+	return out
+}
+
+// visibleTo returns the voter to filter by, nil for admins.
+func visibleTo(c *clients.Client) *requests.Voter {
+	if c.Has(clients.ScopeAdmin) {
+		return nil
+	}
+	v := voter(c)
+	return &v
+}
+
+func (s *Server) listRequests(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := 0
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 {
+			writeProblem(w, r, authzen.ProblemInvalidRequest, "limit must be a positive integer", nil)
+			return
+		}
+		limit = n
+	}
+	status := q.Get("status")
+	if status != "" && !validStatus(status) {
+		writeProblem(w, r, authzen.ProblemInvalidRequest, "status must be one of pending, approved, denied, expired, cancelled, failed", nil)
+		return
+	}
+	c := clientFrom(r)
+	v := visibleTo(c)
+	list, next, err := s.d.Requests.List(r.Context(), v, requests.ListOptions{
+		Status: requests.Status(status), Rule: q.Get("rule"), Limit: limit, Cursor: q.Get("cursor"),
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	resp := ListResponse{Requests: make([]RequestView, 0, len(list)), NextCursor: next}
+	now := time.Now()
+	for _, req := range list {
+		votes, err := s.d.Requests.Votes(r.Context(), req.ID)
+		if err != nil {
+			s.internal(w, r, err)
+			return
+		}
+		resp.Requests = append(resp.Requests, View(req, votes, v, now))
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func validStatus(s string) bool {
+	for _, st := range requests.AllStatuses {
+		if string(st) == s {
+			return true
+		}
+	}
+	return false
+}
+
+// loadForDecider loads request id if the caller is one of its named deciders
+// (or an admin); others get 404, as if it did not exist.
+func (s *Server) loadForDecider(w http.ResponseWriter, r *http.Request) (*requests.Request, *requests.Voter, bool) {
+	c := clientFrom(r)
+	req, err := s.d.Requests.Load(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return nil, nil, false
+	}
+	v := visibleTo(c)
+	if v != nil && !requests.Names(*v, req) {
+		writeProblem(w, r, authzen.ProblemUnknownTask, "no access request with this id is visible to this client", nil)
+		return nil, nil, false
+	}
+	return req, v, true
+}
+
+func (s *Server) showRequest(w http.ResponseWriter, r *http.Request) {
+	req, v, ok := s.loadForDecider(w, r)
+	if !ok {
+		return
+	}
+	votes, err := s.d.Requests.Votes(r.Context(), req.ID)
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, View(req, votes, v, time.Now()))
+}
+
+func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
+	body, berr := readBody(w, r, s.d.Limits.MaxBody, false)
+	if berr != nil {
+		writeProblem(w, r, berr.code, berr.detail, nil)
+		return
+	}
+	var d DecisionBody
+	if err := decodeJSON(body, &d); err != nil {
+		writeProblem(w, r, authzen.ProblemInvalidRequest, err.Error(), nil)
+		return
+	}
+	if d.Decision != evaluation.DecisionApprove && d.Decision != evaluation.DecisionDeny {
+		writeProblem(w, r, authzen.ProblemInvalidRequest, `decision must be "approve" or "deny"`, nil)
+		return
+	}
+	if _, _, ok := s.loadForDecider(w, r); !ok {
+		return
+	}
+	c := clientFrom(r)
+	id := chi.URLParam(r, "id")
+	req, err := s.d.Requests.Decide(r.Context(), voter(c), id, requests.Decision{
+		Approve: d.Decision == evaluation.DecisionApprove, Reason: d.Reason, ApprovedUntil: d.ApprovedUntil,
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	votes, err := s.d.Requests.Votes(r.Context(), id)
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
+	v := voter(c)
+	writeJSON(w, http.StatusOK, View(req, votes, &v, time.Now()))
+}
+
+// RevokeBody is the body of POST /v1/approvals/{id}/revoke.
+type RevokeBody struct {
+	Reason string `json:"reason"`
+}
+
+func (s *Server) revokeApproval(w http.ResponseWriter, r *http.Request) {
+	body, berr := readBody(w, r, s.d.Limits.MaxBody, true)
+	if berr != nil {
+		writeProblem(w, r, berr.code, berr.detail, nil)
+		return
+	}
+	var rb RevokeBody
+	if body != nil {
+		if err := decodeJSON(body, &rb); err != nil {
+			writeProblem(w, r, authzen.ProblemInvalidRequest, err.Error(), nil)
+			return
+		}
+	}
+	c := clientFrom(r)
+	v := voter(c)
+	if c.Has(clients.ScopeAdmin) {
+		v = requests.Voter{ID: "system"}
+	}
+	a, err := s.d.Requests.Revoke(r.Context(), v, chi.URLParam(r, "id"), rb.Reason)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": a.ID, "request_id": a.RequestID, "status": a.Status})
+}

@@ -1,0 +1,197 @@
+package evaluation
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/cel-go/cel"
+	"go.yaml.in/yaml/v3"
+)
+
+// Decisions a resolver or approver can make.
+const (
+	DecisionApprove = "approve"
+	DecisionDeny    = "deny"
+)
+
+// Resolver kinds a person or API client can be (clients.Kind*).
+var resolverKinds = []string{"human", "automation", "agent", "itsm"}
+
+// ApprovalPolicy says who may decide the requests a rule makes requestable,
+// and what it takes. A copy is stored with each request when it is
+// submitted, so editing the policy never changes a pending request's quorum.
+type ApprovalPolicy struct {
+	// Quorum is the number of distinct approvals needed; any single deny
+	// ends the request denied.
+	Quorum int `json:"quorum"`
+	// Who may decide: people in Groups or named in Users (they are human),
+	// API clients named in Clients or of a kind in Kinds (automation, agent,
+	// itsm), and the rule's automated resolvers.
+	Groups  []string `json:"groups"`
+	Users   []string `json:"users"`
+	Clients []string `json:"clients"`
+	Kinds   []string `json:"kinds"`
+	// RequireHumans is how many of the approvals must come from people.
+	RequireHumans int `json:"require_humans"`
+	// MachinesMay lists what non-human deciders may do: approve, deny. With
+	// only "deny", automation may stop a request but only people may grant.
+	MachinesMay []string `json:"machines_may"`
+	// ApprovedFor is how long an approval lasts by default; MaxApprovedFor
+	// caps what a decider or requested_until may ask for.
+	ApprovedFor    time.Duration `json:"approved_for"`
+	MaxApprovedFor time.Duration `json:"max_approved_for"`
+	// GrantDelay keeps a fresh approval in "grant_pending" this long, as if
+	// provisioning took time (re-evaluation answers retry).
+	GrantDelay time.Duration `json:"grant_delay,omitempty"`
+	// Automated is true when the rule has automated resolvers.
+	Automated bool `json:"automated,omitempty"`
+}
+
+// MachinesMayApprove reports whether non-human deciders may approve.
+func (a ApprovalPolicy) MachinesMayApprove() bool {
+	return slices.Contains(a.MachinesMay, DecisionApprove)
+}
+
+// Resolver is an automated decider: the first of a rule's resolvers whose
+// condition holds decides.
+type Resolver struct {
+	Name     string
+	When     Expr
+	Decision string
+	Reason   string
+	program  cel.Program
+}
+
+type approvalSpec struct {
+	Quorum         int            `yaml:"quorum"`
+	Groups         []string       `yaml:"groups"`
+	Users          []string       `yaml:"users"`
+	Clients        []string       `yaml:"clients"`
+	Kinds          []string       `yaml:"kinds"`
+	RequireHumans  int            `yaml:"require_humans"`
+	MachinesMay    []string       `yaml:"machines_may"`
+	ApprovedFor    Duration       `yaml:"approved_for"`
+	MaxApprovedFor Duration       `yaml:"max_approved_for"`
+	GrantDelay     Duration       `yaml:"grant_delay"`
+	Resolvers      []resolverSpec `yaml:"resolvers"`
+	Line           int            `yaml:"-"`
+}
+
+var approvalKeys = []string{"quorum", "groups", "users", "clients", "kinds", "require_humans", "machines_may",
+	"approved_for", "max_approved_for", "grant_delay", "resolvers"}
+
+func (a *approvalSpec) UnmarshalYAML(n *yaml.Node) error {
+	if err := checkKeys(n, approvalKeys, "approval"); err != nil {
+		return err
+	}
+	type plain approvalSpec
+	var p plain
+	if err := n.Decode(&p); err != nil {
+		return err
+	}
+	*a = approvalSpec(p)
+	a.Line = n.Line
+	return nil
+}
+
+type resolverSpec struct {
+	Name     string `yaml:"name"`
+	When     Expr   `yaml:"when"`
+	Decision string `yaml:"decision"`
+	Reason   string `yaml:"reason"`
+	Line     int    `yaml:"-"`
+}
+
+func (r *resolverSpec) UnmarshalYAML(n *yaml.Node) error {
+	if err := checkKeys(n, []string{"name", "when", "decision", "reason"}, "resolver"); err != nil {
+		return err
+	}
+	type plain resolverSpec
+	var p plain
+	if err := n.Decode(&p); err != nil {
+		return err
+	}
+	*r = resolverSpec(p)
+	r.Line = n.Line
+	return nil
+}
+
+func compileApproval(env *cel.Env, s approvalSpec, add func(line int, format string, args ...any)) (ApprovalPolicy, []*Resolver) {
+	a := ApprovalPolicy{
+		Quorum: s.Quorum, Groups: s.Groups, Users: s.Users, Clients: s.Clients, Kinds: s.Kinds,
+		RequireHumans: s.RequireHumans, MachinesMay: s.MachinesMay,
+		ApprovedFor: s.ApprovedFor.Duration, MaxApprovedFor: s.MaxApprovedFor.Duration, GrantDelay: s.GrantDelay.Duration,
+	}
+	if a.Quorum == 0 {
+		a.Quorum = 1
+	}
+	if a.Quorum < 0 || a.Quorum > 20 {
+		add(s.Line, "approval.quorum must be between 1 and 20")
+	}
+	if a.RequireHumans < 0 || a.RequireHumans > a.Quorum {
+		add(s.Line, "approval.require_humans must be between 0 and the quorum (%d)", a.Quorum)
+	}
+	for _, k := range a.Kinds {
+		if !slices.Contains(resolverKinds, k) || k == "human" {
+			add(s.Line, "approval.kinds: %q is not an API client kind (automation, agent, itsm); people are named by groups and users", k)
+		}
+	}
+	if a.MachinesMay == nil {
+		a.MachinesMay = []string{DecisionApprove, DecisionDeny}
+	}
+	for _, m := range a.MachinesMay {
+		if m != DecisionApprove && m != DecisionDeny {
+			add(s.Line, "approval.machines_may: %q is not approve or deny", m)
+		}
+	}
+	if a.ApprovedFor == 0 {
+		a.ApprovedFor = time.Hour
+	}
+	if a.MaxApprovedFor == 0 {
+		a.MaxApprovedFor = 24 * time.Hour
+	}
+	if a.ApprovedFor > a.MaxApprovedFor {
+		add(s.Line, "approval.approved_for (%s) exceeds max_approved_for (%s)", a.ApprovedFor, a.MaxApprovedFor)
+	}
+	if len(a.Groups)+len(a.Users)+len(a.Clients)+len(a.Kinds)+len(s.Resolvers) == 0 {
+		add(s.Line, "approval names no one who may decide (groups, users, clients, kinds or resolvers)")
+	}
+	var resolvers []*Resolver
+	names := map[string]bool{}
+	for _, rs := range s.Resolvers {
+		r := &Resolver{Name: rs.Name, When: rs.When, Decision: rs.Decision, Reason: rs.Reason}
+		if !nameRE.MatchString(r.Name) || names[r.Name] {
+			add(rs.Line, "resolver name %q must be a unique lower_snake_case name", r.Name)
+		}
+		names[r.Name] = true
+		if r.Decision != DecisionApprove && r.Decision != DecisionDeny {
+			add(rs.Line, "resolver %q: decision must be approve or deny", r.Name)
+		}
+		if r.Decision == DecisionApprove && !a.MachinesMayApprove() {
+			add(rs.Line, "resolver %q approves, but machines_may does not allow machines to approve", r.Name)
+		}
+		if r.When.Src == "" {
+			add(rs.Line, "resolver %q: when is required", r.Name)
+		} else if prg, err := compileCondition(env, r.When.Src); err != nil {
+			add(r.When.Line, "resolver %q: when: %v", r.Name, err)
+		} else {
+			r.program = prg
+		}
+		resolvers = append(resolvers, r)
+	}
+	a.Automated = len(resolvers) > 0
+	return a, resolvers
+}
+
+// compileCondition compiles a bool CEL expression.
+func compileCondition(env *cel.Env, src string) (cel.Program, error) {
+	ast, iss := env.Compile(src)
+	if iss != nil && iss.Err() != nil {
+		return nil, fmt.Errorf("%s", oneLine(iss.Err().Error()))
+	}
+	if ast.OutputType() != cel.BoolType && ast.OutputType() != cel.DynType {
+		return nil, fmt.Errorf("must be a bool expression, is %s", ast.OutputType())
+	}
+	return env.Program(ast, cel.CostLimit(celCostLimit), cel.EvalOptions(cel.OptOptimize))
+}

@@ -1,0 +1,236 @@
+package evaluation
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/signing"
+)
+
+// ApprovalClaims are the claims of approval.state, a JWS the Access Request
+// Service signs for the PDP. They carry what the PDP needs to check the
+// approval's scope without asking anyone: the binding hash of the approved
+// call and the context members it covers.
+type ApprovalClaims struct {
+	jwt.RegisteredClaims           // iss: the ARS; aud: the PDP; exp: approved_until
+	ApprovalID            string   `json:"approval_id"`
+	RequestID             string   `json:"request_id"`
+	BindingHash           string   `json:"binding_hash"`
+	BindingContextMembers []string `json:"binding_context_members"`
+	// Rule is the policy rule the approval satisfies.
+	Rule string `json:"rule"`
+	// Scope is "exact": the approval covers exactly the bound subject,
+	// resource, action and relevant context.
+	Scope string `json:"scope"`
+	// AuthorizedParty is the API client the approval was issued to.
+	AuthorizedParty string `json:"azp"`
+}
+
+// ScopeExact is the only approval scope we issue.
+const ScopeExact = "exact"
+
+// Approval statuses.
+const (
+	ApprovalActive     = "active"
+	ApprovalRevoked    = "revoked"
+	ApprovalSuperseded = "superseded"
+)
+
+// ApprovalRecord is an approval as the Access Request Service keeps it.
+type ApprovalRecord struct {
+	ID          string
+	RequestID   string
+	ClientID    string
+	Rule        string
+	BindingHash string
+	// BindingContextMembers is the context member set the approval covers;
+	// scope is checked with this set, not the current rule's.
+	BindingContextMembers []string
+	Status                string
+	ApprovedAt            time.Time
+	ApprovedUntil         time.Time
+	GrantReadyAt          time.Time
+}
+
+// Approvals looks up approvals and records their use, for re-evaluation.
+type Approvals interface {
+	// Approval returns the approval with id, or nil if there is none.
+	Approval(ctx context.Context, id string) (*ApprovalRecord, error)
+	// RecordEvaluation notes a re-evaluation that presented the approval.
+	RecordEvaluation(ctx context.Context, a *ApprovalRecord, callerID string, decision bool, reason string) error
+}
+
+// reevaluate decides a request that presents context.approval (ARAP section
+// 4). The approval is an input to a fresh decision under the current policy
+// and attributes, never a standing grant:
+//
+//   - approval_unverifiable (none): state does not verify, or names another
+//     approval, client or deployment, or the id is unknown;
+//   - policy_denied (none): the current policy denies the call outright;
+//   - allow: the current policy allows the call without approval;
+//   - approval_expired (request): revoked, superseded or past approved_until;
+//   - out_of_scope (request): valid, but for a different call or rule;
+//   - grant_pending (retry): approved, not yet provisioned;
+//   - allow, echoing the approval's id and approved_until.
+//
+// "request" answers carry a fresh access_request for the current call.
+func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req authzen.EvaluationRequest, raw any, evalID string, now time.Time) (Outcome, error) {
+	deny := func(reason, next string) authzen.Decision {
+		return authzen.Decision{Decision: false, Context: authzen.Object{
+			authzen.CtxEvaluationID: evalID, authzen.CtxEvaluatedAt: now,
+			authzen.CtxReason: reason, authzen.CtxNextAction: next}}
+	}
+	out := Outcome{Effect: EffectDeny, Reeval: true}
+	rec, problem := e.verifyApproval(ctx, callerID, raw, now)
+	if problem != "" {
+		e.opts.Log.Info("approval unverifiable", "reason", problem, "client", callerID)
+		out.Decision, out.Reason = deny(authzen.ReasonApprovalUnverifiable, authzen.NextActionNone), authzen.ReasonApprovalUnverifiable
+		out.Decision.Context["detail"] = problem
+		return out, nil
+	}
+	record := func(o Outcome) (Outcome, error) {
+		if err := e.opts.Approvals.RecordEvaluation(ctx, rec, callerID, o.Decision.Decision, o.Reason); err != nil {
+			return Outcome{}, err
+		}
+		return o, nil
+	}
+
+	rule, err := e.match(ctx, p, req, now)
+	if err != nil {
+		e.opts.Log.Warn("policy rule failed to evaluate; denying", "error", err)
+		out.Decision, out.Reason = deny(authzen.ReasonPolicyDenied, authzen.NextActionNone), authzen.ReasonPolicyDenied
+		return record(out)
+	}
+	if rule != nil {
+		out.Rule = rule.Name
+	}
+	switch {
+	case rule == nil || rule.Effect == EffectDeny:
+		out.Decision, out.Reason = deny(authzen.ReasonPolicyDenied, authzen.NextActionNone), authzen.ReasonPolicyDenied
+		return record(out)
+	case rule.Effect == EffectAllow:
+		out.Effect = EffectAllow
+		out.Decision = authzen.Decision{Decision: true, Context: authzen.Object{authzen.CtxEvaluationID: evalID}}
+		return record(out)
+	}
+
+	// A request rule matches: the approval must be live and cover this call.
+	reRequest := func(reason string) (Outcome, error) {
+		d := deny(reason, authzen.NextActionRequest)
+		hint, err := e.requestableHint(ctx, callerID, rule, req, evalID, now)
+		if err != nil {
+			return Outcome{}, err
+		}
+		d.Context[authzen.CtxAccessRequest] = hint
+		out.Decision, out.Reason = d, reason
+		return record(out)
+	}
+	if rec.Status != ApprovalActive || !now.Before(rec.ApprovedUntil) {
+		return reRequest(authzen.ReasonApprovalExpired)
+	}
+	hash, err := authzen.BindingHash(req.Subject, req.Resource, req.Action, req.Context, rec.BindingContextMembers)
+	if err != nil {
+		return Outcome{}, err
+	}
+	if subtle.ConstantTimeCompare([]byte(hash), []byte(rec.BindingHash)) != 1 || rule.Name != rec.Rule {
+		return reRequest(authzen.ReasonOutOfScope)
+	}
+	if now.Before(rec.GrantReadyAt) {
+		d := deny(authzen.ReasonGrantPending, authzen.NextActionRetry)
+		d.Context[authzen.CtxRetryAfter] = int(math.Ceil(rec.GrantReadyAt.Sub(now).Seconds()))
+		out.Decision, out.Reason = d, authzen.ReasonGrantPending
+		return record(out)
+	}
+	out.Effect = EffectAllow
+	out.Decision = authzen.Decision{Decision: true, Context: authzen.Object{
+		authzen.CtxEvaluationID: evalID,
+		authzen.CtxApproval:     map[string]any{"id": rec.ID, "approved_until": rec.ApprovedUntil.UTC().Format(time.RFC3339)},
+	}}
+	return record(out)
+}
+
+// verifyApproval checks approval.state and finds the record; problem says
+// what is wrong when it cannot be used at all.
+func (e *Engine) verifyApproval(ctx context.Context, callerID string, raw any, now time.Time) (*ApprovalRecord, string) {
+	obj, ok := raw.(map[string]any)
+	if !ok {
+		return nil, "context.approval must be the approval object from the task result"
+	}
+	id, _ := obj["id"].(string)
+	state, _ := obj["state"].(string)
+	if id == "" || state == "" {
+		return nil, "context.approval needs id and state, unchanged from the task result"
+	}
+	if e.opts.Approvals == nil {
+		return nil, "this PDP cannot resolve approvals"
+	}
+	var c ApprovalClaims
+	if err := e.opts.Keys.Verify(ctx, signing.TypeApproval, state, &c); err != nil {
+		if errors.Is(err, signing.ErrMalformed) || errors.Is(err, signing.ErrBadSignature) || errors.Is(err, signing.ErrUnknownKey) ||
+			errors.Is(err, signing.ErrKeyExpired) || errors.Is(err, signing.ErrWrongType) {
+			return nil, fmt.Sprintf("approval.state does not verify: %v", err)
+		}
+		return nil, "approval.state could not be checked"
+	}
+	switch {
+	case c.Issuer != e.opts.RequestsURL:
+		return nil, "approval.state was not issued by this deployment's Access Request Service"
+	case !slices.Contains([]string(c.Audience), e.opts.Issuer):
+		return nil, "approval.state is not meant for this PDP"
+	case c.ApprovalID != id:
+		return nil, "approval.id does not match approval.state"
+	case c.AuthorizedParty != callerID:
+		return nil, "the approval was issued to a different client"
+	case c.Scope != ScopeExact:
+		return nil, "approval.state has an unknown scope"
+	}
+	rec, err := e.opts.Approvals.Approval(ctx, id)
+	if err != nil {
+		e.opts.Log.Error("approval lookup failed", "error", err)
+		return nil, "approval could not be looked up"
+	}
+	if rec == nil || rec.ClientID != callerID || rec.BindingHash != c.BindingHash || !slices.Equal(rec.BindingContextMembers, c.BindingContextMembers) {
+		return nil, "unknown approval"
+	}
+	return rec, ""
+}
+
+// Resolve runs rule's automated resolvers on req and returns the first whose
+// condition holds, or nil.
+func (e *Engine) Resolve(ctx context.Context, rule *Rule, req authzen.EvaluationRequest, now time.Time) (*Resolver, error) {
+	p := e.policy.Load()
+	vars, err := e.Vars(ctx, p, req, now)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rule.Resolvers {
+		val, _, err := r.program.Eval(vars)
+		if err != nil {
+			return nil, fmt.Errorf("resolver %q: %w", r.Name, err)
+		}
+		if b, _ := val.Value().(bool); b {
+			return r, nil
+		}
+	}
+	return nil, nil
+}
+
+// NextWindowChange is when any window of the policy next opens or closes
+// after now: the next moment a resolver's answer can change with time.
+func (p *Policy) NextWindowChange(now time.Time) time.Time {
+	var next time.Time
+	for _, w := range p.Windows {
+		if t := w.NextChange(now); !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	return next
+}

@@ -1,0 +1,310 @@
+package requests
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/signing"
+)
+
+// Voter is whoever decides: a person (in the web UI), an API client (the
+// decision API: an ITSM system, a supervising agent, a risk engine), or one
+// of a rule's automated resolvers.
+type Voter struct {
+	// ID is the voter's stable name in votes and the audit trail:
+	// "user:bob", "client:dev-itsm", "resolver:deploy_service.change_window".
+	ID string
+	// Kind is human, automation, agent or itsm.
+	Kind string
+	// Name is the user, client or resolver name.
+	Name string
+	// Groups the person belongs to.
+	Groups []string
+	// ClientID is set for API clients.
+	ClientID string
+	// Identities are the subject and actor ids the voter is known by; nobody
+	// decides a request made for them or through them.
+	Identities []string
+	// Resolver marks the rule's own automated resolver.
+	Resolver bool
+}
+
+// UserVoter is a person deciding.
+func UserVoter(name string, identities, groups []string) Voter {
+	return Voter{ID: "user:" + name, Kind: "human", Name: name, Groups: groups, Identities: identities}
+}
+
+// ClientVoter is an API client deciding through the decision API. It is
+// known by its name and id, with and without the "client:" prefix.
+func ClientVoter(id, name, kind string) Voter {
+	return Voter{ID: "client:" + name, Kind: kind, Name: name, ClientID: id,
+		Identities: []string{name, id, "client:" + name}}
+}
+
+func resolverVoter(rule string, r *evaluation.Resolver) Voter {
+	return Voter{ID: "resolver:" + rule + "." + r.Name, Kind: "automation", Name: rule + "." + r.Name, Resolver: true}
+}
+
+func (v Voter) human() bool { return v.Kind == "human" }
+
+// Decision is a vote.
+type Decision struct {
+	Approve bool
+	Reason  string
+	// ApprovedUntil, optional, asks for a different approval lifetime; it may
+	// not exceed what the approval policy allows.
+	ApprovedUntil *time.Time
+}
+
+// Vote is a recorded decision.
+type Vote struct {
+	Voter         string     `json:"voter"`
+	Kind          string     `json:"kind"`
+	Decision      string     `json:"decision"`
+	Reason        string     `json:"reason,omitempty"`
+	ApprovedUntil *time.Time `json:"approved_until,omitempty"`
+	At            time.Time  `json:"at"`
+}
+
+// Names reports whether r's approval policy names v as a decider (whether or
+// not v may decide it now).
+func Names(v Voter, r *Request) bool {
+	p := r.ApprovalPolicy
+	return v.Resolver ||
+		(v.human() && (slices.Contains(p.Users, v.Name) || slices.ContainsFunc(v.Groups, func(g string) bool { return slices.Contains(p.Groups, g) }))) ||
+		(!v.human() && v.ClientID != "" && (slices.Contains(p.Clients, v.Name) || slices.Contains(p.Kinds, v.Kind)))
+}
+
+// Eligible says whether v may decide r, and if not, why. It checks, in order:
+// the request is still open; v is one of the deciders the approval policy
+// names; the request is not on v's behalf, made through v, or submitted by v.
+func Eligible(v Voter, r *Request, now time.Time) error {
+	if r.Status != Pending {
+		return &Error{Code: authzen.ProblemInvalidTaskState, Current: r.Status, Detail: fmt.Sprintf("the request is already %s; decisions are closed", r.Status)}
+	}
+	if !now.Before(r.ExpiresAt) {
+		return &Error{Code: authzen.ProblemInvalidTaskState, Current: Expired, Detail: fmt.Sprintf("the request expired at %s; decisions are closed", r.ExpiresAt.Format(time.RFC3339))}
+	}
+	if !Names(v, r) {
+		return refuse(authzen.ProblemIneligibleApprover, "%s is not among the deciders of this request (%s)", v.ID, describeDeciders(r.ApprovalPolicy))
+	}
+	for _, id := range r.involved() {
+		if slices.ContainsFunc(v.Identities, func(x string) bool { return strings.EqualFold(x, id) }) {
+			return refuse(authzen.ProblemIneligibleApprover, "%s cannot decide a request made on their behalf or through them (%q)", v.ID, id)
+		}
+	}
+	if v.ClientID != "" && v.ClientID == r.ClientID {
+		return refuse(authzen.ProblemIneligibleApprover, "%s submitted this request and cannot decide it", v.ID)
+	}
+	return nil
+}
+
+// involved lists the ids a request is for or through: the subject and every
+// actor in subject.properties.act and client.actor.
+func (r *Request) involved() []string {
+	ids := []string{r.Subject.Str("id")}
+	walk := func(act map[string]any, key string) {
+		for depth := 0; act != nil && depth < 16; depth++ {
+			if id, _ := act[key].(string); id != "" {
+				ids = append(ids, id)
+			}
+			act, _ = act["act"].(map[string]any)
+			key = "sub"
+		}
+	}
+	if act, ok := r.Subject.Obj("properties")["act"].(map[string]any); ok {
+		walk(act, "sub")
+	}
+	if r.ClientInfo != nil && r.ClientInfo.Actor != nil {
+		walk(r.ClientInfo.Actor, "id")
+	}
+	return ids
+}
+
+func describeDeciders(p evaluation.ApprovalPolicy) string {
+	var parts []string
+	if len(p.Groups) > 0 {
+		parts = append(parts, "groups "+strings.Join(p.Groups, ", "))
+	}
+	if len(p.Users) > 0 {
+		parts = append(parts, "users "+strings.Join(p.Users, ", "))
+	}
+	if len(p.Clients) > 0 {
+		parts = append(parts, "clients "+strings.Join(p.Clients, ", "))
+	}
+	if len(p.Kinds) > 0 {
+		parts = append(parts, "client kinds "+strings.Join(p.Kinds, ", "))
+	}
+	if len(parts) == 0 {
+		return "automated resolvers only"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Decide records v's vote on request id. A deny by an eligible voter ends
+// the request denied; approvals end it approved once the quorum (and the
+// number of people required) is met. The vote, the state change, the audit
+// events and the approval are one transaction on the locked request, so a
+// concurrent cancel or expiry either happens before (and the vote is
+// refused) or after (and finds the request no longer pending).
+func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*Request, error) {
+	var out *Request
+	err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
+		r, err := scanRequest(tx.QueryRow(ctx, `SELECT `+requestColumns+` FROM arap.requests WHERE id = $1 FOR UPDATE`, id))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errUnknownTask
+		}
+		if err != nil {
+			return fmt.Errorf("requests: lock %s: %w", id, err)
+		}
+		now := s.now()
+		if err := Eligible(v, r, now); err != nil {
+			return err
+		}
+		p := r.ApprovalPolicy
+		if d.Approve && !v.human() && !p.MachinesMayApprove() {
+			return refuse(authzen.ProblemIneligibleApprover, "%s may deny this request but only a person may approve it", v.ID)
+		}
+		if d.ApprovedUntil != nil && d.Approve {
+			if !d.ApprovedUntil.After(now) || d.ApprovedUntil.After(now.Add(p.MaxApprovedFor)) {
+				return refuse(authzen.ProblemInvalidRequest, "approved_until must be in the future and at most %s from now (%s)",
+					p.MaxApprovedFor, now.Add(p.MaxApprovedFor).UTC().Format(time.RFC3339))
+			}
+		}
+		if len(d.Reason) > 2000 {
+			return refuse(authzen.ProblemInvalidRequest, "reason is longer than 2000 characters")
+		}
+		decision := evaluation.DecisionDeny
+		if d.Approve {
+			decision = evaluation.DecisionApprove
+		}
+		var until *time.Time
+		if d.Approve {
+			until = d.ApprovedUntil
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO arap.votes (request_id, voter, voter_kind, decision, reason, approved_until, at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING`, id, v.ID, v.Kind, decision, d.Reason, until, now)
+		if err != nil {
+			return fmt.Errorf("requests: record vote: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return refuse(authzen.ProblemAlreadyDecided, "%s has already decided this request; one vote per approver", v.ID)
+		}
+		if err := audit.Append(ctx, tx, audit.Event{Chain: id, Kind: "vote." + decision, Actor: v.ID, At: now,
+			Data: map[string]any{"voter_kind": v.Kind, "reason": d.Reason, "approved_until": until}}); err != nil {
+			return err
+		}
+		if !d.Approve {
+			reason := ReasonDeniedByMachine
+			if v.human() {
+				reason = ReasonDeniedByUser
+			}
+			out, err = s.TransitionTx(ctx, tx, id, Change{To: Denied, Reason: reason, Actor: v.ID,
+				Data: map[string]any{"voter_kind": v.Kind, "decision_reason": d.Reason}})
+			return err
+		}
+		votes, err := votesTx(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		approvals, humans := 0, 0
+		for _, vt := range votes {
+			if vt.Decision == evaluation.DecisionApprove {
+				approvals++
+				if vt.Kind == "human" {
+					humans++
+				}
+			}
+		}
+		if approvals < p.Quorum || humans < p.RequireHumans {
+			out = r // still pending: more approvals needed
+			return nil
+		}
+		out, err = s.approveTx(ctx, tx, r, votes, v.ID, now)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// approveTx issues the approval: its record (superseding earlier approvals of
+// the same call for the same client), its signed state, and the transition.
+func (s *Service) approveTx(ctx context.Context, tx pgx.Tx, r *Request, votes []Vote, actor string, now time.Time) (*Request, error) {
+	p := r.ApprovalPolicy
+	until := now.Add(p.ApprovedFor)
+	asked := false
+	for _, vt := range votes {
+		if vt.Decision == evaluation.DecisionApprove && vt.ApprovedUntil != nil && (!asked || vt.ApprovedUntil.Before(until)) {
+			until, asked = *vt.ApprovedUntil, true // the most cautious approver wins
+		}
+	}
+	if s, ok := r.RequestedAccess["requested_until"].(string); ok {
+		if t, err := time.Parse(time.RFC3339, s); err == nil && t.After(now) && t.Before(until) {
+			until = t // never more than the requester asked for
+		}
+	}
+	if max := now.Add(p.MaxApprovedFor); until.After(max) {
+		until = max
+	}
+	until = until.Truncate(time.Second)
+	approvalID := "apr_" + rand.Text()
+	if _, err := tx.Exec(ctx, `UPDATE arap.approvals SET status = 'superseded', revoked_at = $3, revoked_by = $4, revoke_reason = 'superseded'
+		WHERE client_id = $1 AND binding_hash = $2 AND status = 'active'`, r.ClientID, r.BindingHash, now, "request:"+r.ID); err != nil {
+		return nil, fmt.Errorf("requests: supersede approvals: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO arap.approvals (id, request_id, client_id, rule, binding_hash, binding_context_members,
+		status, approved_at, approved_until, grant_ready_at) VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $8, $9)`,
+		approvalID, r.ID, r.ClientID, r.Rule, r.BindingHash, r.BindingContextMembers, now, until, now.Add(p.GrantDelay)); err != nil {
+		return nil, fmt.Errorf("requests: insert approval: %w", err)
+	}
+	jti := make([]byte, 12)
+	_, _ = rand.Read(jti)
+	state, err := s.cfg.Keys.Sign(ctx, signing.TypeApproval, evaluation.ApprovalClaims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer: s.cfg.RequestsURL, Audience: jwt.ClaimStrings{s.cfg.Issuer},
+			IssuedAt: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(until), ID: fmt.Sprintf("%x", jti),
+		},
+		ApprovalID: approvalID, RequestID: r.ID, BindingHash: r.BindingHash, BindingContextMembers: r.BindingContextMembers,
+		Rule: r.Rule, Scope: evaluation.ScopeExact, AuthorizedParty: r.ClientID,
+	})
+	if err != nil {
+		return nil, err
+	}
+	result := &authzen.Result{Mode: authzen.ModeReevaluate, Approval: &authzen.Approval{
+		ID: approvalID, ApprovedAt: now.Truncate(time.Second), ApprovedUntil: until, State: state,
+	}}
+	return s.TransitionTx(ctx, tx, r.ID, Change{To: Approved, Reason: ReasonApproved, Actor: actor, Result: result,
+		Data: map[string]any{"approval_id": approvalID, "approved_until": until}})
+}
+
+func votesTx(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, id string) ([]Vote, error) {
+	rows, err := q.Query(ctx, `SELECT voter, voter_kind, decision, reason, approved_until, at FROM arap.votes WHERE request_id = $1 ORDER BY at, voter`, id)
+	if err != nil {
+		return nil, fmt.Errorf("requests: votes: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Vote, error) {
+		var v Vote
+		err := r.Scan(&v.Voter, &v.Kind, &v.Decision, &v.Reason, &v.ApprovedUntil, &v.At)
+		return v, err
+	})
+}
+
+// Votes returns the votes on request id, oldest first.
+func (s *Service) Votes(ctx context.Context, id string) ([]Vote, error) {
+	return votesTx(ctx, s.cfg.DB, id)
+}
