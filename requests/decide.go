@@ -244,6 +244,7 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 // the same call for the same client), its signed state, and the transition.
 func (s *Service) approveTx(ctx context.Context, tx pgx.Tx, r *Request, votes []Vote, actor string, now time.Time) (*Request, error) {
 	p := r.ApprovalPolicy
+	now = now.Truncate(time.Second) // approvals speak in RFC 3339 seconds
 	until := now.Add(p.ApprovedFor)
 	asked := false
 	for _, vt := range votes {

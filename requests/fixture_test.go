@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/attributes"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/evaluation"
@@ -47,19 +48,25 @@ type fixture struct {
 	svc    *requests.Service
 	jobs   *river.Client[pgx.Tx]
 	clock  *clock
+	attrs  *attributes.Store
 	pep    requests.Caller
 	other  requests.Caller
+	pepID  string
 }
 
-func setup(t *testing.T) *fixture {
+func setup(t *testing.T) *fixture { return setupWith(t, "testdata/policy.yaml") }
+
+func setupWith(t *testing.T, policy string) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	f := &fixture{t: t, db: dbtest.New(t), clock: &clock{}}
 	var err error
 	f.keys, err = signing.Open(ctx, f.db, signing.Options{MasterKey: make([]byte, 32), Now: f.clock.Now})
 	require.NoError(t, err)
-	f.engine, err = evaluation.New(evaluation.Options{PolicyFile: "testdata/policy.yaml", Keys: f.keys, Issuer: issuer,
-		RequestsURL: requestsURL, Now: f.clock.Now, SchemaURL: func(s string) string { return issuer + "/s/" + s }})
+	f.attrs = attributes.NewStore(f.db)
+	f.engine, err = evaluation.New(evaluation.Options{PolicyFile: policy, Keys: f.keys, Issuer: issuer,
+		RequestsURL: requestsURL, Now: f.clock.Now, SchemaURL: func(s string) string { return issuer + "/s/" + s },
+		Attributes: f.attrs, Approvals: &requests.ApprovalStore{DB: f.db, Now: f.clock.Now}})
 	require.NoError(t, err)
 	f.jobs, err = river.NewClient(riverpgxv5.New(f.db), &river.Config{Schema: migrations.RiverSchema})
 	require.NoError(t, err)
@@ -68,6 +75,7 @@ func setup(t *testing.T) *fixture {
 	require.NoError(t, err)
 	store := clients.NewStore(f.db)
 	f.pep = f.caller(store, "pep", []string{"agent:*"})
+	f.pepID = f.pep.ID
 	f.other = f.caller(store, "other-pep", []string{"agent:*"})
 	return f
 }
@@ -126,4 +134,12 @@ func (f *fixture) fresh(tool string, args map[string]any) []byte {
 	req := toolCall(tool, args)
 	d, hint := f.deny(f.pep, req)
 	return mustJSON(f.t, submission(req, d, hint))
+}
+
+func jsonRoundTrip(in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, out)
 }

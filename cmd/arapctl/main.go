@@ -34,9 +34,22 @@ const usage = `usage: arapctl <command> <subcommand> [flags]
   keys list
   audit verify
   audit export [--out FILE]
+  users create --name NAME [--display-name N] [--email E] [--password-stdin]
+  users list | users disable NAME | users passwd NAME (password on stdin)
+  groups create NAME | groups add GROUP USER | groups remove GROUP USER | groups list
+  attributes set KEY VALUE | attributes unset KEY | attributes list
+
+  requests list [--status pending] [--rule R] [--limit N] [--json]
+  requests show ID
+  requests approve ID [--reason R] [--until RFC3339]
+  requests deny ID [--reason R]
+  approvals revoke ID [--reason R]
 
 Administrative commands use DATABASE_URL (or --database-url); keys rotate also
-needs the master key (ARAP_MASTER_KEY or --master-key-file).
+needs the master key (ARAP_MASTER_KEY or --master-key-file). The requests and
+approvals commands call the decision API at ARAP_URL (--url, default
+http://127.0.0.1:8480) with the token in ARAP_TOKEN (--token), which needs the
+decide scope.
 `
 
 func main() {
@@ -79,6 +92,14 @@ func run(args []string, out io.Writer) error {
 		return auditVerify(rest, out)
 	case "audit export":
 		return auditExport(rest, out)
+	case "users create", "users list", "users disable", "users passwd":
+		return users(sub, rest, out)
+	case "groups create", "groups add", "groups remove", "groups list":
+		return groups(sub, rest, out)
+	case "attributes set", "attributes unset", "attributes list":
+		return attrs(sub, rest, out)
+	case "requests list", "requests show", "requests approve", "requests deny", "approvals revoke":
+		return decisions(cmd+" "+sub, rest, out)
 	}
 	return usageError{fmt.Sprintf("unknown command %q", cmd+" "+sub)}
 }
@@ -116,8 +137,12 @@ func clientsCreate(args []string, out io.Writer) error {
 	kind := fs.String("kind", clients.KindAutomation, "resolver kind: "+strings.Join(clients.AllKinds, ", "))
 	var actors multi
 	fs.Var(&actors, "actor", "actor id pattern the client may assert (repeatable), e.g. 'agent:*'")
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	pos, err := parse(fs, args)
+	if err == nil && len(pos) > 0 {
+		err = usageError{"unexpected argument " + pos[0]}
+	}
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
 	db, err := connect(ctx)
@@ -143,8 +168,12 @@ func clientsList(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("clients list", flag.ContinueOnError)
 	connect := dbFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	pos, err := parse(fs, args)
+	if err == nil && len(pos) > 0 {
+		err = usageError{"unexpected argument " + pos[0]}
+	}
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
 	db, err := connect(ctx)
@@ -175,10 +204,11 @@ func clientsList(args []string, out io.Writer) error {
 func clientsRevoke(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("clients revoke", flag.ContinueOnError)
 	connect := dbFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
 	}
-	if fs.NArg() != 1 {
+	if len(pos) != 1 {
 		return usageError{"clients revoke takes one client name or id"}
 	}
 	ctx := context.Background()
@@ -187,7 +217,7 @@ func clientsRevoke(args []string, out io.Writer) error {
 		return err
 	}
 	defer db.Close()
-	c, err := clients.NewStore(db).Revoke(ctx, fs.Arg(0), operator())
+	c, err := clients.NewStore(db).Revoke(ctx, pos[0], operator())
 	if err != nil {
 		return err
 	}
@@ -200,8 +230,12 @@ func keysRotate(args []string, out io.Writer) error {
 	connect := dbFlags(fs)
 	window := fs.Duration("verify-window", signing.DefaultVerifyWindow, "how long the retired key keeps verifying (cover the longest approval)")
 	keyFile := fs.String("master-key-file", os.Getenv("ARAP_MASTER_KEY_FILE"), "file with the base64 master key (or ARAP_MASTER_KEY)")
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	pos, err := parse(fs, args)
+	if err == nil && len(pos) > 0 {
+		err = usageError{"unexpected argument " + pos[0]}
+	}
+	if err != nil {
+		return err
 	}
 	raw := os.Getenv("ARAP_MASTER_KEY")
 	if *keyFile != "" {
@@ -237,8 +271,12 @@ func keysRotate(args []string, out io.Writer) error {
 func keysList(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("keys list", flag.ContinueOnError)
 	connect := dbFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	pos, err := parse(fs, args)
+	if err == nil && len(pos) > 0 {
+		err = usageError{"unexpected argument " + pos[0]}
+	}
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
 	db, err := connect(ctx)
@@ -268,8 +306,12 @@ func keysList(args []string, out io.Writer) error {
 func auditVerify(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("audit verify", flag.ContinueOnError)
 	connect := dbFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	pos, err := parse(fs, args)
+	if err == nil && len(pos) > 0 {
+		err = usageError{"unexpected argument " + pos[0]}
+	}
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
 	db, err := connect(ctx)
@@ -295,8 +337,12 @@ func auditExport(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("audit export", flag.ContinueOnError)
 	connect := dbFlags(fs)
 	file := fs.String("out", "", "write to FILE instead of standard output")
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	pos, err := parse(fs, args)
+	if err == nil && len(pos) > 0 {
+		err = usageError{"unexpected argument " + pos[0]}
+	}
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
 	db, err := connect(ctx)
@@ -314,4 +360,20 @@ func auditExport(args []string, out io.Writer) error {
 		w = f
 	}
 	return audit.Export(ctx, db, w)
+}
+
+// parse parses flags that may come before or after positional arguments
+// ("requests approve ID --reason R") and returns the positional ones.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, usageError{err.Error()}
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -11,8 +13,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/signing"
 )
 
@@ -90,4 +96,108 @@ func TestUsage(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	_, err = ctl(t, "clients", "list")
 	require.ErrorContains(t, err, "DATABASE_URL")
+}
+
+func TestUsersGroupsAttributes(t *testing.T) {
+	url := dbtest.URL(t)
+	t.Setenv("DATABASE_URL", url)
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer db.Close()
+
+	stdin = strings.NewReader("correct horse battery\n")
+	_, err = ctl(t, "users", "create", "--name", "zoe", "--email", "Zoe@Example.com", "--password-stdin")
+	require.NoError(t, err)
+	_, err = ctl(t, "groups", "create", "treasury")
+	require.NoError(t, err)
+	_, err = ctl(t, "groups", "add", "treasury", "zoe")
+	require.NoError(t, err)
+	_, err = ctl(t, "groups", "add", "treasury", "nobody")
+	require.ErrorContains(t, err, "nobody")
+	out, err := ctl(t, "users", "list")
+	require.NoError(t, err)
+	require.Contains(t, out, "zoe@example.com")
+	require.Contains(t, out, "treasury")
+	u, err := directory.NewStore(db).CheckPassword(ctx, "zoe", "correct horse battery")
+	require.NoError(t, err)
+	require.Equal(t, []string{"treasury"}, u.Groups)
+	out, err = ctl(t, "groups", "list")
+	require.NoError(t, err)
+	require.Equal(t, "treasury: zoe\n", out)
+	_, err = ctl(t, "users", "disable", "zoe")
+	require.NoError(t, err)
+	_, err = directory.NewStore(db).CheckPassword(ctx, "zoe", "correct horse battery")
+	require.ErrorIs(t, err, directory.ErrUserDisabled)
+
+	_, err = ctl(t, "attributes", "set", "change_freeze", "true")
+	require.NoError(t, err)
+	_, err = ctl(t, "attributes", "set", "risk_level", "high")
+	require.NoError(t, err)
+	out, err = ctl(t, "attributes", "list")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"change_freeze": true, "risk_level": "high"}`, out)
+	_, err = ctl(t, "attributes", "unset", "risk_level")
+	require.NoError(t, err)
+	out, err = ctl(t, "attributes", "list")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"change_freeze": true}`, out)
+}
+
+func TestDecisionCommands(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{})
+	t.Setenv("ARAP_URL", env.URL)
+	t.Setenv("ARAP_TOKEN", dev.ITSMToken)
+	id := submitWire(t, env.URL)
+
+	out, err := ctl(t, "requests", "list")
+	require.NoError(t, err)
+	require.Contains(t, out, id)
+	require.Contains(t, out, "wire_transfer_large")
+	out, err = ctl(t, "requests", "show", id)
+	require.NoError(t, err)
+	require.Contains(t, out, `"amount": 50000`)
+	out, err = ctl(t, "requests", "approve", id, "--reason", "CHG-1")
+	require.NoError(t, err)
+	require.Contains(t, out, id+": approved (approvals 1/1)")
+	_, err = ctl(t, "requests", "deny", id)
+	require.ErrorContains(t, err, "already approved")
+	out, err = ctl(t, "approvals", "revoke", id, "--reason", "oops")
+	require.NoError(t, err)
+	require.Contains(t, out, "revoked")
+
+	id2 := submitWire(t, env.URL)
+	out, err = ctl(t, "requests", "deny", id2, "--reason", "no")
+	require.NoError(t, err)
+	require.Contains(t, out, "denied")
+	t.Setenv("ARAP_TOKEN", dev.ResolverToken)
+	_, err = ctl(t, "requests", "show", id2)
+	require.ErrorContains(t, err, "unknown_task")
+}
+
+// submitWire evaluates and submits a wire_transfer of 50000 as the dev PEP.
+func submitWire(t *testing.T, base string) string {
+	t.Helper()
+	call := map[string]any{
+		"subject":  map[string]any{"type": "user", "id": "alice"},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "wire_transfer", "properties": map[string]any{"arguments": map[string]any{"to": "acct-991", "amount": 50000}}},
+	}
+	c := apiClient{base: base, token: dev.PEPToken, http: http.DefaultClient}
+	var d authzen.Decision
+	require.NoError(t, c.call("POST", "/access/v1/evaluation", call, &d))
+	var hint authzen.AccessRequestHint
+	require.NoError(t, jsonRoundTrip(d.Context["access_request"], &hint))
+	call["denial"] = map[string]any{"expires_at": hint.ExpiresAt, "binding_token": hint.BindingToken}
+	var resp authzen.TaskResponse
+	require.NoError(t, c.call("POST", "/access/v1/requests", call, &resp))
+	return resp.Task.ID
+}
+
+func jsonRoundTrip(in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, out)
 }

@@ -1,0 +1,122 @@
+package arap_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/backendtest"
+	"github.com/omcp/arap/internal/dev"
+)
+
+// TestDecisionAPIFlow is the issue's by-hand check as a test: submit, find it
+// as an ITSM system, approve it through the API, read the status, re-evaluate
+// with the approval: allow.
+func TestDecisionAPIFlow(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{})
+	pep := api{t: t, base: env.URL, token: dev.PEPToken}
+	itsm := api{t: t, base: env.URL, token: dev.ITSMToken}
+	resolver := api{t: t, base: env.URL, token: dev.ResolverToken}
+
+	call := wireCall(50000)
+	r := pep.do("POST", "/access/v1/requests", submission(t, call, pep.do("POST", "/access/v1/evaluation", call).json(t)))
+	require.Equal(t, 202, r.status)
+	id := r.json(t)["task"].(map[string]any)["id"].(string)
+
+	// The ITSM system finds the work.
+	r = itsm.do("GET", "/v1/requests?status=pending", nil)
+	require.Equal(t, 200, r.status, "%s", r.body)
+	list := r.json(t)["requests"].([]any)
+	require.Len(t, list, 1)
+	view := list[0].(map[string]any)
+	require.Equal(t, id, view["id"])
+	require.Equal(t, true, view["you_may_decide"])
+	require.Equal(t, 50000.0, view["resource"].(map[string]any)["properties"].(map[string]any)["arguments"].(map[string]any)["amount"],
+		"deciders see exactly what they approve")
+
+	// The automated resolver is not named by the treasury rule: it sees nothing.
+	require.Empty(t, resolver.do("GET", "/v1/requests?status=pending", nil).json(t)["requests"])
+	resolver.do("GET", "/v1/requests/"+id, nil).problem(t, 404, authzen.ProblemUnknownTask)
+	resolver.do("POST", "/v1/requests/"+id+"/decisions", map[string]any{"decision": "approve"}).problem(t, 404, authzen.ProblemUnknownTask)
+	// The PEP has no decide scope.
+	pep.do("POST", "/v1/requests/"+id+"/decisions", map[string]any{"decision": "approve"}).problem(t, 403, authzen.ProblemInsufficientScope)
+
+	itsm.do("POST", "/v1/requests/"+id+"/decisions", map[string]any{"decision": "maybe"}).problem(t, 400, authzen.ProblemInvalidRequest)
+	late := time.Now().Add(48 * time.Hour).UTC().Format(time.RFC3339)
+	itsm.do("POST", "/v1/requests/"+id+"/decisions", map[string]any{"decision": "approve", "approved_until": late}).problem(t, 400, authzen.ProblemInvalidRequest)
+
+	r = itsm.do("POST", "/v1/requests/"+id+"/decisions", map[string]any{"decision": "approve", "reason": "CHG0042 approved"})
+	require.Equal(t, 200, r.status, "%s", r.body)
+	view = r.json(t)
+	require.Equal(t, "approved", view["status"])
+	require.Equal(t, "client:dev-itsm", view["votes"].([]any)[0].(map[string]any)["voter"])
+	require.Equal(t, "itsm", view["votes"].([]any)[0].(map[string]any)["kind"])
+	require.NotContains(t, string(r.body), `"state"`, "deciders never see approval.state")
+	itsm.do("POST", "/v1/requests/"+id+"/decisions", map[string]any{"decision": "deny"}).problem(t, 409, authzen.ProblemInvalidTaskState)
+
+	// The PEP reads the status: approved, with a reevaluate result.
+	r = pep.do("GET", "/access/v1/requests/"+id, nil)
+	require.Equal(t, 200, r.status)
+	resp := r.json(t)
+	require.Equal(t, "approved", resp["task"].(map[string]any)["status"])
+	result := resp["result"].(map[string]any)
+	require.Equal(t, "reevaluate", result["mode"])
+	approval := result["approval"].(map[string]any)
+	for _, k := range []string{"id", "approved_at", "approved_until", "state"} {
+		require.NotEmpty(t, approval[k], k)
+	}
+
+	// Re-evaluation with the approval: allow.
+	reeval := wireCall(50000)
+	reeval["context"] = map[string]any{"approval": approval}
+	r = pep.do("POST", "/access/v1/evaluation", reeval)
+	require.Equal(t, 200, r.status)
+	d := r.json(t)
+	require.Equal(t, true, d["decision"], "%v", d)
+	require.Equal(t, approval["approved_until"], d["context"].(map[string]any)["approval"].(map[string]any)["approved_until"])
+
+	// Different arguments with the same approval: out_of_scope.
+	reeval = wireCall(90000)
+	reeval["context"] = map[string]any{"approval": approval}
+	d = pep.do("POST", "/access/v1/evaluation", reeval).json(t)
+	require.Equal(t, false, d["decision"])
+	require.Equal(t, "out_of_scope", d["context"].(map[string]any)["reason"])
+	require.Equal(t, "request", d["context"].(map[string]any)["next_action"])
+	require.NotNil(t, d["context"].(map[string]any)["access_request"])
+
+	// Revoked through the API: the next re-evaluation says so.
+	r = itsm.do("POST", "/v1/approvals/"+approval["id"].(string)+"/revoke", map[string]any{"reason": "wrong beneficiary"})
+	require.Equal(t, 200, r.status, "%s", r.body)
+	reeval = wireCall(50000)
+	reeval["context"] = map[string]any{"approval": approval}
+	d = pep.do("POST", "/access/v1/evaluation", reeval).json(t)
+	require.Equal(t, false, d["decision"])
+	require.Equal(t, "approval_expired", d["context"].(map[string]any)["reason"])
+}
+
+func TestAutomatedResolverRunsAsAJob(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{Policy: []byte(`version: 1
+rules:
+  - name: deploy_service
+    match: {resource_id: deploy_service}
+    effect: request
+    approval:
+      kinds: [automation]
+      resolvers:
+        - name: always
+          when: "true"
+          decision: approve
+          reason: automatic
+`)})
+	pep := api{t: t, base: env.URL, token: dev.PEPToken}
+	call := wireCall(0)
+	call["resource"] = map[string]any{"type": "mcp_tool", "id": "deploy_service", "properties": map[string]any{"arguments": map[string]any{"service": "api", "version": "2"}}}
+	r := pep.do("POST", "/access/v1/requests", submission(t, call, pep.do("POST", "/access/v1/evaluation", call).json(t)))
+	require.Equal(t, 202, r.status)
+	id := r.json(t)["task"].(map[string]any)["id"].(string)
+	require.Eventually(t, func() bool {
+		return pep.do("GET", "/access/v1/requests/"+id, nil).json(t)["task"].(map[string]any)["status"] == "approved"
+	}, 30*time.Second, 100*time.Millisecond)
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/omcp/arap/arap"
+	"github.com/omcp/arap/authzen"
+)
+
+// apiClient calls the decision API.
+type apiClient struct {
+	base, token string
+	http        *http.Client
+}
+
+func (c apiClient) call(method, path string, body any, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, c.base+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		var p authzen.Problem
+		if json.Unmarshal(raw, &p) == nil && p.Detail != "" {
+			return fmt.Errorf("%s (%d %s)", p.Detail, resp.StatusCode, strings.TrimPrefix(strings.TrimPrefix(p.Type, authzen.ProblemPrefix), authzen.LocalProblemPrefix))
+		}
+		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(raw)))
+	}
+	return json.Unmarshal(raw, out)
+}
+
+func decisions(cmd string, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	base := fs.String("url", envOr("ARAP_URL", "http://127.0.0.1:8480"), "backend URL (ARAP_URL)")
+	token := fs.String("token", os.Getenv("ARAP_TOKEN"), "API token with the decide scope (ARAP_TOKEN)")
+	status := fs.String("status", "pending", "requests list: status filter (empty for all)")
+	rule := fs.String("rule", "", "requests list: rule filter")
+	limit := fs.Int("limit", 50, "requests list: page size")
+	asJSON := fs.Bool("json", false, "print JSON")
+	reason := fs.String("reason", "", "why (recorded with the decision)")
+	until := fs.String("until", "", "requests approve: approved_until (RFC 3339), within what the policy allows")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if *token == "" {
+		return usageError{"a token is required: --token or ARAP_TOKEN"}
+	}
+	c := apiClient{base: strings.TrimRight(*base, "/"), token: *token, http: &http.Client{Timeout: 30 * time.Second}}
+	oneID := func() (string, error) {
+		if len(pos) != 1 {
+			return "", usageError{cmd + " takes one id"}
+		}
+		return url.PathEscape(pos[0]), nil
+	}
+	switch cmd {
+	case "requests list":
+		q := url.Values{}
+		if *status != "" {
+			q.Set("status", *status)
+		}
+		if *rule != "" {
+			q.Set("rule", *rule)
+		}
+		q.Set("limit", fmt.Sprint(*limit))
+		var page arap.ListResponse
+		if err := c.call("GET", "/v1/requests?"+q.Encode(), nil, &page); err != nil {
+			return err
+		}
+		if *asJSON {
+			return json.NewEncoder(out).Encode(page)
+		}
+		tw := tabwriter.NewWriter(out, 0, 2, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tSTATUS\tRULE\tSUBJECT\tRESOURCE\tPROGRESS\tEXPIRES\tYOU MAY DECIDE")
+		for _, v := range page.Requests {
+			may := "yes"
+			if !v.YouMayDecide {
+				may = "no: " + v.Why
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s:%s\t%d/%d\t%s\t%s\n", v.ID, v.Status, v.Rule, v.Subject.Str("id"),
+				v.Resource.Str("type"), v.Resource.Str("id"), v.Progress.Approvals, v.Progress.Quorum, v.ExpiresAt.Format(time.RFC3339), may)
+		}
+		return tw.Flush()
+	case "requests show":
+		id, err := oneID()
+		if err != nil {
+			return err
+		}
+		var v arap.RequestView
+		if err := c.call("GET", "/v1/requests/"+id, nil, &v); err != nil {
+			return err
+		}
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	case "requests approve", "requests deny":
+		id, err := oneID()
+		if err != nil {
+			return err
+		}
+		body := arap.DecisionBody{Decision: strings.TrimPrefix(cmd, "requests "), Reason: *reason}
+		if *until != "" {
+			t, err := time.Parse(time.RFC3339, *until)
+			if err != nil {
+				return fmt.Errorf("--until: %w", err)
+			}
+			body.ApprovedUntil = &t
+		}
+		var v arap.RequestView
+		if err := c.call("POST", "/v1/requests/"+id+"/decisions", body, &v); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s: %s (approvals %d/%d)\n", v.ID, v.Status, v.Progress.Approvals, v.Progress.Quorum)
+		return nil
+	case "approvals revoke":
+		id, err := oneID()
+		if err != nil {
+			return err
+		}
+		var res map[string]any
+		if err := c.call("POST", "/v1/approvals/"+id+"/revoke", arap.RevokeBody{Reason: *reason}, &res); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "approval %s of request %s: %s\n", res["id"], res["request_id"], res["status"])
+		return nil
+	}
+	return usageError{"unknown command " + cmd}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
