@@ -61,13 +61,19 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+	// 0711: the PostgreSQL account (when we run as root) must be able to
+	// enter it to reach its cluster; the secrets inside are 0600 files.
+	if err := os.MkdirAll(dataDir, 0o711); err != nil {
 		return fmt.Errorf("dev: data dir: %w", err)
 	}
+	_ = os.Chmod(dataDir, 0o711)
+	keyFile := filepath.Join(dataDir, "master.key")
+	_, statErr := os.Stat(keyFile)
+	fresh := errors.Is(statErr, os.ErrNotExist)
 
 	dbURL := o.DatabaseURL
 	if dbURL == "" {
-		cluster, err := startCluster(ctx, dataDir, o.Log)
+		cluster, err := startCluster(ctx, dataDir, fresh, o.Log)
 		if err != nil {
 			return err
 		}
@@ -76,7 +82,7 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 			return err
 		}
 	}
-	key, err := masterKey(filepath.Join(dataDir, "master.key"))
+	key, err := masterKey(keyFile)
 	if err != nil {
 		return err
 	}
@@ -101,15 +107,21 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 
 // startCluster starts the private cluster under dataDir/pg. When the process
 // is root and the data dir is inside a directory the server account cannot
-// enter (such as /root), the cluster goes to a directory under /tmp instead.
-func startCluster(ctx context.Context, dataDir string, log *slog.Logger) (*pgembed.Cluster, error) {
+// enter (such as /root), the cluster goes to a directory under /tmp instead;
+// a cluster left there by an earlier data dir of the same name (fresh: this
+// data dir has no master key yet) is unusable without its key and removed.
+func startCluster(ctx context.Context, dataDir string, fresh bool, log *slog.Logger) (*pgembed.Cluster, error) {
 	pgDir := filepath.Join(dataDir, "pg")
 	c, err := pgembed.Start(ctx, pgembed.Options{DataDir: pgDir})
 	var nt *pgembed.NotTraversableError
 	if errors.As(err, &nt) {
-		alt := filepath.Join(os.TempDir(), "arap-dev-"+strings.NewReplacer("/", "_").Replace(strings.Trim(dataDir, "/")), "pg")
+		altBase := filepath.Join(os.TempDir(), "arap-dev-"+strings.NewReplacer("/", "_").Replace(strings.Trim(dataDir, "/")))
+		if fresh {
+			_ = os.RemoveAll(altBase)
+		}
+		alt := filepath.Join(altBase, "pg")
 		log.Warn("the PostgreSQL account cannot reach the data dir; keeping the cluster elsewhere", "data_dir", dataDir, "cluster", alt)
-		if err := os.MkdirAll(filepath.Dir(alt), 0o755); err != nil {
+		if err := os.MkdirAll(altBase, 0o755); err != nil {
 			return nil, err
 		}
 		c, err = pgembed.Start(ctx, pgembed.Options{DataDir: alt})
