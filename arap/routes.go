@@ -59,5 +59,12 @@ func (s *Server) routes() http.Handler {
 		r.Post("/v1/requests/{id}/decisions", s.decide)
 		r.Post("/v1/approvals/{id}/revoke", s.revokeApproval)
 	})
+
+	// Callback deliveries: for the client that registered them, and admins.
+	r.Group(func(r chi.Router) {
+		r.Use(s.authenticate, s.rateLimit, s.require(clients.ScopeRequest, clients.ScopeAdmin))
+		r.Get("/v1/requests/{id}/deliveries", s.deliveries)
+		r.Post("/v1/requests/{id}/deliveries/{delivery}/redeliver", s.redeliver)
+	})
 	return r
 }

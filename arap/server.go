@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/requests"
@@ -50,6 +51,7 @@ type Deps struct {
 	Engine    *evaluation.Engine
 	Requests  *requests.Service
 	Keys      *signing.Keys
+	Callbacks *callbacks.Service
 	Limits    Limits
 	Log       *slog.Logger
 	// Ready reports whether the service can take traffic (database, workers).
@@ -64,8 +66,8 @@ type Server struct {
 
 // New builds the handler.
 func New(d Deps) (*Server, error) {
-	if d.PublicURL == "" || d.Clients == nil || d.Engine == nil || d.Requests == nil || d.Keys == nil {
-		return nil, errors.New("arap: PublicURL, Clients, Engine, Requests and Keys are required")
+	if d.PublicURL == "" || d.Clients == nil || d.Engine == nil || d.Requests == nil || d.Keys == nil || d.Callbacks == nil {
+		return nil, errors.New("arap: PublicURL, Clients, Engine, Requests, Keys and Callbacks are required")
 	}
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)

@@ -18,12 +18,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/attributes"
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/evaluation"
@@ -50,24 +52,30 @@ type Config struct {
 	Log     *slog.Logger
 	// RequestRetention, if set, overrides how long ended requests stay readable.
 	RequestRetention time.Duration
+	// CallbackSchedule, if set, overrides the callback retry schedule.
+	CallbackSchedule []time.Duration
+	// JobTimeout bounds a background job (default 1 minute); a job still
+	// marked running after twice that (its worker died: kill -9) is retried.
+	JobTimeout time.Duration
 }
 
 // Backend is a running (or ready to run) backend.
 type Backend struct {
-	cfg      Config
-	pool     *pgxpool.Pool
-	river    *river.Client[pgx.Tx]
-	engine   *evaluation.Engine
-	requests *requests.Service
-	keys     *signing.Keys
-	clients  *clients.Store
-	people   *directory.Store
-	attrs    *attributes.Store
-	server   *http.Server
-	listener net.Listener
-	started  atomic.Bool
-	stopping atomic.Bool
-	serveErr chan error
+	cfg       Config
+	pool      *pgxpool.Pool
+	river     *river.Client[pgx.Tx]
+	engine    *evaluation.Engine
+	requests  *requests.Service
+	keys      *signing.Keys
+	clients   *clients.Store
+	people    *directory.Store
+	attrs     *attributes.Store
+	callbacks *callbacks.Service
+	server    *http.Server
+	listener  net.Listener
+	started   atomic.Bool
+	stopping  atomic.Bool
+	serveErr  chan error
 }
 
 // New connects to the database and builds every part; nothing listens or
@@ -78,6 +86,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	if cfg.Workers == 0 {
 		cfg.Workers = 20
+	}
+	if cfg.JobTimeout == 0 {
+		cfg.JobTimeout = time.Minute
 	}
 	if cfg.DatabaseURL == "" {
 		return nil, errors.New("backend: a database URL is required (--database-url or DATABASE_URL)")
@@ -152,9 +163,20 @@ func (b *Backend) build(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("backend: river: %w", err)
 	}
+	statusEndpoint := func(id string) string { return requestsURL + "/" + id }
+	if b.callbacks, err = callbacks.NewService(callbacks.Config{
+		DB: b.pool, Jobs: inserter, MasterKey: cfg.MasterKey, StatusEndpoint: statusEndpoint,
+		Schedule: cfg.CallbackSchedule, Log: cfg.Log,
+	}); err != nil {
+		return err
+	}
+	if err := prometheus.Register(b.callbacks.QueueDepth()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+		return err
+	}
 	if b.requests, err = requests.NewService(requests.Config{
 		DB: b.pool, Jobs: inserter, Keys: b.keys, Policy: b.engine, Issuer: public, RequestsURL: requestsURL,
 		Retention: cfg.RequestRetention, Log: cfg.Log,
+		CheckCallback: b.callbacks.CheckCallback, OnTerminal: b.callbacks.OnTerminal,
 	}); err != nil {
 		return err
 	}
@@ -162,19 +184,22 @@ func (b *Backend) build(ctx context.Context) error {
 
 	workers := river.NewWorkers()
 	b.requests.AddWorkers(workers)
+	b.callbacks.AddWorkers(workers)
 	if b.river, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{
 		Schema:       migrations.RiverSchema,
 		Logger:       riverLog,
 		Workers:      workers,
 		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}},
 		PeriodicJobs: b.requests.PeriodicJobs(),
-		JobTimeout:   time.Minute,
+		JobTimeout:   cfg.JobTimeout,
+		// A job whose worker died (kill -9) is retried after this.
+		RescueStuckJobsAfter: 2 * cfg.JobTimeout,
 	}); err != nil {
 		return fmt.Errorf("backend: river: %w", err)
 	}
 
 	h, err := arap.New(arap.Deps{
-		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys,
+		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
 		Limits: cfg.Limits, Log: cfg.Log, Ready: b.ready,
 	})
 	if err != nil {
@@ -282,6 +307,9 @@ func (b *Backend) Attributes() *attributes.Store { return b.attrs }
 
 // Requests is the access request service.
 func (b *Backend) Requests() *requests.Service { return b.requests }
+
+// Callbacks is the callback service.
+func (b *Backend) Callbacks() *callbacks.Service { return b.callbacks }
 
 // Engine is the policy decision point.
 func (b *Backend) Engine() *evaluation.Engine { return b.engine }

@@ -13,6 +13,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/url"
 	"path"
 	"slices"
 	"strings"
@@ -50,14 +51,29 @@ var AllKinds = []string{KindHuman, KindAutomation, KindAgent, KindITSM}
 
 // Client is an API client.
 type Client struct {
-	ID        string     `json:"id"`
-	Name      string     `json:"name"`
-	Scopes    []string   `json:"scopes"`
-	Kind      string     `json:"resolver_kind"`
-	Actors    []string   `json:"actors"`
-	CreatedAt time.Time  `json:"created_at"`
-	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	ID     string   `json:"id"`
+	Name   string   `json:"name"`
+	Scopes []string `json:"scopes"`
+	Kind   string   `json:"resolver_kind"`
+	Actors []string `json:"actors"`
+	// CallbackPrefixes are the URL prefixes the client may register as
+	// callback endpoints; CallbackNetworks the internal address kinds
+	// (loopback, private, link-local) those endpoints may resolve to.
+	CallbackPrefixes []string   `json:"callback_prefixes"`
+	CallbackNetworks []string   `json:"callback_networks"`
+	CreatedAt        time.Time  `json:"created_at"`
+	RevokedAt        *time.Time `json:"revoked_at,omitempty"`
 }
+
+// Networks a callback may be allowed to reach besides the public internet.
+const (
+	NetworkLoopback  = "loopback"
+	NetworkPrivate   = "private"
+	NetworkLinkLocal = "link-local"
+)
+
+// AllNetworks lists them.
+var AllNetworks = []string{NetworkLoopback, NetworkPrivate, NetworkLinkLocal}
 
 // Has reports whether the client holds scope.
 func (c *Client) Has(scope string) bool { return slices.Contains(c.Scopes, scope) }
@@ -111,6 +127,9 @@ type New struct {
 	Scopes []string
 	Kind   string
 	Actors []string
+	// CallbackPrefixes and CallbackNetworks allow callbacks (see Client).
+	CallbackPrefixes []string
+	CallbackNetworks []string
 	// Token, when set, is used instead of a generated one (dev mode's fixed
 	// tokens). It must be at least 12 characters.
 	Token string
@@ -131,13 +150,17 @@ func (s *Store) Create(ctx context.Context, n New, by string) (*Client, string, 
 		token = "arap_" + base64.RawURLEncoding.EncodeToString(b)
 	}
 	hash := sha256.Sum256([]byte(token))
-	c := &Client{ID: newID(), Name: n.Name, Scopes: n.Scopes, Kind: n.Kind, Actors: n.Actors, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
-	if c.Actors == nil {
-		c.Actors = []string{}
+	c := &Client{ID: newID(), Name: n.Name, Scopes: n.Scopes, Kind: n.Kind, Actors: n.Actors,
+		CallbackPrefixes: n.CallbackPrefixes, CallbackNetworks: n.CallbackNetworks, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	for _, l := range []*[]string{&c.Actors, &c.CallbackPrefixes, &c.CallbackNetworks} {
+		if *l == nil {
+			*l = []string{}
+		}
 	}
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO arap.api_clients (id, name, token_hash, scopes, resolver_kind, actors, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`, c.ID, c.Name, hash[:], c.Scopes, c.Kind, c.Actors, c.CreatedAt)
+		_, err := tx.Exec(ctx, `INSERT INTO arap.api_clients (id, name, token_hash, scopes, resolver_kind, actors,
+			callback_prefixes, callback_networks, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			c.ID, c.Name, hash[:], c.Scopes, c.Kind, c.Actors, c.CallbackPrefixes, c.CallbackNetworks, c.CreatedAt)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 			return ErrNameTaken
@@ -146,7 +169,8 @@ func (s *Store) Create(ctx context.Context, n New, by string) (*Client, string, 
 			return fmt.Errorf("clients: insert: %w", err)
 		}
 		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "client.created", Actor: by, At: c.CreatedAt,
-			Data: map[string]any{"client_id": c.ID, "name": c.Name, "scopes": c.Scopes, "resolver_kind": c.Kind, "actors": c.Actors}})
+			Data: map[string]any{"client_id": c.ID, "name": c.Name, "scopes": c.Scopes, "resolver_kind": c.Kind, "actors": c.Actors,
+				"callback_prefixes": c.CallbackPrefixes, "callback_networks": c.CallbackNetworks}})
 	})
 	if err != nil {
 		return nil, "", err
@@ -174,6 +198,20 @@ func validate(n New) error {
 			return fmt.Errorf("clients: bad actor pattern %q: %w", a, err)
 		}
 	}
+	for _, p := range n.CallbackPrefixes {
+		if p == "https://" {
+			continue // any https endpoint (still subject to the network checks)
+		}
+		u, err := url.Parse(p)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
+			return fmt.Errorf("clients: callback prefix %q must be an absolute http(s) URL without credentials, or https:// for any https endpoint", p)
+		}
+	}
+	for _, nw := range n.CallbackNetworks {
+		if !slices.Contains(AllNetworks, nw) {
+			return fmt.Errorf("clients: unknown callback network %q (known: %s)", nw, strings.Join(AllNetworks, ", "))
+		}
+	}
 	if n.Token != "" && len(n.Token) < 12 {
 		return errors.New("clients: a fixed token must be at least 12 characters")
 	}
@@ -182,12 +220,14 @@ func validate(n New) error {
 
 func newID() string { return "cli_" + strings.ToLower(rand.Text()) }
 
-const selectClient = `SELECT id, name, token_hash, scopes, resolver_kind, actors, created_at, revoked_at FROM arap.api_clients`
+const clientColumns = `id, name, token_hash, scopes, resolver_kind, actors, callback_prefixes, callback_networks, created_at, revoked_at`
+
+const selectClient = `SELECT ` + clientColumns + ` FROM arap.api_clients`
 
 func scanClient(row pgx.Row) (*Client, []byte, error) {
 	var c Client
 	var hash []byte
-	err := row.Scan(&c.ID, &c.Name, &hash, &c.Scopes, &c.Kind, &c.Actors, &c.CreatedAt, &c.RevokedAt)
+	err := row.Scan(&c.ID, &c.Name, &hash, &c.Scopes, &c.Kind, &c.Actors, &c.CallbackPrefixes, &c.CallbackNetworks, &c.CreatedAt, &c.RevokedAt)
 	return &c, hash, err
 }
 
@@ -259,7 +299,7 @@ func (s *Store) Revoke(ctx context.Context, idOrName, by string) (*Client, error
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var err error
 		c, _, err = scanClient(tx.QueryRow(ctx, `UPDATE arap.api_clients SET revoked_at = coalesce(revoked_at, now())
-			WHERE id = $1 OR name = $1 RETURNING id, name, token_hash, scopes, resolver_kind, actors, created_at, revoked_at`, idOrName))
+			WHERE id = $1 OR name = $1 RETURNING `+clientColumns, idOrName))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
 		}

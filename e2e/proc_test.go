@@ -166,3 +166,5 @@ func exec(t *testing.T, env []string, name string, args ...string) error {
 	}
 	return nil
 }
+
+func stringsReader(s string) io.Reader { return strings.NewReader(s) }

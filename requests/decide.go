@@ -15,6 +15,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/fault"
 	"github.com/omcp/arap/signing"
 )
 
@@ -237,6 +238,7 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 	if err != nil {
 		return nil, err
 	}
+	fault.Point("requests.after-decision-commit")
 	return out, nil
 }
 

@@ -37,17 +37,19 @@ type Request struct {
 	Result                *authzen.Result
 	// ApprovalPolicy is the rule's approval policy as it was at submission.
 	ApprovalPolicy evaluation.ApprovalPolicy
+	// Callback is the callback the submission registered, if any.
+	Callback *authzen.Callback
 }
 
 const requestColumns = `id, client_id, status, coalesce(status_reason, ''), rule, subject, resource, action, context,
 	requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
-	expires_at, created_at, updated_at, terminal_at, result, approval_policy`
+	expires_at, created_at, updated_at, terminal_at, result, approval_policy, callback`
 
 func scanRequest(row pgx.Row) (*Request, error) {
 	var r Request
 	err := row.Scan(&r.ID, &r.ClientID, &r.Status, &r.StatusReason, &r.Rule, &r.Subject, &r.Resource, &r.Action, &r.Context,
 		&r.RequestedAccess, &r.ClientInfo, &r.Denial, &r.EvaluationID, &r.BindingHash, &r.BindingContextMembers, &r.Display,
-		&r.ExpiresAt, &r.CreatedAt, &r.UpdatedAt, &r.TerminalAt, &r.Result, &r.ApprovalPolicy)
+		&r.ExpiresAt, &r.CreatedAt, &r.UpdatedAt, &r.TerminalAt, &r.Result, &r.ApprovalPolicy, &r.Callback)
 	if err != nil {
 		return nil, err
 	}

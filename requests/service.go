@@ -24,6 +24,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/fault"
 	"github.com/omcp/arap/signing"
 )
 
@@ -58,8 +59,15 @@ type Config struct {
 	// IdempotencyRetention keeps keys at least this long after the request
 	// ends. Default 24h (ARAP's minimum).
 	IdempotencyRetention time.Duration
-	Now                  func() time.Time
-	Log                  *slog.Logger
+	// CheckCallback decides whether client clientID may register cb; without
+	// it, submissions with a callback are refused.
+	CheckCallback func(ctx context.Context, clientID string, cb *authzen.Callback) error
+	// OnTerminal runs inside the transaction that ends a request (callback
+	// deliveries are enqueued there, so they exist if and only if the change
+	// does).
+	OnTerminal func(ctx context.Context, tx pgx.Tx, r *Request) error
+	Now        func() time.Time
+	Log        *slog.Logger
 }
 
 // Service is the Access Request Service.
@@ -180,6 +188,7 @@ func (s *Service) Transition(ctx context.Context, id string, c Change) (*Request
 	if err != nil {
 		return nil, err
 	}
+	fault.Point("requests.after-transition-commit")
 	return out, nil
 }
 
@@ -224,6 +233,11 @@ func (s *Service) TransitionTx(ctx context.Context, tx pgx.Tx, id string, c Chan
 	}
 	if c.Within != nil {
 		if err := c.Within(ctx, tx, r); err != nil {
+			return nil, err
+		}
+	}
+	if s.cfg.OnTerminal != nil {
+		if err := s.cfg.OnTerminal(ctx, tx, r); err != nil {
 			return nil, err
 		}
 	}

@@ -83,6 +83,14 @@ func (s *Service) checkAndCreate(ctx context.Context, caller Caller, key string,
 	if err := checkActors(caller, sub); err != nil {
 		return nil, err
 	}
+	if sub.Callback != nil {
+		if s.cfg.CheckCallback == nil {
+			return nil, refuse(authzen.ProblemCallbackRefused, "this service does not accept callbacks")
+		}
+		if err := s.cfg.CheckCallback(ctx, caller.ID, sub.Callback); err != nil {
+			return nil, err
+		}
+	}
 	claims, err := s.verifyBinding(ctx, caller, sub)
 	if err != nil {
 		return nil, err
@@ -165,9 +173,6 @@ func decodeSubmission(body []byte) (*authzen.Submission, error) {
 	}
 	if len(sub.Items) > 0 || top["items"] != nil {
 		return nil, refuse(authzen.ProblemUnsupported, "bulk submissions (items) are not supported by this service; submit one request per denial")
-	}
-	if sub.Callback != nil {
-		return nil, refuse(authzen.ProblemUnsupported, "callbacks are not supported yet")
 	}
 	if sub.Subject == nil || sub.Resource == nil || sub.Action == nil {
 		return nil, refuse(authzen.ProblemInvalidRequest, "subject, resource and action are required (the ones from the denied evaluation)")
@@ -335,6 +340,7 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		BindingContextMembers: c.BindingContextMembers,
 		Display:               rule.Display,
 		ApprovalPolicy:        rule.Approval,
+		Callback:              sub.Callback,
 		ExpiresAt:             now.Add(rule.RequestTTL).Truncate(time.Second),
 		CreatedAt:             now,
 		UpdatedAt:             now,
@@ -367,10 +373,10 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO arap.requests (id, client_id, status, rule, subject, resource, action, context,
 			requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
-			expires_at, created_at, updated_at, approval_policy)
-			VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17)`,
+			expires_at, created_at, updated_at, approval_policy, callback)
+			VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17, $18)`,
 			r.ID, r.ClientID, r.Rule, r.Subject, r.Resource, r.Action, r.Context, r.RequestedAccess, r.ClientInfo, r.Denial,
-			r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now, r.ApprovalPolicy); err != nil {
+			r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now, r.ApprovalPolicy, r.Callback); err != nil {
 			return fmt.Errorf("requests: insert: %w", err)
 		}
 		if err := audit.Append(ctx, tx, audit.Event{Chain: r.ID, Kind: "request.submitted", Actor: caller.principal(), At: now,

@@ -10,8 +10,6 @@ package signing
 
 import (
 	"context"
-	"crypto/aes"
-	"crypto/cipher"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -30,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/internal/seal"
 )
 
 // Alg is the only JWS algorithm we issue and accept.
@@ -74,7 +73,7 @@ type verifyKey struct {
 // Keys signs and verifies with the database's key set.
 type Keys struct {
 	db     *pgxpool.Pool
-	aead   cipher.AEAD
+	box    *seal.Box
 	now    func() time.Time
 	mu     sync.RWMutex
 	signer *ecdsa.PrivateKey
@@ -93,11 +92,11 @@ type Options struct {
 
 // Open loads the key set, creating the first key if there is none.
 func Open(ctx context.Context, db *pgxpool.Pool, opts Options) (*Keys, error) {
-	aead, err := newAEAD(opts.MasterKey)
+	box, err := seal.New(opts.MasterKey)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("signing: %w", err)
 	}
-	k := &Keys{db: db, aead: aead, now: opts.Now}
+	k := &Keys{db: db, box: box, now: opts.Now}
 	if k.now == nil {
 		k.now = time.Now
 	}
@@ -108,17 +107,6 @@ func Open(ctx context.Context, db *pgxpool.Pool, opts Options) (*Keys, error) {
 		return nil, err
 	}
 	return k, nil
-}
-
-func newAEAD(master []byte) (cipher.AEAD, error) {
-	if len(master) != 32 {
-		return nil, fmt.Errorf("signing: master key must be 32 bytes, got %d", len(master))
-	}
-	block, err := aes.NewCipher(master)
-	if err != nil {
-		return nil, err
-	}
-	return cipher.NewGCM(block)
 }
 
 // lockKey serializes key creation and rotation across replicas.
@@ -179,11 +167,7 @@ func (k *Keys) insertKey(ctx context.Context, tx pgx.Tx) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	nonce := make([]byte, k.aead.NonceSize())
-	if _, err := rand.Read(nonce); err != nil {
-		return "", err
-	}
-	sealed := k.aead.Seal(nonce, nonce, der, []byte(kid))
+	sealed := k.box.Seal(der, kid)
 	jwk := publicJWK(&priv.PublicKey, kid)
 	if _, err := tx.Exec(ctx, `INSERT INTO arap.signing_keys (kid, alg, private_key, public_jwk, created_at) VALUES ($1, $2, $3, $4, $5)`,
 		kid, Alg, sealed, jwk, now); err != nil {
@@ -232,10 +216,7 @@ func (k *Keys) reload(ctx context.Context) error {
 		}
 		verify[kid] = vk
 		if retired == nil {
-			if len(sealed) < k.aead.NonceSize() {
-				return fmt.Errorf("signing: key %s: sealed key too short", kid)
-			}
-			der, err := k.aead.Open(nil, sealed[:k.aead.NonceSize()], sealed[k.aead.NonceSize():], []byte(kid))
+			der, err := k.box.Open(sealed, kid)
 			if err != nil {
 				return fmt.Errorf("signing: unseal key %s (wrong master key?): %w", kid, err)
 			}

@@ -153,6 +153,44 @@ func decisions(cmd string, args []string, out io.Writer) error {
 		}
 		fmt.Fprintf(out, "approval %s of request %s: %s\n", res["id"], res["request_id"], res["status"])
 		return nil
+	case "deliveries list":
+		id, err := oneID()
+		if err != nil {
+			return err
+		}
+		var resp arap.DeliveriesResponse
+		if err := c.call("GET", "/v1/requests/"+id+"/deliveries", nil, &resp); err != nil {
+			return err
+		}
+		if *asJSON {
+			return json.NewEncoder(out).Encode(resp)
+		}
+		tw := tabwriter.NewWriter(out, 0, 2, 2, ' ', 0)
+		fmt.Fprintln(tw, "DELIVERY\tEVENT\tSTATUS\tENDPOINT\tATTEMPT\tAT\tHTTP\tLATENCY\tERROR")
+		for _, d := range resp.Deliveries {
+			if len(d.Attempts) == 0 {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t\t\t\t\n", d.ID, d.Event, d.Status, d.Endpoint)
+			}
+			for i, a := range d.Attempts {
+				code := "-"
+				if a.StatusCode != nil {
+					code = fmt.Sprint(*a.StatusCode)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%.1fms\t%s\n", d.ID, d.Event, d.Status, d.Endpoint, i+1,
+					a.At.Format(time.RFC3339), code, a.LatencyMS, a.Error)
+			}
+		}
+		return tw.Flush()
+	case "deliveries redeliver":
+		if len(pos) != 2 {
+			return usageError{"deliveries redeliver takes a request id and a delivery id"}
+		}
+		var res map[string]any
+		if err := c.call("POST", "/v1/requests/"+url.PathEscape(pos[0])+"/deliveries/"+url.PathEscape(pos[1])+"/redeliver", nil, &res); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "delivery %s: redelivering\n", pos[1])
+		return nil
 	}
 	return usageError{"unknown command " + cmd}
 }

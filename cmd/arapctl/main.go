@@ -19,15 +19,21 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/signing"
 )
 
 const usage = `usage: arapctl <command> <subcommand> [flags]
 
   clients create --name NAME --scope S[,S] --kind KIND [--actor PATTERN]...
+                 [--callback-prefix URL]... [--callback-network loopback|private|link-local]...
+  clients secret rotate NAME [--overlap 24h]   new webhook secret (needs the master key)
   clients list [--json]
   clients revoke NAME|ID
   keys rotate [--verify-window 192h]
@@ -44,12 +50,14 @@ const usage = `usage: arapctl <command> <subcommand> [flags]
   requests approve ID [--reason R] [--until RFC3339]
   requests deny ID [--reason R]
   approvals revoke ID [--reason R]
+  deliveries list REQUEST              callback deliveries and every attempt
+  deliveries redeliver REQUEST DELIVERY
 
 Administrative commands use DATABASE_URL (or --database-url); keys rotate also
 needs the master key (ARAP_MASTER_KEY or --master-key-file). The requests and
 approvals commands call the decision API at ARAP_URL (--url, default
 http://127.0.0.1:8480) with the token in ARAP_TOKEN (--token), which needs the
-decide scope.
+decide scope; deliveries need the token of the client that submitted.
 `
 
 func main() {
@@ -84,6 +92,8 @@ func run(args []string, out io.Writer) error {
 		return clientsList(rest, out)
 	case "clients revoke":
 		return clientsRevoke(rest, out)
+	case "clients secret":
+		return clientsSecret(rest, out)
 	case "keys rotate":
 		return keysRotate(rest, out)
 	case "keys list":
@@ -98,7 +108,8 @@ func run(args []string, out io.Writer) error {
 		return groups(sub, rest, out)
 	case "attributes set", "attributes unset", "attributes list":
 		return attrs(sub, rest, out)
-	case "requests list", "requests show", "requests approve", "requests deny", "approvals revoke":
+	case "requests list", "requests show", "requests approve", "requests deny", "approvals revoke",
+		"deliveries list", "deliveries redeliver":
 		return decisions(cmd+" "+sub, rest, out)
 	}
 	return usageError{fmt.Sprintf("unknown command %q", cmd+" "+sub)}
@@ -135,8 +146,10 @@ func clientsCreate(args []string, out io.Writer) error {
 	name := fs.String("name", "", "client name")
 	scopes := fs.String("scope", "", "comma-separated scopes: "+strings.Join(clients.AllScopes, ", "))
 	kind := fs.String("kind", clients.KindAutomation, "resolver kind: "+strings.Join(clients.AllKinds, ", "))
-	var actors multi
+	var actors, prefixes, networks multi
 	fs.Var(&actors, "actor", "actor id pattern the client may assert (repeatable), e.g. 'agent:*'")
+	fs.Var(&prefixes, "callback-prefix", "URL prefix the client may register callbacks under (repeatable)")
+	fs.Var(&networks, "callback-network", "internal network its callbacks may reach: loopback, private, link-local (repeatable)")
 	pos, err := parse(fs, args)
 	if err == nil && len(pos) > 0 {
 		err = usageError{"unexpected argument " + pos[0]}
@@ -156,11 +169,15 @@ func clientsCreate(args []string, out io.Writer) error {
 			sc = append(sc, s)
 		}
 	}
-	c, token, err := clients.NewStore(db).Create(ctx, clients.New{Name: *name, Scopes: sc, Kind: *kind, Actors: actors}, operator())
+	c, token, err := clients.NewStore(db).Create(ctx, clients.New{Name: *name, Scopes: sc, Kind: *kind, Actors: actors,
+		CallbackPrefixes: prefixes, CallbackNetworks: networks}, operator())
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "created client %s (%s)\ntoken: %s\nThe token is shown once; store it now.\n", c.Name, c.ID, token)
+	if len(prefixes) > 0 {
+		fmt.Fprintln(out, "Create its webhook secret with: arapctl clients secret rotate "+c.Name)
+	}
 	return nil
 }
 
@@ -237,17 +254,9 @@ func keysRotate(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	raw := os.Getenv("ARAP_MASTER_KEY")
-	if *keyFile != "" {
-		b, err := os.ReadFile(*keyFile)
-		if err != nil {
-			return err
-		}
-		raw = string(b)
-	}
-	master, err := base64.StdEncoding.DecodeString(strings.TrimSpace(raw))
-	if err != nil || len(master) != 32 {
-		return errors.New("keys rotate needs the master key: ARAP_MASTER_KEY or --master-key-file (base64 of 32 bytes)")
+	master, err := readMasterKey(*keyFile)
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
 	db, err := connect(ctx)
@@ -376,4 +385,66 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
+}
+
+func clientsSecret(args []string, out io.Writer) error {
+	if len(args) == 0 || args[0] != "rotate" {
+		return usageError{"clients secret rotate NAME [--overlap 24h]"}
+	}
+	fs := flag.NewFlagSet("clients secret rotate", flag.ContinueOnError)
+	connect := dbFlags(fs)
+	overlap := fs.Duration("overlap", 24*time.Hour, "how long the previous secrets keep signing")
+	keyFile := fs.String("master-key-file", os.Getenv("ARAP_MASTER_KEY_FILE"), "file with the base64 master key (or ARAP_MASTER_KEY)")
+	pos, err := parse(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError{"clients secret rotate takes one client name or id"}
+	}
+	master, err := readMasterKey(*keyFile)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	db, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	c, err := clients.NewStore(db).Get(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.RiverSchema})
+	if err != nil {
+		return err
+	}
+	cbs, err := callbacks.NewService(callbacks.Config{DB: db, Jobs: jobs, MasterKey: master, StatusEndpoint: func(string) string { return "" }})
+	if err != nil {
+		return err
+	}
+	secret, err := cbs.RotateSecret(ctx, c.ID, *overlap, "", operator())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "webhook secret for %s: %s\nShown once. Earlier secrets keep signing for %s.\n", c.Name, secret, *overlap)
+	return nil
+}
+
+// readMasterKey reads the base64 master key from a file or ARAP_MASTER_KEY.
+func readMasterKey(file string) ([]byte, error) {
+	raw := os.Getenv("ARAP_MASTER_KEY")
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, err
+		}
+		raw = string(b)
+	}
+	master, err := base64.StdEncoding.DecodeString(strings.TrimSpace(raw))
+	if err != nil || len(master) != 32 {
+		return nil, errors.New("the master key is needed: ARAP_MASTER_KEY or --master-key-file (base64 of 32 bytes)")
+	}
+	return master, nil
 }

@@ -173,6 +173,13 @@ func TestDecisionCommands(t *testing.T) {
 	t.Setenv("ARAP_TOKEN", dev.ResolverToken)
 	_, err = ctl(t, "requests", "show", id2)
 	require.ErrorContains(t, err, "unknown_task")
+
+	t.Setenv("ARAP_TOKEN", dev.PEPToken)
+	out, err = ctl(t, "deliveries", "list", id2)
+	require.NoError(t, err)
+	require.Contains(t, out, "DELIVERY", "no callback registered: an empty table")
+	_, err = ctl(t, "deliveries", "redeliver", id2, "msg_nope")
+	require.ErrorContains(t, err, "no such delivery")
 }
 
 // submitWire evaluates and submits a wire_transfer of 50000 as the dev PEP.

@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -67,6 +68,15 @@ func env(name, def string) string {
 	return def
 }
 
+func envDuration(name string, def time.Duration) time.Duration {
+	if v := os.Getenv(name); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return def
+}
+
 func logger(level string) *slog.Logger {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
@@ -101,6 +111,7 @@ func serve(args []string) error {
 	policy := fs.String("policy", env("ARAP_POLICY", ""), "policy file (ARAP_POLICY); reloaded on SIGHUP")
 	keyFile := fs.String("master-key-file", env("ARAP_MASTER_KEY_FILE", ""), "file holding the base64 32-byte master key (ARAP_MASTER_KEY_FILE, or the key itself in ARAP_MASTER_KEY)")
 	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
+	jobTimeout := fs.Duration("job-timeout", envDuration("ARAP_JOB_TIMEOUT", time.Minute), "bound on a background job; a job whose worker died is retried after twice this (ARAP_JOB_TIMEOUT)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
 	log := logger(*level)
@@ -111,6 +122,7 @@ func serve(args []string) error {
 	ctx, reload := signals()
 	b, err := backend.New(ctx, backend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, PolicyFile: *policy, MasterKey: key, Migrate: *doMigrate, Log: log,
+		JobTimeout: *jobTimeout,
 	})
 	if err != nil {
 		return err

@@ -33,6 +33,8 @@ type Options struct {
 	Limits arap.Limits
 	// RequestRetention overrides how long ended requests stay readable.
 	RequestRetention time.Duration
+	// CallbackSchedule overrides the callback retry schedule.
+	CallbackSchedule []time.Duration
 }
 
 // Start runs a backend for the test, seeded with the dev clients and tokens,
@@ -51,12 +53,12 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	b, err := backend.New(ctx, backend.Config{
 		Addr: "127.0.0.1:0", DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
-		RequestRetention: o.RequestRetention,
+		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dev.Seed(ctx, b.Clients(), b.Directory()); err != nil {
+	if err := dev.Seed(ctx, b.Clients(), b.Directory(), b.Callbacks()); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Start(ctx); err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/omcp/arap/backend"
+	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/internal/pgembed"
@@ -34,9 +35,11 @@ func SeedPolicy() []byte { return seedPolicy }
 
 // Fixed dev-only tokens (DESIGN.md, "Dev mode, pinned").
 const (
-	PEPToken      = "dev-pep-token"
-	ResolverToken = "dev-resolver-token"
-	ITSMToken     = "dev-itsm-token"
+	PEPToken = "dev-pep-token"
+	// PEPWebhookSecret signs callbacks to the dev PEP (the MCP front-end).
+	PEPWebhookSecret = "whsec_ZGV2LXdlYmhvb2stc2VjcmV0LWRvLW5vdC11c2U="
+	ResolverToken    = "dev-resolver-token"
+	ITSMToken        = "dev-itsm-token"
 )
 
 // Options configure Run.
@@ -97,7 +100,7 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 	if err != nil {
 		return err
 	}
-	if err := Seed(ctx, b.Clients(), b.Directory()); err != nil {
+	if err := Seed(ctx, b.Clients(), b.Directory(), b.Callbacks()); err != nil {
 		_ = b.Stop(context.Background())
 		return err
 	}
@@ -197,7 +200,7 @@ var (
 
 // Seed creates the dev API clients with their fixed tokens, and the dev
 // users and groups; existing ones are left alone, so a restart keeps state.
-func Seed(ctx context.Context, store *clients.Store, people *directory.Store) error {
+func Seed(ctx context.Context, store *clients.Store, people *directory.Store, cbs *callbacks.Service) error {
 	for _, u := range Users {
 		err := people.CreateUser(ctx, directory.User{Name: u, DisplayName: strings.ToUpper(u[:1]) + u[1:], Email: u + "@example.com"}, Password, "dev-seed")
 		if err != nil && !errors.Is(err, directory.ErrExists) {
@@ -215,7 +218,8 @@ func Seed(ctx context.Context, store *clients.Store, people *directory.Store) er
 		}
 	}
 	seed := []clients.New{
-		{Name: "dev-pep", Token: PEPToken, Scopes: []string{clients.ScopeEvaluate, clients.ScopeRequest}, Kind: clients.KindAutomation, Actors: []string{"agent:*"}},
+		{Name: "dev-pep", Token: PEPToken, Scopes: []string{clients.ScopeEvaluate, clients.ScopeRequest}, Kind: clients.KindAutomation, Actors: []string{"agent:*"},
+			CallbackPrefixes: []string{"http://127.0.0.1:", "http://localhost:"}, CallbackNetworks: []string{clients.NetworkLoopback}},
 		{Name: "dev-resolver", Token: ResolverToken, Scopes: []string{clients.ScopeDecide}, Kind: clients.KindAutomation},
 		{Name: "dev-itsm", Token: ITSMToken, Scopes: []string{clients.ScopeDecide}, Kind: clients.KindITSM},
 	}
@@ -223,6 +227,19 @@ func Seed(ctx context.Context, store *clients.Store, people *directory.Store) er
 		_, _, err := store.Create(ctx, n, "dev-seed")
 		if err != nil && !errors.Is(err, clients.ErrNameTaken) {
 			return fmt.Errorf("dev: seed client %s: %w", n.Name, err)
+		}
+	}
+	pep, err := store.Get(ctx, "dev-pep")
+	if err != nil {
+		return err
+	}
+	has, err := cbs.HasSecret(ctx, pep.ID)
+	if err != nil {
+		return err
+	}
+	if !has {
+		if _, err := cbs.RotateSecret(ctx, pep.ID, 0, PEPWebhookSecret, "dev-seed"); err != nil {
+			return fmt.Errorf("dev: seed webhook secret: %w", err)
 		}
 	}
 	return nil
