@@ -168,8 +168,25 @@ type Problem struct {
 // ProblemContentType is the media type of Problem documents.
 const ProblemContentType = "application/problem+json"
 
-// Clone deep-copies a JSON value through encoding/json.
-func Clone[T any](v T) (T, error) {
+// AccessRequest returns the requestable-denial hint of a decision received
+// over the wire, if there is one.
+func (d Decision) AccessRequest() (*AccessRequestHint, bool) {
+	raw, ok := d.Context[CtxAccessRequest]
+	if !ok || d.Decision {
+		return nil, false
+	}
+	if h, ok := raw.(AccessRequestHint); ok {
+		return &h, true
+	}
+	h, err := Convert[AccessRequestHint](raw)
+	if err != nil || h.ExpiresAt.IsZero() {
+		return nil, false
+	}
+	return &h, true
+}
+
+// Convert converts a value (typically decoded JSON) into T through encoding/json.
+func Convert[T any](v any) (T, error) {
 	var out T
 	b, err := json.Marshal(v)
 	if err != nil {

@@ -167,7 +167,7 @@ func TestMigrateCommand(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	require.NoError(t, err)
 	defer pool.Close()
-	_, err = pool.Exec(context.Background(), "DROP SCHEMA arap CASCADE; DROP SCHEMA river CASCADE; DROP TABLE public.arap_schema_migrations")
+	_, err = pool.Exec(context.Background(), "DROP SCHEMA arap CASCADE; DROP SCHEMA pep CASCADE; DROP SCHEMA river CASCADE; DROP SCHEMA pep_river CASCADE; DROP TABLE public.arap_schema_migrations")
 	require.NoError(t, err)
 	for range 2 {
 		cmd := exec(t, []string{"DATABASE_URL=" + dbURL}, "arapd", "migrate")

@@ -24,11 +24,17 @@ import (
 //go:embed */*.sql
 var files embed.FS
 
-// RiverSchema is the schema River's tables live in.
-const RiverSchema = "river"
+// RiverSchema is the schema of the backend's River tables; PEPRiverSchema
+// the MCP front-end's. Each party has its own queue tables and its own
+// leader, as two services would (River runs a schema's periodic jobs on its
+// leader only).
+const (
+	RiverSchema    = "river"
+	PEPRiverSchema = "pep_river"
+)
 
 // Schemas lists our schemas in the order they are migrated.
-var Schemas = []string{"arap"}
+var Schemas = []string{"arap", "pep"}
 
 // lockKey is an arbitrary constant for pg_advisory_lock.
 const lockKey = 0x61726170 // "arap"
@@ -93,7 +99,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey) //nolint:errcheck
 
-	for _, s := range append([]string{RiverSchema}, Schemas...) {
+	for _, s := range append([]string{RiverSchema, PEPRiverSchema}, Schemas...) {
 		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s}.Sanitize()); err != nil {
 			return fmt.Errorf("migrations: create schema %s: %w", s, err)
 		}
@@ -125,16 +131,18 @@ func Up(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 		log.Info("migration applied", "schema", m.Schema, "version", m.Version, "name", m.Name)
 	}
 
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: RiverSchema, Logger: log})
-	if err != nil {
-		return fmt.Errorf("migrations: river migrator: %w", err)
-	}
-	res, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
-	if err != nil {
-		return fmt.Errorf("migrations: river: %w", err)
-	}
-	for _, v := range res.Versions {
-		log.Info("river migration applied", "version", v.Version)
+	for _, schema := range []string{RiverSchema, PEPRiverSchema} {
+		migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema, Logger: log})
+		if err != nil {
+			return fmt.Errorf("migrations: river migrator: %w", err)
+		}
+		res, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+		if err != nil {
+			return fmt.Errorf("migrations: river (%s): %w", schema, err)
+		}
+		for _, v := range res.Versions {
+			log.Info("river migration applied", "schema", schema, "version", v.Version)
+		}
 	}
 	return nil
 }

@@ -52,7 +52,7 @@ func TestUpIsIdempotentAndConcurrentSafe(t *testing.T) {
 func TestFreshDatabaseMigratesFromScratch(t *testing.T) {
 	ctx := context.Background()
 	pool := dbtest.New(t)
-	_, err := pool.Exec(ctx, "DROP SCHEMA arap CASCADE; DROP SCHEMA river CASCADE; DROP TABLE public.arap_schema_migrations")
+	_, err := pool.Exec(ctx, "DROP SCHEMA arap CASCADE; DROP SCHEMA pep CASCADE; DROP SCHEMA river CASCADE; DROP SCHEMA pep_river CASCADE; DROP TABLE public.arap_schema_migrations")
 	require.NoError(t, err)
 	require.NoError(t, migrations.Up(ctx, pool, nil))
 	var n int

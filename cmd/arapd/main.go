@@ -1,6 +1,7 @@
 // Command arapd runs the approval backend.
 //
 //	arapd serve     the backend (AuthZEN PDP, ARAP Access Request Service, workers)
+//	arapd mcp       the MCP front-end (policy enforcement point)
 //	arapd dev       everything on loopback with a private PostgreSQL and seed data
 //	arapd migrate   apply database migrations (ours and River's)
 package main
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/backend"
+	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/migrations"
 )
@@ -29,6 +31,7 @@ const usage = `usage: arapd <command> [flags]
 
 commands:
   serve     run the backend (AuthZEN PDP, ARAP Access Request Service, workers)
+  mcp       run the MCP front-end (the policy enforcement point)
   dev       run everything locally with a private PostgreSQL and seed data
   migrate   apply database migrations
 
@@ -44,6 +47,8 @@ func main() {
 	switch os.Args[1] {
 	case "serve":
 		err = serve(os.Args[2:])
+	case "mcp":
+		err = runMCP(os.Args[2:])
 	case "dev":
 		err = runDev(os.Args[2:])
 	case "migrate":
@@ -130,8 +135,10 @@ func serve(args []string) error {
 	return b.Run(ctx, reload)
 }
 
-func masterKey(file string) ([]byte, error) {
-	raw := os.Getenv("ARAP_MASTER_KEY")
+func masterKey(file string) ([]byte, error) { return masterKeyFrom("ARAP_MASTER_KEY", file) }
+
+func masterKeyFrom(envName, file string) ([]byte, error) {
+	raw := os.Getenv(envName)
 	if file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
@@ -140,7 +147,7 @@ func masterKey(file string) ([]byte, error) {
 		raw = string(b)
 	}
 	if raw == "" {
-		return nil, errors.New("a master key is required: set ARAP_MASTER_KEY (base64 of 32 random bytes, e.g. `openssl rand -base64 32`) or --master-key-file")
+		return nil, fmt.Errorf("a master key is required: set %s (base64 of 32 random bytes, e.g. `openssl rand -base64 32`) or --master-key-file", envName)
 	}
 	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(raw))
 	if err != nil || len(key) != 32 {
@@ -178,4 +185,41 @@ func runDev(args []string) error {
 	opts.Out = os.Stdout
 	ctx, reload := signals()
 	return dev.Run(ctx, opts, reload)
+}
+
+func runMCP(args []string) error {
+	fs := flag.NewFlagSet("mcp", flag.ExitOnError)
+	addr := fs.String("addr", env("ARAP_MCP_ADDR", "127.0.0.1:8481"), "listen address (ARAP_MCP_ADDR)")
+	public := fs.String("public-url", env("ARAP_MCP_PUBLIC_URL", ""), "base URL the backend uses for callbacks (ARAP_MCP_PUBLIC_URL; default http://<addr>)")
+	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL); the front-end's own tables live in schema pep")
+	backendURL := fs.String("backend-url", env("ARAP_BACKEND_URL", "http://127.0.0.1:8480"), "the backend (PDP and Access Request Service) base URL (ARAP_BACKEND_URL)")
+	keyFile := fs.String("master-key-file", env("ARAP_PEP_MASTER_KEY_FILE", ""), "file with the base64 32-byte key sealing stored arguments (or ARAP_PEP_MASTER_KEY)")
+	execTimeout := fs.Duration("exec-timeout", envDuration("ARAP_EXEC_TIMEOUT", 30*time.Second), "bound on one tool run; a claimed run not recorded by then ends outcome-unknown")
+	poll := fs.Duration("poll-interval", envDuration("ARAP_POLL_INTERVAL", 2*time.Second), "pollIntervalMs suggested to clients and the first backend poll delay")
+	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
+	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
+	_ = fs.Parse(args)
+	token := os.Getenv("ARAP_BACKEND_TOKEN")
+	if token == "" {
+		return errors.New("ARAP_BACKEND_TOKEN (the front-end's API token at the backend, scopes evaluate and request) is required")
+	}
+	key, err := masterKeyFrom("ARAP_PEP_MASTER_KEY", *keyFile)
+	if err != nil {
+		return err
+	}
+	var secrets []string
+	for _, s := range strings.Split(os.Getenv("ARAP_WEBHOOK_SECRETS"), ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			secrets = append(secrets, s)
+		}
+	}
+	ctx, _ := signals()
+	f, err := frontend.New(ctx, frontend.Config{
+		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, MasterKey: key, BackendURL: *backendURL, BackendToken: token,
+		WebhookSecrets: secrets, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, Log: logger(*level),
+	})
+	if err != nil {
+		return err
+	}
+	return f.Run(ctx)
 }

@@ -24,7 +24,9 @@ import (
 	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/pgembed"
+	"github.com/omcp/arap/mcp"
 )
 
 //go:embed policy.yaml
@@ -40,6 +42,10 @@ const (
 	PEPWebhookSecret = "whsec_ZGV2LXdlYmhvb2stc2VjcmV0LWRvLW5vdC11c2U="
 	ResolverToken    = "dev-resolver-token"
 	ITSMToken        = "dev-itsm-token"
+	// AgentToken is an MCP caller acting for alice through agent:demo;
+	// Agent2Token one acting for mallory.
+	AgentToken  = "dev-agent-token"
+	Agent2Token = "dev-agent2-token"
 )
 
 // Options configure Run.
@@ -104,8 +110,43 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 		_ = b.Stop(context.Background())
 		return err
 	}
-	printBanner(o.Out, b.URL(), policyFile, dataDir)
-	return b.Run(ctx, reload)
+	pepKey, err := masterKey(filepath.Join(dataDir, "pep.key"))
+	if err != nil {
+		return err
+	}
+	f, err := frontend.New(ctx, frontend.Config{
+		Addr: o.MCPAddr, DatabaseURL: dbURL, MasterKey: pepKey, BackendURL: b.URL(), BackendToken: PEPToken,
+		WebhookSecrets: []string{PEPWebhookSecret}, Log: o.Log,
+	})
+	if err != nil {
+		_ = b.Stop(context.Background())
+		return err
+	}
+	if err := SeedCallers(ctx, f.Gate().Callers()); err != nil {
+		return err
+	}
+	printBanner(o.Out, b.URL(), f.URL()+mcp.PathMCP, policyFile, dataDir)
+	backendDone := make(chan error, 1)
+	go func() { backendDone <- b.Run(ctx, reload) }()
+	ferr := f.Run(ctx)
+	return errors.Join(ferr, <-backendDone)
+}
+
+// SeedCallers registers the dev MCP callers: dev-agent-token acts for alice
+// through agent:demo, dev-agent2-token for mallory.
+func SeedCallers(ctx context.Context, c *mcp.Callers) error {
+	for _, s := range []struct {
+		name, token string
+		p           mcp.Principal
+	}{
+		{"dev-agent", AgentToken, mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}},
+		{"dev-agent2", Agent2Token, mcp.Principal{SubjectType: "user", SubjectID: "mallory", ActorID: "agent:demo"}},
+	} {
+		if err := c.Create(ctx, s.name, s.token, s.p); err != nil && !strings.Contains(err.Error(), "exists") {
+			return fmt.Errorf("dev: seed caller: %w", err)
+		}
+	}
+	return nil
 }
 
 // startCluster starts the private cluster under dataDir/pg. When the process
@@ -245,11 +286,12 @@ func Seed(ctx context.Context, store *clients.Store, people *directory.Store, cb
 	return nil
 }
 
-func printBanner(w io.Writer, url, policy, dataDir string) {
+func printBanner(w io.Writer, url, mcpURL, policy, dataDir string) {
 	fmt.Fprintf(w, `
 arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
 
   Backend (AuthZEN PDP + ARAP)  %[1]s
+  MCP endpoint                   %[8]s
   Discovery                      %[1]s/.well-known/authzen-configuration
   Policy (edit, then kill -HUP)  %[2]s
   Data                           %[3]s
@@ -258,6 +300,9 @@ arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
     PEP (evaluate, request)      %[4]s
     Automated resolver (decide)  %[5]s
     ITSM (decide)                %[6]s
+  MCP caller tokens
+    alice via agent:demo         %[9]s
+    mallory via agent:demo       %[10]s
 
   Try it:
     curl -s %[1]s/.well-known/authzen-configuration
@@ -265,5 +310,5 @@ arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
       %[1]s/access/v1/evaluation -d '{"subject":{"type":"user","id":"alice"},"action":{"name":"tools/call"},"resource":{"type":"mcp_tool","id":"wire_transfer","properties":{"arguments":{"to":"acct-991","amount":50000}}}}'
 
 Started %[7]s. Ctrl-C stops.
-`, url, policy, dataDir, PEPToken, ResolverToken, ITSMToken, time.Now().Format(time.RFC3339))
+`, url, policy, dataDir, PEPToken, ResolverToken, ITSMToken, time.Now().Format(time.RFC3339), mcpURL, AgentToken, Agent2Token)
 }

@@ -1,0 +1,214 @@
+// Package frontend assembles the MCP front-end (`arapd mcp`): its database
+// pool, River workers on their own schema, the approval gate and the MCP
+// server, with an orderly Start and Stop. Like package backend it holds no
+// logic of its own.
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/omcp/arap/arap"
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/mcp"
+	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/migrations"
+)
+
+// Config configures the front-end.
+type Config struct {
+	Addr string
+	// PublicURL is this server's base URL as the backend reaches it (for
+	// callbacks); derived from Addr when empty.
+	PublicURL   string
+	DatabaseURL string
+	// MasterKey (32 bytes) seals stored arguments and submission bodies.
+	MasterKey []byte
+	// BackendURL and BackendToken reach the PDP and Access Request Service.
+	BackendURL   string
+	BackendToken string
+	// WebhookSecrets verify the backend's callbacks; none: poll only.
+	WebhookSecrets []string
+	Migrate        bool
+	Tools          []mcp.Tool
+	// Gate tuning (zero values take the gate's defaults).
+	PollInterval time.Duration
+	ExecTimeout  time.Duration
+	// JobTimeout bounds background jobs; a job whose worker died is retried
+	// after twice this. Default: ExecTimeout plus 30s.
+	JobTimeout time.Duration
+	// Extra registers more tools or methods (conformance fixtures).
+	Extra func(s *sdk.Server, ts *tasks.Server) error
+	Log   *slog.Logger
+}
+
+// Frontend is a running (or ready to run) MCP front-end.
+type Frontend struct {
+	cfg      Config
+	pool     *pgxpool.Pool
+	river    *river.Client[pgx.Tx]
+	gate     *mcp.Gate
+	server   *http.Server
+	listener net.Listener
+	started  atomic.Bool
+	serveErr chan error
+}
+
+// New connects and builds everything; nothing runs until Start.
+func New(ctx context.Context, cfg Config) (*Frontend, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DatabaseURL == "" || cfg.BackendURL == "" || cfg.BackendToken == "" {
+		return nil, errors.New("frontend: database URL, backend URL and backend token are required")
+	}
+	if cfg.Tools == nil {
+		cfg.Tools = mcp.DemoTools()
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: listen on %s: %w", cfg.Addr, err)
+	}
+	f := &Frontend{cfg: cfg, listener: ln, serveErr: make(chan error, 1)}
+	if err := f.build(ctx); err != nil {
+		_ = ln.Close()
+		if f.pool != nil {
+			f.pool.Close()
+		}
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *Frontend) build(ctx context.Context) error {
+	cfg := f.cfg
+	public := strings.TrimRight(cfg.PublicURL, "/")
+	if public == "" {
+		public = "http://" + f.listener.Addr().String()
+	}
+	f.cfg.PublicURL = public
+	var err error
+	if f.pool, err = pgxpool.New(ctx, cfg.DatabaseURL); err != nil {
+		return fmt.Errorf("frontend: connect: %w", err)
+	}
+	if err := f.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("frontend: connect to database: %w", err)
+	}
+	if cfg.Migrate {
+		if err := migrations.Up(ctx, f.pool, cfg.Log); err != nil {
+			return err
+		}
+	}
+	riverLog := slog.New(warnOnly{cfg.Log.Handler()})
+	inserter, err := river.NewClient(riverpgxv5.New(f.pool), &river.Config{Schema: migrations.PEPRiverSchema, Logger: riverLog})
+	if err != nil {
+		return err
+	}
+	callbackURL := ""
+	if len(cfg.WebhookSecrets) > 0 {
+		callbackURL = public + mcp.PathCallback
+	}
+	if f.gate, err = mcp.NewGate(mcp.Config{
+		DB: f.pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
+		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, Log: cfg.Log,
+	}); err != nil {
+		return err
+	}
+	jobTimeout := cfg.JobTimeout
+	if jobTimeout == 0 {
+		jobTimeout = max(cfg.ExecTimeout, 30*time.Second) + 30*time.Second
+	}
+	workers := river.NewWorkers()
+	f.gate.AddWorkers(workers)
+	if f.river, err = river.NewClient(riverpgxv5.New(f.pool), &river.Config{
+		Schema: migrations.PEPRiverSchema, Logger: riverLog, Workers: workers,
+		Queues:               map[string]river.QueueConfig{mcp.Queue: {MaxWorkers: 20}},
+		PeriodicJobs:         f.gate.PeriodicJobs(10 * time.Second),
+		JobTimeout:           jobTimeout,
+		RescueStuckJobsAfter: 2 * jobTimeout,
+		FetchPollInterval:    200 * time.Millisecond,
+	}); err != nil {
+		return fmt.Errorf("frontend: river: %w", err)
+	}
+	srv, err := mcp.NewServer(f.gate, mcp.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, Extra: cfg.Extra, Log: cfg.Log})
+	if err != nil {
+		return err
+	}
+	f.server = arap.HTTPServer(srv)
+	return nil
+}
+
+// Start runs the workers and serves.
+func (f *Frontend) Start(ctx context.Context) error {
+	if err := f.river.Start(ctx); err != nil {
+		return fmt.Errorf("frontend: start workers: %w", err)
+	}
+	go func() { f.serveErr <- f.server.Serve(f.listener) }()
+	f.started.Store(true)
+	f.cfg.Log.Info("mcp front-end started", "addr", f.listener.Addr().String(), "mcp", f.cfg.PublicURL+mcp.PathMCP, "backend", f.cfg.BackendURL)
+	return nil
+}
+
+// Stop drains HTTP, then stops the workers and closes the pool.
+func (f *Frontend) Stop(ctx context.Context) error {
+	var errs []error
+	if err := f.server.Shutdown(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if f.started.Load() {
+		if err := f.river.Stop(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	f.pool.Close()
+	f.cfg.Log.Info("mcp front-end stopped")
+	return errors.Join(errs...)
+}
+
+// Run serves until ctx ends, then stops gracefully.
+func (f *Frontend) Run(ctx context.Context) error {
+	if err := f.Start(ctx); err != nil {
+		return err
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case err := <-f.serveErr:
+		if !errors.Is(err, http.ErrServerClosed) {
+			serveErr = err
+		}
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return errors.Join(serveErr, f.Stop(stopCtx))
+}
+
+// URL is the front-end's base URL; the MCP endpoint is URL()+"/mcp".
+func (f *Frontend) URL() string { return f.cfg.PublicURL }
+
+// Gate is the approval gate.
+func (f *Frontend) Gate() *mcp.Gate { return f.gate }
+
+// Pool is the database pool.
+func (f *Frontend) Pool() *pgxpool.Pool { return f.pool }
+
+type warnOnly struct{ slog.Handler }
+
+func (h warnOnly) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
+}
+func (h warnOnly) WithAttrs(a []slog.Attr) slog.Handler { return warnOnly{h.Handler.WithAttrs(a)} }
+func (h warnOnly) WithGroup(g string) slog.Handler      { return warnOnly{h.Handler.WithGroup(g)} }

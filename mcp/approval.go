@@ -1,0 +1,780 @@
+package mcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/riverqueue/river"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/fault"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// Phases of an approval task (pep.approval_tasks.phase). The wire status
+// (tasks) is working through submitting, pending and claimed; input while
+// it asks for input in-task; done ends with the task's terminal status.
+const (
+	phaseSubmitting = "submitting" // intent written; handle not yet bound
+	phasePending    = "pending"    // waiting for the backend's decision
+	phaseInput      = "input"      // waiting for in-task input to open a new request
+	phaseClaimed    = "claimed"    // execution claimed: the tool runs at most once
+	phaseDone       = "done"
+)
+
+// approvalTask is pep.approval_tasks.
+type approvalTask struct {
+	TaskID      string
+	Tool        string
+	ArgsSealed  []byte
+	ArgsDigest  string
+	Principal   string
+	Phase       string
+	Generation  int
+	BackendID   *string
+	StatusURL   *string
+	CancelURL   *string
+	Deadline    *time.Time
+	Chained     int
+	InputSchema map[string]any
+	ClaimedAt   *time.Time
+	ExecDL      *time.Time
+	CreatedAt   time.Time
+}
+
+const approvalColumns = `task_id, tool, args_sealed, args_digest, principal, phase, generation, backend_id, status_url, cancel_url,
+	deadline, chained, input_schema, claimed_at, exec_deadline, created_at`
+
+func scanApproval(row pgx.Row) (*approvalTask, error) {
+	var a approvalTask
+	err := row.Scan(&a.TaskID, &a.Tool, &a.ArgsSealed, &a.ArgsDigest, &a.Principal, &a.Phase, &a.Generation, &a.BackendID,
+		&a.StatusURL, &a.CancelURL, &a.Deadline, &a.Chained, &a.InputSchema, &a.ClaimedAt, &a.ExecDL, &a.CreatedAt)
+	return &a, err
+}
+
+func (g *Gate) loadApproval(ctx context.Context, q tasks.Querier, id string) (*approvalTask, error) {
+	a, err := scanApproval(q.QueryRow(ctx, `SELECT `+approvalColumns+` FROM pep.approval_tasks WHERE task_id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, tasks.ErrNotFound
+	}
+	return a, err
+}
+
+// binding opens the sealed call binding and checks it against its digest.
+func (g *Gate) binding(a *approvalTask) (binding, error) {
+	var b binding
+	plain, err := g.box.Open(a.ArgsSealed, a.TaskID)
+	if err != nil {
+		return b, fmt.Errorf("mcp: task %s: call binding does not open: %w", a.TaskID, err)
+	}
+	if err := json.Unmarshal(plain, &b); err != nil {
+		return b, err
+	}
+	d, err := digest(b.Tool, b.Args)
+	if err != nil {
+		return b, err
+	}
+	if d != a.ArgsDigest || b.Tool != a.Tool || b.Principal.Key() != a.Principal {
+		return b, fmt.Errorf("mcp: task %s: call binding does not match its digest", a.TaskID)
+	}
+	return b, nil
+}
+
+// pendingMeta is the task _meta while the decision is out: the SEP-2643
+// envelope with a task hint, repeated on every tasks/get until terminal.
+func pendingMeta() map[string]any {
+	return map[string]any{MetaAuthorization: envelope(RemediationAvailable, true)}
+}
+
+// submission is the ARAP access request body for a denial.
+func (g *Gate) submission(p Principal, tool string, args map[string]any, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, taskID string) ([]byte, error) {
+	ev := evaluation(p, tool, args)
+	denial := map[string]any{"expires_at": hint.ExpiresAt.UTC().Format(time.RFC3339), "binding_token": hint.BindingToken}
+	for _, k := range []string{authzen.CtxEvaluationID, authzen.CtxEvaluatedAt, authzen.CtxReason} {
+		if v, ok := decision.Context[k]; ok {
+			denial[k] = v
+		}
+	}
+	if hint.Template != "" {
+		denial["template"] = hint.Template
+	}
+	body := map[string]any{
+		"subject": ev.Subject, "resource": ev.Resource, "action": ev.Action, "denial": denial,
+		"client": map[string]any{"name": "arap MCP front-end", "actor": map[string]any{"id": p.ActorID, "type": "ai_agent"},
+			"source": map[string]any{"integration_id": "mcp:" + tool}},
+	}
+	if p.ActorID == "" {
+		delete(body["client"].(map[string]any), "actor")
+	}
+	if len(extra) > 0 {
+		body["context"] = extra
+	}
+	if g.cfg.CallbackURL != "" {
+		body["callback"] = map[string]any{"endpoint": g.cfg.CallbackURL, "state": taskID}
+	}
+	return json.Marshal(body)
+}
+
+// open makes the approval task for a requestable denial, crash-consistently:
+// (1) in one transaction, the task, its sealed call binding and a submission
+// intent with a fresh idempotency key and the exact body; (2) the backend
+// submission under that key; (3) in one transaction, the returned handle,
+// bound to the task. Only then is the task returned. A crash between any two
+// steps is repaired by Reconcile, which resubmits the intent (the key makes
+// the backend return the same handle) and binds it, or cancels it if the task
+// ended meanwhile. A repeated call (same principal, tool and arguments)
+// while the task is live returns the same task.
+func (g *Gate) open(ctx context.Context, p Principal, tool string, args map[string]any, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (*tasks.Task, error) {
+	d, err := digest(tool, args)
+	if err != nil {
+		return nil, err
+	}
+	dedup := dedupKey(p, tool, d)
+	if t, err := g.existing(ctx, dedup); t != nil || err != nil {
+		return t, err
+	}
+	taskID, key := tasks.NewID(), newKey()
+	body, err := g.submission(p, tool, args, decision, hint, extra, taskID)
+	if err != nil {
+		return nil, err
+	}
+	plainBinding, err := json.Marshal(binding{Tool: tool, Args: args, Principal: p})
+	if err != nil {
+		return nil, err
+	}
+	submitURL := hint.Endpoint
+	if submitURL == "" {
+		submitURL = strings.TrimRight(g.cfg.Backend.BaseURL, "/") + authzen.PathRequests
+	}
+	now := g.now()
+	ttl := tasks.TTLUntil(now, hint.ExpiresAt.Add(g.cfg.ResultRetention)) // provisional: extended when bound
+	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		if err := g.tasks.CreateTx(ctx, tx, &tasks.Task{
+			ID: taskID, Principal: p.Key(), Kind: KindApproval, Status: tasks.Working,
+			StatusMessage: "Waiting for approval: " + describe(hint), Meta: pendingMeta(), CreatedAt: now,
+			TTLMs: &ttl, PollIntervalMs: int(g.cfg.PollInterval.Milliseconds()),
+		}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO pep.approval_tasks (task_id, tool, args_sealed, args_digest, principal, dedup_key, phase,
+			generation, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, 'submitting', 1, $7, $7)`,
+			taskID, tool, g.box.Seal(plainBinding, taskID), d, p.Key(), dedup, now); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO pep.intents (key, task_id, generation, submit_url, body_sealed, state, created_at, updated_at)
+			VALUES ($1, $2, 1, $3, $4, 'intent', $5, $5)`, key, taskID, submitURL, g.box.Seal(body, key), now)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return g.existing(ctx, dedup) // a concurrent duplicate won the insert
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mcp: record intent: %w", err)
+	}
+	fault.Point("pep.after-intent")
+	if err := g.submitAndBind(ctx, key); err != nil {
+		return nil, err
+	}
+	return g.tasks.Get(ctx, g.cfg.DB, taskID)
+}
+
+// existing returns the live approval task with dedup key, waiting (briefly)
+// for its handle to be bound: a task is never returned before that.
+func (g *Gate) existing(ctx context.Context, dedup string) (*tasks.Task, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var id, phase string
+		err := g.cfg.DB.QueryRow(ctx, `SELECT task_id, phase FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done'`, dedup).Scan(&id, &phase)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if phase != phaseSubmitting {
+			return g.tasks.Get(ctx, g.cfg.DB, id)
+		}
+		if time.Now().After(deadline) {
+			return nil, rpcError(tasks.CodeInternalError, "an identical call is still being submitted for approval; retry shortly")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// intent is pep.intents.
+type intent struct {
+	Key, TaskID, SubmitURL, State string
+	Generation                    int
+	Body                          []byte
+}
+
+func (g *Gate) loadIntent(ctx context.Context, key string) (*intent, error) {
+	var in intent
+	var sealed []byte
+	err := g.cfg.DB.QueryRow(ctx, `SELECT key, task_id, generation, submit_url, body_sealed, state FROM pep.intents WHERE key = $1`, key).
+		Scan(&in.Key, &in.TaskID, &in.Generation, &in.SubmitURL, &sealed, &in.State)
+	if err != nil {
+		return nil, err
+	}
+	if in.Body, err = g.box.Open(sealed, key); err != nil {
+		return nil, err
+	}
+	return &in, nil
+}
+
+// errUncertain means the backend may or may not have the request.
+var errUncertain = errors.New("submission outcome unknown")
+
+// submit sends an intent. A 4xx problem is a definite refusal (nothing was
+// created); anything else is uncertain and can only be settled by
+// resubmitting the same key.
+func (g *Gate) submit(ctx context.Context, in *intent) (authzen.TaskResponse, error) {
+	var lastErr error
+	for attempt := range 3 {
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt*200) * time.Millisecond)
+		}
+		tr, err := g.cfg.Backend.Submit(ctx, in.SubmitURL, in.Key, in.Body)
+		if err == nil {
+			return tr, nil
+		}
+		var pe *authzen.ProblemError
+		if errors.As(err, &pe) && pe.Status >= 400 && pe.Status < 500 && pe.Status != 429 {
+			return tr, err
+		}
+		lastErr = err
+	}
+	return authzen.TaskResponse{}, fmt.Errorf("%w: %v", errUncertain, lastErr)
+}
+
+// submitAndBind submits intent key and binds the handle to its task.
+func (g *Gate) submitAndBind(ctx context.Context, key string) error {
+	in, err := g.loadIntent(ctx, key)
+	if err != nil {
+		return err
+	}
+	tr, err := g.submit(ctx, in)
+	fault.Point("pep.after-submit")
+	if err != nil {
+		g.cfg.Log.Warn("approval request not submitted", "task_id", in.TaskID, "error", err.Error())
+		refused := !errors.Is(err, errUncertain)
+		if ferr := g.failIntent(ctx, in, refused, err); ferr != nil {
+			return ferr
+		}
+		return rpcError(tasks.CodeInternalError, "the approval request could not be submitted; the tool did not run")
+	}
+	return g.bind(ctx, in, tr)
+}
+
+// failIntent ends a task whose request could not be made: failed (before any
+// claim, so failed is allowed). An uncertain submission leaves the intent
+// "abandoned", so Reconcile finds and cancels a request that may exist.
+func (g *Gate) failIntent(ctx context.Context, in *intent, refused bool, cause error) error {
+	state := "abandoned"
+	if refused {
+		state = "failed"
+	}
+	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE pep.intents SET state = $2, updated_at = now() WHERE key = $1 AND state = 'intent'`, in.Key, state); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'done', updated_at = now() WHERE task_id = $1 AND phase = 'submitting' AND generation = $2`,
+			in.TaskID, in.Generation)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		_, err = g.tasks.TransitionTx(ctx, tx, in.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: "The approval request could not be submitted; the tool did not run.",
+			Error: &tasks.Error{Code: tasks.CodeInternalError, Message: "approval request could not be submitted: " + sanitize(cause.Error(), 200)},
+			TTLMs: g.retainFrom(ctx, tx, in.TaskID)})
+		return err
+	})
+}
+
+// retainFrom is the ttlMs that keeps a task until now + result retention.
+func (g *Gate) retainFrom(ctx context.Context, q tasks.Querier, id string) *int64 {
+	var created time.Time
+	if err := q.QueryRow(ctx, `SELECT created_at FROM pep.tasks WHERE id = $1`, id).Scan(&created); err != nil {
+		return nil
+	}
+	ttl := tasks.TTLUntil(created, g.now().Add(g.cfg.ResultRetention))
+	return &ttl
+}
+
+// bind records the handle of intent in's request on its task, extends the
+// TTL to the request's deadline plus retention, and schedules tracking. If
+// the task ended before the handle arrived (cancelled), the request is
+// cancelled instead.
+func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) error {
+	deadline := g.now().Add(24 * time.Hour)
+	if tr.Task.ExpiresAt != nil {
+		deadline = *tr.Task.ExpiresAt
+	}
+	cancelURL, _ := tr.Task.Links["cancel"].(string)
+	bound := false
+	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE pep.intents SET state = 'bound', backend_id = $2, status_url = $3, cancel_url = $4, deadline = $5, updated_at = now()
+			WHERE key = $1 AND state IN ('intent', 'abandoned')`, in.Key, tr.Task.ID, tr.Task.StatusEndpoint, cancelURL, deadline); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'pending', backend_id = $3, status_url = $4, cancel_url = $5, deadline = $6, updated_at = now()
+			WHERE task_id = $1 AND phase = 'submitting' AND generation = $2`, in.TaskID, in.Generation, tr.Task.ID, tr.Task.StatusEndpoint, cancelURL, deadline)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return nil // the task moved on (cancelled): cancel the request below
+		}
+		bound = true
+		var created time.Time
+		if err := tx.QueryRow(ctx, `SELECT created_at FROM pep.tasks WHERE id = $1`, in.TaskID).Scan(&created); err != nil {
+			return err
+		}
+		if err := g.tasks.ExtendTTLTx(ctx, tx, in.TaskID, tasks.TTLUntil(created, deadline.Add(g.cfg.ResultRetention))); err != nil {
+			return err
+		}
+		_, err = g.cfg.Jobs.InsertTx(ctx, tx, TrackArgs{TaskID: in.TaskID}, trackOpts(g.now().Add(g.cfg.PollInterval)))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("mcp: bind handle: %w", err)
+	}
+	fault.Point("pep.after-handle")
+	if !bound && cancelURL != "" {
+		g.cancelBackend(ctx, cancelURL)
+	}
+	return nil
+}
+
+func trackOpts(at time.Time) *river.InsertOpts {
+	return &river.InsertOpts{Queue: Queue, ScheduledAt: at, MaxAttempts: 1000}
+}
+
+// cancelBackend cancels a backend request, best effort (it expires anyway).
+func (g *Gate) cancelBackend(ctx context.Context, cancelURL string) {
+	if _, err := g.cfg.Backend.Cancel(ctx, cancelURL, "mcp_task_cancelled"); err != nil && !authzen.IsProblem(err, authzen.ProblemInvalidTaskState) {
+		g.cfg.Log.Warn("backend cancel failed", "error", err.Error())
+	}
+}
+
+// Advance moves approval task id forward: it reads the backend's status
+// endpoint (authoritative; a callback only wakes us), and on approval
+// re-evaluates with the approval and executes. It is safe to run several
+// times concurrently (callback and poll): every step is a conditional update
+// and the execution claim admits one winner. It returns when to look again
+// (zero: nothing more to do).
+func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
+	a, err := g.loadApproval(ctx, g.cfg.DB, id)
+	if errors.Is(err, tasks.ErrNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	switch a.Phase {
+	case phaseClaimed:
+		return g.reapClaim(ctx, a)
+	case phasePending:
+	default:
+		return time.Time{}, nil
+	}
+	tr, retryAfter, err := g.cfg.Backend.Status(ctx, *a.StatusURL)
+	if err != nil {
+		if authzen.IsProblem(err, authzen.ProblemUnknownTask) || authzen.IsProblem(err, authzen.ProblemTaskExpired) {
+			return time.Time{}, g.deny(ctx, a, "The approval request is no longer known to the approval service; the tool did not run.")
+		}
+		if a.Deadline != nil && g.now().After(a.Deadline.Add(time.Minute)) {
+			return time.Time{}, g.fail(ctx, a, "the approval service was unreachable until the request's deadline passed")
+		}
+		g.cfg.Log.Warn("status read failed; will retry", "task_id", id, "error", err.Error())
+		return g.backoff(a, 0), nil
+	}
+	if tr.Task.ID != *a.BackendID {
+		return time.Time{}, nil // a stale generation's answer: ignored
+	}
+	switch tr.Task.Status {
+	case authzen.StatusApproved:
+		if tr.Result == nil || tr.Result.Mode != authzen.ModeReevaluate || tr.Result.Approval == nil {
+			return time.Time{}, g.deny(ctx, a, "The approval came back in a form this server cannot enforce; the tool did not run.")
+		}
+		return g.reevaluate(ctx, a, tr.Result.Approval)
+	case authzen.StatusDenied:
+		return time.Time{}, g.deny(ctx, a, "The approval was denied; the tool did not run.")
+	case authzen.StatusExpired:
+		return time.Time{}, g.deny(ctx, a, "The approval request expired without a decision; the tool did not run.")
+	case authzen.StatusCancelled:
+		return time.Time{}, g.cancelLocal(ctx, a, "The approval request was cancelled at the approval service; the tool did not run.")
+	case authzen.StatusFailed:
+		return time.Time{}, g.fail(ctx, a, "the approval service could not complete the request")
+	default: // pending, or a status we do not know: not approved
+		return g.backoff(a, retryAfter), nil
+	}
+}
+
+// backoff schedules the next status read: exponential from the poll
+// interval to a minute, with jitter, never sooner than Retry-After.
+func (g *Gate) backoff(a *approvalTask, retryAfter time.Duration) time.Time {
+	age := g.now().Sub(a.CreatedAt)
+	wait := g.cfg.PollInterval
+	for wait < age/4 && wait < time.Minute {
+		wait *= 2
+	}
+	wait = min(wait, time.Minute)
+	wait += time.Duration(rand.Float64() * 0.2 * float64(wait))
+	return g.now().Add(max(wait, retryAfter))
+}
+
+// reevaluate asks the PDP again with the approval as an input and acts on
+// the answer (SEP-2848 "Completion").
+func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authzen.Approval) (time.Time, error) {
+	b, err := g.binding(a)
+	if err != nil {
+		return time.Time{}, g.fail(ctx, a, "the stored call binding is damaged")
+	}
+	req := evaluation(b.Principal, b.Tool, b.Args)
+	req.Context = authzen.Object{authzen.CtxApproval: approval}
+	d, err := g.cfg.Backend.Evaluate(ctx, req)
+	if err != nil {
+		g.cfg.Log.Warn("re-evaluation failed; will retry", "task_id", a.TaskID, "error", err.Error())
+		return g.backoff(a, 0), nil
+	}
+	if d.Decision {
+		until := approval.ApprovedUntil
+		if echo, ok := d.Context[authzen.CtxApproval].(map[string]any); ok {
+			if s, ok := echo["approved_until"].(string); ok {
+				if t, err := time.Parse(time.RFC3339, s); err == nil && t.Before(until) {
+					until = t
+				}
+			}
+		}
+		return time.Time{}, g.execute(ctx, a, b, until)
+	}
+	next, _ := d.Context[authzen.CtxNextAction].(string)
+	reason, _ := d.Context[authzen.CtxReason].(string)
+	if next == "" {
+		next = map[string]string{authzen.ReasonApprovalExpired: authzen.NextActionRequest, authzen.ReasonOutOfScope: authzen.NextActionRequest,
+			authzen.ReasonGrantPending: authzen.NextActionRetry}[reason]
+	}
+	switch next {
+	case authzen.NextActionRetry:
+		if !g.now().Before(approval.ApprovedUntil) {
+			return time.Time{}, g.deny(ctx, a, "The approval expired before it could be used; the tool did not run.")
+		}
+		after := 0 * time.Second
+		if n, ok := d.Context[authzen.CtxRetryAfter].(float64); ok && n > 0 {
+			after = time.Duration(n) * time.Second
+		}
+		return g.backoff(a, after), nil
+	case authzen.NextActionRequest:
+		if hint, ok := d.AccessRequest(); ok {
+			return time.Time{}, g.chain(ctx, a, b, d, hint)
+		}
+	}
+	return time.Time{}, g.deny(ctx, a, "After the approval, the policy still does not allow this call; the tool did not run.")
+}
+
+// execute claims the task and runs the tool, at most once. The claim is one
+// compare-and-set (pending -> claimed, in the current generation), mutually
+// exclusive with cancel and expiry; every check must hold at the claim: the
+// approval not expired, the caller still valid, the binding intact.
+func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approvedUntil time.Time) error {
+	now := g.now()
+	if !now.Before(approvedUntil) {
+		return g.deny(ctx, a, "The approval expired before the tool could run; the tool did not run.")
+	}
+	if ok, err := g.callers.Valid(ctx, a.Principal); err != nil {
+		return err
+	} else if !ok {
+		return g.deny(ctx, a, "The caller is no longer authorized; the tool did not run.")
+	}
+	tool, ok := g.tools[a.Tool]
+	if !ok {
+		return g.fail(ctx, a, "the tool is no longer offered")
+	}
+	execDeadline := now.Add(g.cfg.ExecTimeout)
+	claimed := false
+	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'claimed', claimed_at = $3, exec_deadline = $4, updated_at = $3
+			WHERE task_id = $1 AND phase = 'pending' AND generation = $2`, a.TaskID, a.Generation, now, execDeadline)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err // lost to cancel, expiry or another runner
+		}
+		claimed = true
+		var created time.Time
+		if err := tx.QueryRow(ctx, `SELECT created_at FROM pep.tasks WHERE id = $1`, a.TaskID).Scan(&created); err != nil {
+			return err
+		}
+		return g.tasks.ExtendTTLTx(ctx, tx, a.TaskID, tasks.TTLUntil(created, execDeadline.Add(g.cfg.ResultRetention)))
+	})
+	if err != nil || !claimed {
+		return err
+	}
+	fault.Point("pep.after-claim")
+	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.ExecTimeout)
+	out, runErr := tool.Run(runCtx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: b.Args})
+	cancel()
+	fault.Point("pep.after-invoke")
+	var res *sdk.CallToolResult
+	disposition := ApprovedExecuted
+	if runErr != nil {
+		disposition = ExecutionError
+		res = &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
+			Text: "The tool ran after approval but failed, so it may have had side effects: " + sanitize(runErr.Error(), 200)}}}
+	} else {
+		res = &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "Approved; the tool ran once. " + out.Text}}}
+		if out.Structured != nil {
+			res.StructuredContent = out.Structured
+		}
+	}
+	res.Meta = sdk.Meta{MetaDisposition: disposition}
+	return g.finish(ctx, a.TaskID, []string{phaseClaimed}, res, disposition, "The tool ran after approval.")
+}
+
+// preClaim are the phases from which a task can still be denied, failed or
+// cancelled: before the execution claim.
+var preClaim = []string{phaseSubmitting, phasePending, phaseInput}
+
+// finish completes an approval task with res, if it is still in one of the
+// phases from.
+func (g *Gate) finish(ctx context.Context, id string, from []string, res *sdk.CallToolResult, disposition, msg string) error {
+	raw, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'done', disposition = $3, updated_at = now() WHERE task_id = $1 AND phase = ANY($2)`,
+			id, from, disposition)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		_, err = g.tasks.TransitionTx(ctx, tx, id, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, TTLMs: g.retainFrom(ctx, tx, id)})
+		return err
+	})
+}
+
+// deny completes the task as a terminal denial: it did not run, and is
+// fenced against any later approval or callback.
+func (g *Gate) deny(ctx context.Context, a *approvalTask, text string) error {
+	res := &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: text}},
+		Meta: sdk.Meta{MetaDisposition: DeniedNotExecuted, MetaAuthorization: envelope(RemediationUnavailable, false)}}
+	return g.finish(ctx, a.TaskID, preClaim, res, DeniedNotExecuted, "Not approved; the tool did not run.")
+}
+
+// fail ends a task before any claim with a JSON-RPC error (failed is only
+// ever used before the claim, so a possible side effect is never hidden).
+func (g *Gate) fail(ctx context.Context, a *approvalTask, why string) error {
+	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'done', updated_at = now() WHERE task_id = $1 AND phase = ANY($2)`, a.TaskID, preClaim)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		_, err = g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: "The approval could not be completed; the tool did not run.",
+			Error: &tasks.Error{Code: tasks.CodeInternalError, Message: why}, TTLMs: g.retainFrom(ctx, tx, a.TaskID)})
+		return err
+	})
+}
+
+// cancelLocal moves a pre-claim task to cancelled. It reports whether this
+// call won.
+func (g *Gate) cancelLocalWon(ctx context.Context, id, msg string) (*approvalTask, bool, error) {
+	var a *approvalTask
+	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		var err error
+		a, err = scanApproval(tx.QueryRow(ctx, `UPDATE pep.approval_tasks SET phase = 'done', updated_at = now()
+			WHERE task_id = $1 AND phase = ANY($2) RETURNING `+approvalColumns, id, preClaim))
+		if errors.Is(err, pgx.ErrNoRows) {
+			a = nil
+			return nil // claimed or ended already: the cancel is a no-op
+		}
+		if err != nil {
+			return err
+		}
+		_, err = g.tasks.TransitionTx(ctx, tx, id, tasks.Change{To: tasks.Cancelled, StatusMessage: msg, TTLMs: g.retainFrom(ctx, tx, id)})
+		return err
+	})
+	return a, a != nil, err
+}
+
+func (g *Gate) cancelLocal(ctx context.Context, a *approvalTask, msg string) error {
+	_, _, err := g.cancelLocalWon(ctx, a.TaskID, msg)
+	return err
+}
+
+// reapClaim ends a claimed task whose execution deadline has passed without
+// a recorded result: the tool may have run, so the outcome is unknown. It is
+// never run again.
+func (g *Gate) reapClaim(ctx context.Context, a *approvalTask) (time.Time, error) {
+	if a.ExecDL == nil || g.now().Before(*a.ExecDL) {
+		if a.ExecDL != nil {
+			return *a.ExecDL, nil
+		}
+		return time.Time{}, nil
+	}
+	res := &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
+		Text: "The tool may have run: it was started after approval, but its outcome could not be confirmed. Do not retry automatically; check whether it took effect."}},
+		Meta: sdk.Meta{MetaDisposition: OutcomeUnknown}}
+	return time.Time{}, g.finish(ctx, a.TaskID, []string{phaseClaimed}, res, OutcomeUnknown, "Outcome unknown: the tool may have run.")
+}
+
+// chain opens a new request for the same call when re-evaluation says the
+// approval does not suffice (next_action request). The current generation is
+// consumed first, atomically, so a late callback or poll for it can no
+// longer act; the number of chained requests is bounded.
+func (g *Gate) chain(ctx context.Context, a *approvalTask, b binding, d authzen.Decision, hint *authzen.AccessRequestHint) error {
+	if a.Chained+1 >= g.cfg.MaxChained {
+		return g.deny(ctx, a, "The approval did not cover this call and too many new approval requests were made for it; the tool did not run.")
+	}
+	var schema map[string]any
+	if hint.RequestSchemaURL != "" {
+		s, err := g.requestSchema(ctx, hint.RequestSchemaURL)
+		if err != nil {
+			return err
+		}
+		if _, required := contextFields(s); len(required) > 0 {
+			schema = s
+		}
+	}
+	if schema != nil {
+		// The new request needs input the task does not have: ask in-task.
+		form, _ := contextFields(schema)
+		key := inputKeyPrefix + newKey()[4:14]
+		return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'input', generation = generation + 1, chained = chained + 1,
+				backend_id = NULL, status_url = NULL, cancel_url = NULL, input_schema = $3, updated_at = now()
+				WHERE task_id = $1 AND phase = 'pending' AND generation = $2`, a.TaskID, a.Generation, schema)
+			if err != nil || tag.RowsAffected() == 0 {
+				return err
+			}
+			_, err = g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.InputRequired,
+				StatusMessage: "A new approval is needed (" + describe(hint) + "); please provide the requested information.",
+				InputRequests: map[string]any{key: map[string]any{"method": "elicitation/create", "params": map[string]any{
+					"mode": "form", "message": "A new approval is needed: " + describe(hint) + ". Please provide the information the approvers need.",
+					"requestedSchema": form}}},
+				Meta: map[string]any{MetaAuthorization: envelope(RemediationAvailable, false)}})
+			return err
+		})
+	}
+	return g.reopen(ctx, a, b, d, hint, nil, phasePending)
+}
+
+// reopen consumes generation a.Generation (from phase from) and submits a new
+// request for the same binding under a new intent.
+func (g *Gate) reopen(ctx context.Context, a *approvalTask, b binding, d authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, from string) error {
+	key := newKey()
+	body, err := g.submission(b.Principal, b.Tool, b.Args, d, hint, extra, a.TaskID)
+	if err != nil {
+		return err
+	}
+	submitURL := hint.Endpoint
+	if submitURL == "" {
+		submitURL = strings.TrimRight(g.cfg.Backend.BaseURL, "/") + authzen.PathRequests
+	}
+	gen := a.Generation + 1
+	chained := 1
+	if from == phaseInput {
+		gen, chained = a.Generation, 0 // chain already advanced the generation
+	}
+	moved := false
+	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'submitting', generation = $4, chained = chained + $5,
+			backend_id = NULL, status_url = NULL, cancel_url = NULL, input_schema = NULL, updated_at = now()
+			WHERE task_id = $1 AND phase = $2 AND generation = $3`, a.TaskID, from, a.Generation, gen, chained)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		moved = true
+		if _, err := tx.Exec(ctx, `INSERT INTO pep.intents (key, task_id, generation, submit_url, body_sealed, state, created_at, updated_at)
+			VALUES ($1, $2, $3, $4, $5, 'intent', now(), now())`, key, a.TaskID, gen, submitURL, g.box.Seal(body, key)); err != nil {
+			return err
+		}
+		_, err = g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Working,
+			StatusMessage: "Waiting for a new approval: " + describe(hint), Meta: pendingMeta(), Answered: nil})
+		return err
+	})
+	if err != nil || !moved {
+		return err
+	}
+	fault.Point("pep.after-intent")
+	err = g.submitAndBind(ctx, key)
+	var rpc *jsonrpc.Error
+	if errors.As(err, &rpc) {
+		return nil // not submitted: submitAndBind has failed the task
+	}
+	return err
+}
+
+// Cancel implements tasks.Kind: the same compare-and-set as the claim, from
+// a cancellable pre-claim phase to cancelled. If it wins, the tool can never
+// run and the backend request is cancelled; if the claim won, it is a no-op.
+func (g *Gate) Cancel(ctx context.Context, t *tasks.Task) error {
+	a, won, err := g.cancelLocalWon(ctx, t.ID, "Cancelled by the client; the tool did not run.")
+	if err != nil || !won {
+		return err
+	}
+	if a.CancelURL != nil {
+		g.cancelBackend(ctx, *a.CancelURL)
+	}
+	return nil
+}
+
+// Update implements tasks.Kind: answers to the in-task input a chained
+// request needs. They are validated against the backend's request schema;
+// then the call is evaluated afresh and the new request submitted.
+func (g *Gate) Update(ctx context.Context, t *tasks.Task, responses map[string]json.RawMessage) error {
+	a, err := g.loadApproval(ctx, g.cfg.DB, t.ID)
+	if err != nil {
+		return err
+	}
+	if a.Phase != phaseInput {
+		return nil
+	}
+	var key string
+	var raw json.RawMessage
+	for k, v := range responses {
+		key, raw = k, v
+	}
+	var ans struct {
+		Action  string         `json:"action"`
+		Content map[string]any `json:"content"`
+	}
+	if json.Unmarshal(raw, &ans) != nil {
+		return &tasks.InputError{Msg: "inputResponses[" + key + "] must be an elicitation result"}
+	}
+	if ans.Action != "accept" {
+		return g.deny(ctx, a, "The information needed for a new approval was declined; the tool did not run.")
+	}
+	if v := validateAnswers(a.InputSchema, ans.Content); len(v) > 0 {
+		return &tasks.InputError{Msg: "the answer does not satisfy the request schema: " + strings.Join(v, "; ")}
+	}
+	b, err := g.binding(a)
+	if err != nil {
+		return g.fail(ctx, a, "the stored call binding is damaged")
+	}
+	d, err := g.cfg.Backend.Evaluate(ctx, evaluation(b.Principal, b.Tool, b.Args))
+	if err != nil {
+		return err
+	}
+	hint, ok := d.AccessRequest()
+	if d.Decision || !ok {
+		return g.deny(ctx, a, "The policy changed while waiting for input; call the tool again. It did not run.")
+	}
+	if _, err := g.cfg.DB.Exec(ctx, `UPDATE pep.tasks SET answered_keys = answered_keys || $2::text[] WHERE id = $1`, t.ID, []string{key}); err != nil {
+		return err
+	}
+	return g.reopen(ctx, a, b, d, hint, ans.Content, phaseInput)
+}
+
+var _ tasks.Kind = (*Gate)(nil)

@@ -1,0 +1,199 @@
+package mcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/omcp/arap/authzen"
+)
+
+// Queue is the River queue of the front-end's jobs; the backend's workers,
+// which may share the database, do not take from it.
+const Queue = "pep"
+
+// TrackArgs follows one approval task until it ends: it is enqueued when the
+// handle is bound and snoozes itself between status reads.
+type TrackArgs struct {
+	TaskID string `json:"task_id"`
+}
+
+// Kind implements river.JobArgs.
+func (TrackArgs) Kind() string { return "pep.track" }
+
+// TrackWorker runs TrackArgs.
+type TrackWorker struct {
+	river.WorkerDefaults[TrackArgs]
+	Gate *Gate
+}
+
+// Work advances the task once and sleeps until the next look.
+func (w *TrackWorker) Work(ctx context.Context, job *river.Job[TrackArgs]) error {
+	next, err := w.Gate.Advance(ctx, job.Args.TaskID)
+	if err != nil {
+		return err
+	}
+	if !next.IsZero() {
+		return river.JobSnooze(max(time.Until(next), 0))
+	}
+	return nil
+}
+
+// Timeout leaves room for one tool run.
+func (w *TrackWorker) Timeout(*river.Job[TrackArgs]) time.Duration { return w.Gate.cfg.ExecTimeout + 30*time.Second }
+
+// ReconcileArgs is the periodic repair job.
+type ReconcileArgs struct{}
+
+// Kind implements river.JobArgs.
+func (ReconcileArgs) Kind() string { return "pep.reconcile" }
+
+// ReconcileWorker runs Reconcile.
+type ReconcileWorker struct {
+	river.WorkerDefaults[ReconcileArgs]
+	Gate *Gate
+}
+
+// Work runs one reconciliation.
+func (w *ReconcileWorker) Work(ctx context.Context, _ *river.Job[ReconcileArgs]) error {
+	return w.Gate.Reconcile(ctx)
+}
+
+// PurgeArgs is the periodic retention job.
+type PurgeArgs struct{}
+
+// Kind implements river.JobArgs.
+func (PurgeArgs) Kind() string { return "pep.purge" }
+
+// PurgeWorker runs Purge.
+type PurgeWorker struct {
+	river.WorkerDefaults[PurgeArgs]
+	Gate *Gate
+}
+
+// Work runs one purge.
+func (w *PurgeWorker) Work(ctx context.Context, _ *river.Job[PurgeArgs]) error {
+	_, err := w.Gate.Purge(ctx)
+	return err
+}
+
+// AddWorkers registers the front-end's workers.
+func (g *Gate) AddWorkers(w *river.Workers) {
+	river.AddWorker(w, &TrackWorker{Gate: g})
+	river.AddWorker(w, &ReconcileWorker{Gate: g})
+	river.AddWorker(w, &PurgeWorker{Gate: g})
+}
+
+// PeriodicJobs are the front-end's scheduled jobs.
+func (g *Gate) PeriodicJobs(reconcileEvery time.Duration) []*river.PeriodicJob {
+	opts := &river.InsertOpts{Queue: Queue}
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(reconcileEvery), func() (river.JobArgs, *river.InsertOpts) { return ReconcileArgs{}, opts },
+			&river.PeriodicJobOpts{RunOnStart: true}),
+		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) { return PurgeArgs{}, opts },
+			&river.PeriodicJobOpts{RunOnStart: true}),
+	}
+}
+
+// IntentGrace is how long an intent may stay unbound before Reconcile takes
+// it over (the process that wrote it has probably died).
+var IntentGrace = 15 * time.Second
+
+// lease takes intent key for this run if it is still in state and idle for
+// IntentGrace; only one replica gets it.
+func (g *Gate) lease(ctx context.Context, key, state string) (bool, error) {
+	tag, err := g.cfg.DB.Exec(ctx, `UPDATE pep.intents SET updated_at = now() WHERE key = $1 AND state = $2 AND updated_at < $3`,
+		key, state, g.now().Add(-IntentGrace))
+	return tag.RowsAffected() == 1, err
+}
+
+// Reconcile repairs what a crash can leave behind:
+//   - an intent never bound to its task is resubmitted under its key (the
+//     backend returns the request it already has, or creates it) and bound;
+//     if its task has ended meanwhile, the request is cancelled;
+//   - an abandoned intent (its task failed before binding, the submission's
+//     fate unknown) is resubmitted to find a request that may exist, which is
+//     cancelled (a request that never existed is refused as expired);
+//   - a claimed task past its execution deadline ends outcome-unknown.
+//
+// No intent is ever submitted under a new key, so nothing is submitted twice.
+func (g *Gate) Reconcile(ctx context.Context) error {
+	rows, err := g.cfg.DB.Query(ctx, `SELECT key, state FROM pep.intents WHERE state IN ('intent', 'abandoned') AND updated_at < $1 ORDER BY updated_at LIMIT 100`,
+		g.now().Add(-IntentGrace))
+	if err != nil {
+		return fmt.Errorf("mcp: reconcile: %w", err)
+	}
+	type open struct{ key, state string }
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (open, error) {
+		var o open
+		return o, r.Scan(&o.key, &o.state)
+	})
+	if err != nil {
+		return err
+	}
+	for _, o := range list {
+		if ok, err := g.lease(ctx, o.key, o.state); err != nil || !ok {
+			continue
+		}
+		in, err := g.loadIntent(ctx, o.key)
+		if err != nil {
+			g.cfg.Log.Error("reconcile: intent unreadable", "error", err)
+			continue
+		}
+		tr, err := g.submit(ctx, in)
+		switch {
+		case errors.Is(err, errUncertain):
+			continue // try again next round
+		case err != nil: // refused: no request exists under this key
+			if o.state == "intent" {
+				_ = g.failIntent(ctx, in, true, err)
+			} else {
+				_, _ = g.cfg.DB.Exec(ctx, `UPDATE pep.intents SET state = 'failed', updated_at = now() WHERE key = $1`, in.Key)
+			}
+		case o.state == "intent":
+			g.cfg.Log.Info("reconcile: binding an intent left unbound", "task_id", in.TaskID)
+			if err := g.bind(ctx, in, tr); err != nil {
+				g.cfg.Log.Error("reconcile: bind failed", "error", err)
+			}
+		default: // abandoned, and the request exists: cancel it
+			if cancelURL, _ := tr.Task.Links["cancel"].(string); cancelURL != "" && tr.Task.Status == authzen.StatusPending {
+				g.cancelBackend(ctx, cancelURL)
+			}
+			_, _ = g.cfg.DB.Exec(ctx, `UPDATE pep.intents SET state = 'failed', updated_at = now() WHERE key = $1`, in.Key)
+		}
+	}
+
+	claimed, err := g.cfg.DB.Query(ctx, `SELECT task_id FROM pep.approval_tasks WHERE phase = 'claimed' AND exec_deadline < $1`, g.now())
+	if err != nil {
+		return err
+	}
+	ids, err := pgx.CollectRows(claimed, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		a, err := g.loadApproval(ctx, g.cfg.DB, id)
+		if err == nil {
+			_, err = g.reapClaim(ctx, a)
+		}
+		if err != nil {
+			g.cfg.Log.Error("reconcile: reap failed", "task_id", id, "error", err)
+		}
+	}
+	return nil
+}
+
+// Purge deletes terminal tasks past their TTL (with their sealed arguments
+// and submission bodies) and spent MRTR nonces.
+func (g *Gate) Purge(ctx context.Context) (int64, error) {
+	n, err := g.tasks.Purge(ctx)
+	if err != nil {
+		return 0, err
+	}
+	_, err = g.cfg.DB.Exec(ctx, `DELETE FROM pep.used_states WHERE expires_at < $1`, g.now())
+	return n, err
+}

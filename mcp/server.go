@@ -1,0 +1,210 @@
+package mcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-chi/httprate"
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/omcp/arap/callbacks"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// Paths served by the front-end.
+const (
+	PathMCP      = "/mcp"
+	PathCallback = "/callbacks/arap"
+)
+
+// ServerOptions configure NewServer.
+type ServerOptions struct {
+	Name, Version string
+	// WebhookSecrets verify the backend's callbacks; without any, the
+	// callback endpoint is off and tasks are tracked by polling alone.
+	WebhookSecrets []string
+	// RequestsPerMinute bounds each caller's MCP requests (default 1200).
+	RequestsPerMinute int
+	// Extra registers additional tools or methods on the SDK server (the
+	// conformance fixtures).
+	Extra func(s *sdk.Server, ts *tasks.Server) error
+	Log   *slog.Logger
+}
+
+// Server is the MCP front-end's HTTP handler.
+type Server struct {
+	gate    *Gate
+	tasks   *tasks.Server
+	sdk     *sdk.Server
+	handler http.Handler
+	log     *slog.Logger
+}
+
+// NewServer builds the MCP server around g: the SDK server (stateless
+// streamable HTTP, JSON responses) with the gate's tools, the tasks extension
+// and the tool-approval extension advertised, bearer authentication, and the
+// backend callback endpoint.
+func NewServer(g *Gate, o ServerOptions) (*Server, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.RequestsPerMinute == 0 {
+		o.RequestsPerMinute = 1200
+	}
+	s := sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{
+		Logger: o.Log,
+		Capabilities: &sdk.ServerCapabilities{
+			Tools:      &sdk.ToolCapabilities{},
+			Extensions: map[string]any{tasks.ExtensionID: map[string]any{}, ExtensionToolApproval: map[string]any{}},
+		},
+	})
+	for _, t := range g.cfg.Tools {
+		s.AddTool(&sdk.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}, unreachable)
+	}
+	ts := &tasks.Server{Store: g.tasks, Kinds: map[string]tasks.Kind{KindApproval: g}, Log: o.Log}
+	if err := ts.Register(s); err != nil {
+		return nil, err
+	}
+	if o.Extra != nil {
+		if err := o.Extra(s, ts); err != nil {
+			return nil, err
+		}
+	}
+	srv := &Server{gate: g, tasks: ts, sdk: s, log: o.Log}
+	s.AddReceivingMiddleware(srv.route)
+
+	mcpHandler := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s },
+		&sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true, Logger: o.Log})
+	limit := httprate.Limit(o.RequestsPerMinute, time.Minute,
+		httprate.WithKeyFuncs(func(r *http.Request) (string, error) { return tasks.PrincipalFrom(r.Context()), nil }))
+	mux := http.NewServeMux()
+	mux.Handle(PathMCP, srv.authenticate(limit(ts.Wrap(mcpHandler))))
+	if len(o.WebhookSecrets) > 0 {
+		v, err := callbacks.NewVerifier(o.WebhookSecrets...)
+		if err != nil {
+			return nil, err
+		}
+		mux.Handle("POST "+PathCallback, v.Middleware(http.HandlerFunc(srv.callback)))
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+	})
+	srv.handler = mux
+	return srv, nil
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// unreachable is the SDK-level handler of every tool: the routing middleware
+// answers tools/call first, so a call never reaches it.
+func unreachable(context.Context, *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+	return nil, errors.New("tools/call must go through the approval gate")
+}
+
+type principalKey struct{}
+
+// authenticate requires a caller token and records its principal. The SDK
+// passes it to handlers as TokenInfo (via auth.RequireBearerToken, which
+// here only relays what was already checked).
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	relay := auth.RequireBearerToken(func(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
+		p, ok := r.Context().Value(principalKey{}).(Principal)
+		if !ok {
+			return nil, auth.ErrInvalidToken
+		}
+		return &auth.TokenInfo{UserID: p.Key(), Expiration: time.Now().Add(time.Hour), Extra: map[string]any{"principal": p}}, nil
+	}, nil)(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := r.Header.Get("Authorization")
+		scheme, token, _ := strings.Cut(h, " ")
+		if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+			unauthorized(w, `Bearer realm="arap-mcp"`, "a bearer token is required")
+			return
+		}
+		p, err := s.gate.callers.Authenticate(r.Context(), strings.TrimSpace(token))
+		if errors.Is(err, ErrUnknownCaller) {
+			unauthorized(w, `Bearer realm="arap-mcp", error="invalid_token"`, "the bearer token is unknown or revoked")
+			return
+		}
+		if err != nil {
+			s.log.Error("caller lookup failed", "error", err)
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		}
+		ctx := context.WithValue(r.Context(), principalKey{}, p)
+		relay.ServeHTTP(w, r.WithContext(tasks.WithPrincipal(ctx, p.Key())))
+	})
+}
+
+func unauthorized(w http.ResponseWriter, challenge, msg string) {
+	w.Header().Set("WWW-Authenticate", challenge)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusUnauthorized)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": "unauthorized", "error_description": msg})
+}
+
+// route puts the caller's principal in the context of every method and sends
+// tools/call through the gate.
+func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
+	return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
+		var p Principal
+		if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil {
+			p, _ = ex.TokenInfo.Extra["principal"].(Principal)
+		}
+		ctx = tasks.WithPrincipal(ctx, p.Key())
+		if method == "tools/call" {
+			ctr, ok := req.(*sdk.CallToolRequest)
+			if !ok || p.SubjectID == "" {
+				return nil, &jsonrpc.Error{Code: tasks.CodeInvalidParams, Message: "unauthenticated"}
+			}
+			if _, known := s.gate.tools[ctr.Params.Name]; known {
+				return s.gate.Call(ctx, p, ctr)
+			}
+		}
+		return next(ctx, method, req)
+	}
+}
+
+// callback receives the backend's signed callbacks (verified by the
+// middleware). A callback only wakes the task: Advance re-reads the status
+// endpoint before acting, and a callback about a stale generation is
+// ignored.
+func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
+	var body callbacks.Body
+	raw, _ := io.ReadAll(r.Body)
+	if json.Unmarshal(raw, &body) != nil || body.State == "" || body.Task.ID == "" {
+		http.Error(w, "malformed callback", http.StatusBadRequest)
+		return
+	}
+	var current bool
+	if err := s.gate.cfg.DB.QueryRow(r.Context(), `SELECT EXISTS (SELECT 1 FROM pep.approval_tasks WHERE task_id = $1 AND backend_id = $2 AND phase = 'pending')`,
+		body.State, body.Task.ID).Scan(&current); err != nil {
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+	if !current {
+		return
+	}
+	select {
+	case s.gate.advance <- struct{}{}:
+		go func() {
+			defer func() { <-s.gate.advance }()
+			ctx, cancel := context.WithTimeout(context.Background(), s.gate.cfg.ExecTimeout+30*time.Second)
+			defer cancel()
+			if _, err := s.gate.Advance(ctx, body.State); err != nil {
+				s.log.Warn("advance after callback failed; the poll will retry", "task_id", body.State, "error", err)
+			}
+		}()
+	default: // busy: the polling job will get to it
+	}
+}

@@ -1,0 +1,43 @@
+// Package tasks implements the MCP tasks extension (SEP-2663,
+// io.modelcontextprotocol/tasks) on top of the official Go SDK: the durable
+// task store, tasks/get, tasks/update and tasks/cancel as custom methods,
+// notifications/tasks over subscriptions/listen, and an HTTP wrapper for what
+// the SDK does not check (Mcp-Name = taskId). It knows nothing about
+// approvals: a task kind (the approval gate, a conformance fixture) plugs in
+// through the Kind interface.
+package tasks
+
+// Wire names.
+const (
+	ExtensionID = "io.modelcontextprotocol/tasks"
+
+	MethodGet    = "tasks/get"
+	MethodUpdate = "tasks/update"
+	MethodCancel = "tasks/cancel"
+	MethodListen = "subscriptions/listen"
+
+	NotificationTasks        = "notifications/tasks"
+	NotificationAcknowledged = "notifications/subscriptions/acknowledged"
+
+	ResultTypeTask     = "task"
+	ResultTypeComplete = "complete"
+
+	MetaProtocolVersion    = "io.modelcontextprotocol/protocolVersion"
+	MetaClientCapabilities = "io.modelcontextprotocol/clientCapabilities"
+	MetaSubscriptionID     = "io.modelcontextprotocol/subscriptionId"
+	MetaServerInfo         = "io.modelcontextprotocol/serverInfo"
+
+	HeaderProtocolVersion = "Mcp-Protocol-Version"
+	HeaderMethod          = "Mcp-Method"
+	HeaderName            = "Mcp-Name"
+
+	ProtocolVersion = "2026-07-28"
+)
+
+// JSON-RPC error codes (2026-07-28 allocation).
+const (
+	CodeInvalidParams               = -32602
+	CodeInternalError               = -32603
+	CodeHeaderMismatch              = -32020
+	CodeMissingRequiredCapabilities = -32021
+)

@@ -1,0 +1,213 @@
+package tasks
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrNotFound means there is no such task, or not for this caller: the two
+// are indistinguishable on purpose.
+var ErrNotFound = errors.New("tasks: no such task")
+
+// ConflictError says a transition was refused and what the task is now.
+type ConflictError struct {
+	ID      string
+	Current Status
+	To      Status
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("tasks: task %s is %s and cannot become %s", e.ID, e.Current, e.To)
+}
+
+// Store keeps tasks in pep.tasks.
+type Store struct {
+	DB  *pgxpool.Pool
+	Now func() time.Time
+}
+
+func (s *Store) now() time.Time {
+	if s.Now != nil {
+		return s.Now().UTC().Truncate(time.Microsecond)
+	}
+	return time.Now().UTC().Truncate(time.Microsecond)
+}
+
+// NewID returns a fresh, unguessable task id.
+func NewID() string { return "tsk_" + rand.Text() }
+
+// Querier runs single-row queries; pools and transactions both do.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+const columns = `id, principal, kind, status, status_message, input_requests, answered_keys, result, error, meta,
+	created_at, updated_at, ttl_ms, poll_interval_ms, terminal_at`
+
+func scan(row pgx.Row) (*Task, error) {
+	var t Task
+	err := row.Scan(&t.ID, &t.Principal, &t.Kind, &t.Status, &t.StatusMessage, &t.InputRequests, &t.AnsweredKeys,
+		&t.Result, &t.Error, &t.Meta, &t.CreatedAt, &t.UpdatedAt, &t.TTLMs, &t.PollIntervalMs, &t.TerminalAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	return &t, err
+}
+
+// CreateTx inserts t (status working unless set) in tx. CreatedAt and
+// UpdatedAt default to now.
+func (s *Store) CreateTx(ctx context.Context, tx pgx.Tx, t *Task) error {
+	if t.Status == "" {
+		t.Status = Working
+	}
+	if t.CreatedAt.IsZero() {
+		t.CreatedAt = s.now()
+	}
+	t.UpdatedAt = t.CreatedAt
+	if t.AnsweredKeys == nil {
+		t.AnsweredKeys = []string{}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO pep.tasks (id, principal, kind, status, status_message, input_requests, answered_keys,
+		result, error, meta, created_at, updated_at, ttl_ms, poll_interval_ms)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13)`,
+		t.ID, t.Principal, t.Kind, t.Status, t.StatusMessage, nilMap(t.InputRequests), t.AnswerKeys(), nilRaw(t.Result), t.Error,
+		nilMap(t.Meta), t.CreatedAt, t.TTLMs, t.PollIntervalMs)
+	if err != nil {
+		return fmt.Errorf("tasks: create: %w", err)
+	}
+	return nil
+}
+
+// AnswerKeys returns the answered keys, never nil.
+func (t *Task) AnswerKeys() []string {
+	if t.AnsweredKeys == nil {
+		return []string{}
+	}
+	return t.AnsweredKeys
+}
+
+func nilMap(m map[string]any) any {
+	if m == nil {
+		return nil
+	}
+	return m
+}
+
+func nilRaw(r json.RawMessage) any {
+	if r == nil {
+		return nil
+	}
+	return r
+}
+
+// Get returns task id.
+func (s *Store) Get(ctx context.Context, q Querier, id string) (*Task, error) {
+	return scan(q.QueryRow(ctx, `SELECT `+columns+` FROM pep.tasks WHERE id = $1`, id))
+}
+
+// GetFor returns task id if principal owns it; ErrNotFound otherwise.
+func (s *Store) GetFor(ctx context.Context, id, principal string) (*Task, error) {
+	t, err := s.Get(ctx, s.DB, id)
+	if err != nil {
+		return nil, err
+	}
+	if principal == "" || t.Principal != principal {
+		return nil, ErrNotFound
+	}
+	return t, nil
+}
+
+// Change is a status change.
+type Change struct {
+	To            Status
+	StatusMessage string
+	// InputRequests replace the outstanding requests (to input_required).
+	InputRequests map[string]any
+	// Answered are keys now answered (input_required to working).
+	Answered []string
+	Result   json.RawMessage // to completed
+	Error    *Error          // to failed
+	// Meta is the task's _meta in its new state; terminal states keep none.
+	Meta map[string]any
+	// TTLMs, when set, becomes the TTL if it is longer (or unlimited).
+	TTLMs *int64
+	// From, when set, narrows the states the change may start from.
+	From []Status
+}
+
+// TransitionTx applies c to task id in one conditional UPDATE and returns
+// the task as it now is. A change the state machine does not allow from
+// the current state changes nothing and returns a *ConflictError.
+func (s *Store) TransitionTx(ctx context.Context, tx pgx.Tx, id string, c Change) (*Task, error) {
+	var from []string
+	for _, st := range AllStatuses {
+		if CanTransition(st, c.To) && (c.From == nil || slices.Contains(c.From, st)) {
+			from = append(from, string(st))
+		}
+	}
+	if c.To == Working || c.To == InputRequired {
+		from = append(from, string(c.To)) // a non-terminal state may be refreshed
+	}
+	now := s.now()
+	var terminal *time.Time
+	meta := c.Meta
+	if c.To.Terminal() {
+		terminal, meta = &now, nil
+	}
+	t, err := scan(tx.QueryRow(ctx, `UPDATE pep.tasks SET status = $2, status_message = $3,
+			input_requests = $4, answered_keys = answered_keys || $5::text[], result = $6, error = $7, meta = $8,
+			updated_at = $9, terminal_at = $10,
+			ttl_ms = CASE WHEN $11::bigint IS NULL OR ttl_ms IS NULL THEN ttl_ms ELSE greatest(ttl_ms, $11::bigint) END
+		WHERE id = $1 AND status = ANY($12)
+		RETURNING `+columns,
+		id, c.To, c.StatusMessage, nilMap(c.InputRequests), orEmpty(c.Answered), nilRaw(c.Result), c.Error, nilMap(meta),
+		now, terminal, c.TTLMs, from))
+	if errors.Is(err, ErrNotFound) {
+		cur, gerr := s.Get(ctx, tx, id)
+		if gerr != nil {
+			return nil, gerr
+		}
+		return nil, &ConflictError{ID: id, Current: cur.Status, To: c.To}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tasks: transition %s to %s: %w", id, c.To, err)
+	}
+	return t, nil
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// ExtendTTLTx raises task id's TTL to at least ttlMs (never lowers it).
+func (s *Store) ExtendTTLTx(ctx context.Context, tx pgx.Tx, id string, ttlMs int64) error {
+	_, err := tx.Exec(ctx, `UPDATE pep.tasks SET ttl_ms = greatest(ttl_ms, $2), updated_at = updated_at WHERE id = $1 AND ttl_ms IS NOT NULL`, id, ttlMs)
+	return err
+}
+
+// TTLUntil is the ttlMs that keeps a task created at created until until.
+func TTLUntil(created, until time.Time) int64 {
+	return until.Sub(created).Milliseconds()
+}
+
+// Purge deletes terminal tasks whose TTL has elapsed. Non-terminal tasks are
+// never purged here: their kind decides when they end.
+func (s *Store) Purge(ctx context.Context) (int64, error) {
+	tag, err := s.DB.Exec(ctx, `DELETE FROM pep.tasks WHERE terminal_at IS NOT NULL AND ttl_ms IS NOT NULL
+		AND created_at + ttl_ms * interval '1 millisecond' < $1`, s.now())
+	if err != nil {
+		return 0, fmt.Errorf("tasks: purge: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
