@@ -44,7 +44,9 @@ func (w *TrackWorker) Work(ctx context.Context, job *river.Job[TrackArgs]) error
 }
 
 // Timeout leaves room for one tool run.
-func (w *TrackWorker) Timeout(*river.Job[TrackArgs]) time.Duration { return w.Gate.cfg.ExecTimeout + 30*time.Second }
+func (w *TrackWorker) Timeout(*river.Job[TrackArgs]) time.Duration {
+	return w.Gate.cfg.ExecTimeout + 30*time.Second
+}
 
 // ReconcileArgs is the periodic repair job.
 type ReconcileArgs struct{}
