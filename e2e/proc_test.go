@@ -57,7 +57,7 @@ type proc struct {
 	done  chan struct{}
 }
 
-// startArapd runs `arapd <args>` and waits until it logs "backend started".
+// startArapd runs `arapd <args>` and waits until it logs that it started.
 func startArapd(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	require.NoError(t, buildErr)
@@ -79,7 +79,7 @@ func startArapd(t *testing.T, env []string, args ...string) *proc {
 			p.raw = append(p.raw, line)
 			if m != nil {
 				p.lines = append(p.lines, m)
-				if m["msg"] == "backend started" && p.addr == "" {
+				if (m["msg"] == "backend started" || m["msg"] == "mcp front-end started") && p.addr == "" {
 					p.addr, _ = m["addr"].(string)
 					close(p.ready)
 				}

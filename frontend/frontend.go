@@ -5,6 +5,7 @@
 package frontend
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,8 @@ type Config struct {
 	// JobTimeout bounds background jobs; a job whose worker died is retried
 	// after twice this. Default: ExecTimeout plus 30s.
 	JobTimeout time.Duration
+	// ReconcileEvery is how often crash leftovers are repaired (default 10s).
+	ReconcileEvery time.Duration
 	// Extra registers more tools or methods (conformance fixtures).
 	Extra func(s *sdk.Server, ts *tasks.Server) error
 	Log   *slog.Logger
@@ -136,7 +139,7 @@ func (f *Frontend) build(ctx context.Context) error {
 	if f.river, err = river.NewClient(riverpgxv5.New(f.pool), &river.Config{
 		Schema: migrations.PEPRiverSchema, Logger: riverLog, Workers: workers,
 		Queues:               map[string]river.QueueConfig{mcp.Queue: {MaxWorkers: 20}},
-		PeriodicJobs:         f.gate.PeriodicJobs(10 * time.Second),
+		PeriodicJobs:         f.gate.PeriodicJobs(cmp.Or(cfg.ReconcileEvery, 10*time.Second)),
 		JobTimeout:           jobTimeout,
 		RescueStuckJobsAfter: 2 * jobTimeout,
 		FetchPollInterval:    200 * time.Millisecond,

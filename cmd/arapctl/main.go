@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/signing"
 )
@@ -44,6 +46,8 @@ const usage = `usage: arapctl <command> <subcommand> [flags]
   users list | users disable NAME | users passwd NAME (password on stdin)
   groups create NAME | groups add GROUP USER | groups remove GROUP USER | groups list
   attributes set KEY VALUE | attributes unset KEY | attributes list
+  callers create NAME --subject ID [--subject-type user] [--actor ID]   MCP caller token
+  callers revoke NAME
 
   requests list [--status pending] [--rule R] [--limit N] [--json]
   requests show ID
@@ -108,6 +112,8 @@ func run(args []string, out io.Writer) error {
 		return groups(sub, rest, out)
 	case "attributes set", "attributes unset", "attributes list":
 		return attrs(sub, rest, out)
+	case "callers create", "callers revoke":
+		return mcpCallers(sub, rest, out)
 	case "requests list", "requests show", "requests approve", "requests deny", "approvals revoke",
 		"deliveries list", "deliveries redeliver":
 		return decisions(cmd+" "+sub, rest, out)
@@ -447,4 +453,42 @@ func readMasterKey(file string) ([]byte, error) {
 		return nil, errors.New("the master key is needed: ARAP_MASTER_KEY or --master-key-file (base64 of 32 bytes)")
 	}
 	return master, nil
+}
+
+// mcpCallers manages the MCP front-end's caller tokens (schema pep).
+func mcpCallers(sub string, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("callers "+sub, flag.ContinueOnError)
+	connect := dbFlags(fs)
+	subject := fs.String("subject", "", "the subject id the caller acts for, e.g. alice")
+	subjectType := fs.String("subject-type", "user", "the subject type")
+	actor := fs.String("actor", "", "the actor (agent) id acting for the subject, e.g. agent:demo")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError{"callers " + sub + " takes one caller name"}
+	}
+	ctx := context.Background()
+	db, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	c := &mcp.Callers{DB: db}
+	if sub == "revoke" {
+		if err := c.Revoke(ctx, pos[0]); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "revoked caller %s\n", pos[0])
+		return nil
+	}
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	token := "mcp_" + base64.RawURLEncoding.EncodeToString(b)
+	if err := c.Create(ctx, pos[0], token, mcp.Principal{SubjectType: *subjectType, SubjectID: *subject, ActorID: *actor}); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "created caller %s (acts for %s:%s through %q)\ntoken: %s\nThe token is shown once; store it now.\n", pos[0], *subjectType, *subject, *actor, token)
+	return nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/migrations"
 )
 
@@ -196,9 +197,12 @@ func runMCP(args []string) error {
 	keyFile := fs.String("master-key-file", env("ARAP_PEP_MASTER_KEY_FILE", ""), "file with the base64 32-byte key sealing stored arguments (or ARAP_PEP_MASTER_KEY)")
 	execTimeout := fs.Duration("exec-timeout", envDuration("ARAP_EXEC_TIMEOUT", 30*time.Second), "bound on one tool run; a claimed run not recorded by then ends outcome-unknown")
 	poll := fs.Duration("poll-interval", envDuration("ARAP_POLL_INTERVAL", 2*time.Second), "pollIntervalMs suggested to clients and the first backend poll delay")
+	reconcile := fs.Duration("reconcile-every", envDuration("ARAP_RECONCILE_EVERY", 10*time.Second), "how often crash leftovers (unbound intents, dead claims) are repaired")
+	grace := fs.Duration("intent-grace", envDuration("ARAP_INTENT_GRACE", mcp.IntentGrace), "how long an unbound intent is left to the process that wrote it")
 	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
+	mcp.IntentGrace = *grace
 	token := os.Getenv("ARAP_BACKEND_TOKEN")
 	if token == "" {
 		return errors.New("ARAP_BACKEND_TOKEN (the front-end's API token at the backend, scopes evaluate and request) is required")
@@ -216,7 +220,7 @@ func runMCP(args []string) error {
 	ctx, _ := signals()
 	f, err := frontend.New(ctx, frontend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, MasterKey: key, BackendURL: *backendURL, BackendToken: token,
-		WebhookSecrets: secrets, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, Log: logger(*level),
+		WebhookSecrets: secrets, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, ReconcileEvery: *reconcile, Log: logger(*level),
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,128 @@
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+var pepMasterKey = base64.StdEncoding.EncodeToString([]byte("e2e-pep-master-key-0123456789ab!"))
+
+// stack is a backend and an MCP front-end, as separate processes on one
+// database, set up the way an operator would with arapd and arapctl.
+type stack struct {
+	t         *testing.T
+	dbURL     string
+	env       []string
+	pool      *pgxpool.Pool
+	backend   *proc
+	mcp       *proc
+	pepToken  string
+	itsmToken string
+	secret    string
+	alice     string // MCP caller: alice through agent:demo
+	mallory   string // MCP caller: mallory through agent:demo
+}
+
+type stackOptions struct {
+	policy string // default: the dev seed policy
+}
+
+func token(out string) string { return regexp.MustCompile(`token: (\S+)`).FindStringSubmatch(out)[1] }
+
+func newStack(t *testing.T, o stackOptions) *stack {
+	t.Helper()
+	s := &stack{t: t, dbURL: dbtest.URL(t)}
+	s.env = []string{"DATABASE_URL=" + s.dbURL, "ARAP_MASTER_KEY=" + masterKey}
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	doc := o.policy
+	if doc == "" {
+		doc = string(dev.SeedPolicy())
+	}
+	require.NoError(t, os.WriteFile(policy, []byte(doc), 0o600))
+	s.pepToken = token(arapctl(t, s.env, "clients", "create", "--name", "pep", "--scope", "evaluate,request", "--actor", "agent:*",
+		"--callback-prefix", "http://127.0.0.1:", "--callback-network", "loopback"))
+	s.itsmToken = token(arapctl(t, s.env, "clients", "create", "--name", "itsm", "--scope", "decide", "--kind", "itsm"))
+	s.alice = token(arapctl(t, s.env, "callers", "create", "alice-agent", "--subject", "alice", "--actor", "agent:demo"))
+	s.mallory = token(arapctl(t, s.env, "callers", "create", "mallory-agent", "--subject", "mallory", "--actor", "agent:demo"))
+	s.backend = startArapd(t, s.env, "serve", "--addr", "127.0.0.1:0", "--policy", policy)
+	s.secret = regexp.MustCompile(`(whsec_\S+)`).FindStringSubmatch(arapctl(t, s.env, "clients", "secret", "rotate", "pep"))[1]
+	s.mcp = s.startMCP()
+	var err error
+	s.pool, err = pgxpool.New(context.Background(), s.dbURL)
+	require.NoError(t, err)
+	t.Cleanup(s.pool.Close)
+	return s
+}
+
+// startMCP starts `arapd mcp` with short timers, plus extra environment
+// (a fault point, say).
+func (s *stack) startMCP(extraEnv ...string) *proc {
+	env := append([]string{
+		"DATABASE_URL=" + s.dbURL, "ARAP_PEP_MASTER_KEY=" + pepMasterKey, "ARAP_BACKEND_TOKEN=" + s.pepToken,
+		"ARAP_WEBHOOK_SECRETS=" + s.secret,
+	}, extraEnv...)
+	return startArapd(s.t, env, "mcp", "--addr", "127.0.0.1:0", "--backend-url", s.backend.url(),
+		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s")
+}
+
+func (s *stack) client(token string) *tasks.Client {
+	return &tasks.Client{URL: s.mcp.url() + "/mcp", Token: token}
+}
+
+// pendingRequests lists the backend's pending request ids.
+func (s *stack) pendingRequests() []string {
+	rows, err := s.pool.Query(context.Background(), `SELECT id FROM arap.requests WHERE status = 'pending' ORDER BY created_at`)
+	require.NoError(s.t, err)
+	var ids []string
+	for rows.Next() {
+		var id string
+		require.NoError(s.t, rows.Scan(&id))
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// decide approves or denies a backend request as the ITSM client.
+func (s *stack) decide(id, decision string) int {
+	status, _ := postJSON(s.t, s.backend.url()+"/v1/requests/"+id+"/decisions", s.itsmToken, map[string]any{"decision": decision, "reason": "e2e"})
+	return status
+}
+
+// requestOf is the backend request currently bound to an MCP task.
+func (s *stack) requestOf(taskID string) string {
+	var id *string
+	require.Eventually(s.t, func() bool {
+		err := s.pool.QueryRow(context.Background(), `SELECT backend_id FROM pep.approval_tasks WHERE task_id = $1`, taskID).Scan(&id)
+		return err == nil && id != nil
+	}, 30*time.Second, 50*time.Millisecond)
+	return *id
+}
+
+// ledger counts executions of a task's tool.
+func (s *stack) ledger(taskID string) int {
+	var n int
+	require.NoError(s.t, s.pool.QueryRow(context.Background(), `SELECT count(*) FROM pep.ledger WHERE task_id = $1`, taskID).Scan(&n))
+	return n
+}
+
+// waitTask polls until the task is terminal.
+func (s *stack) waitTask(c *tasks.Client, id string) *tasks.Detailed {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	d, err := c.Wait(ctx, id)
+	require.NoError(s.t, err)
+	return d
+}
