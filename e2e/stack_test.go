@@ -73,7 +73,11 @@ func (s *stack) startMCP(extraEnv ...string) *proc {
 		"DATABASE_URL=" + s.dbURL, "ARAP_PEP_MASTER_KEY=" + pepMasterKey, "ARAP_BACKEND_TOKEN=" + s.pepToken,
 		"ARAP_WEBHOOK_SECRETS=" + s.secret,
 	}, extraEnv...)
-	return startArapd(s.t, env, "mcp", "--addr", "127.0.0.1:0", "--backend-url", s.backend.url(),
+	addr := "127.0.0.1:0"
+	if s.mcp != nil {
+		addr = s.mcp.addr // a restart keeps the address the backend calls back
+	}
+	return startArapd(s.t, env, "mcp", "--addr", addr, "--backend-url", s.backend.url(),
 		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s")
 }
 

@@ -60,14 +60,15 @@ type Config struct {
 
 // Frontend is a running (or ready to run) MCP front-end.
 type Frontend struct {
-	cfg      Config
-	pool     *pgxpool.Pool
-	river    *river.Client[pgx.Tx]
-	gate     *mcp.Gate
-	server   *http.Server
-	listener net.Listener
-	started  atomic.Bool
-	serveErr chan error
+	cfg        Config
+	pool       *pgxpool.Pool
+	river      *river.Client[pgx.Tx]
+	gate       *mcp.Gate
+	reconciler *mcp.Reconciler
+	server     *http.Server
+	listener   net.Listener
+	started    atomic.Bool
+	serveErr   chan error
 }
 
 // New connects and builds everything; nothing runs until Start.
@@ -139,7 +140,7 @@ func (f *Frontend) build(ctx context.Context) error {
 	if f.river, err = river.NewClient(riverpgxv5.New(f.pool), &river.Config{
 		Schema: migrations.PEPRiverSchema, Logger: riverLog, Workers: workers,
 		Queues:               map[string]river.QueueConfig{mcp.Queue: {MaxWorkers: 20}},
-		PeriodicJobs:         f.gate.PeriodicJobs(cmp.Or(cfg.ReconcileEvery, 10*time.Second)),
+		PeriodicJobs:         f.gate.PeriodicJobs(),
 		JobTimeout:           jobTimeout,
 		RescueStuckJobsAfter: 2 * jobTimeout,
 		FetchPollInterval:    200 * time.Millisecond,
@@ -151,6 +152,7 @@ func (f *Frontend) build(ctx context.Context) error {
 		return err
 	}
 	f.server = arap.HTTPServer(srv)
+	f.reconciler = &mcp.Reconciler{Gate: f.gate, Every: cmp.Or(cfg.ReconcileEvery, 10*time.Second)}
 	return nil
 }
 
@@ -159,6 +161,7 @@ func (f *Frontend) Start(ctx context.Context) error {
 	if err := f.river.Start(ctx); err != nil {
 		return fmt.Errorf("frontend: start workers: %w", err)
 	}
+	f.reconciler.Start()
 	go func() { f.serveErr <- f.server.Serve(f.listener) }()
 	f.started.Store(true)
 	f.cfg.Log.Info("mcp front-end started", "addr", f.listener.Addr().String(), "mcp", f.cfg.PublicURL+mcp.PathMCP, "backend", f.cfg.BackendURL)
@@ -172,6 +175,7 @@ func (f *Frontend) Stop(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if f.started.Load() {
+		f.reconciler.Stop()
 		if err := f.river.Stop(ctx); err != nil {
 			errs = append(errs, err)
 		}

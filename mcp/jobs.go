@@ -48,23 +48,6 @@ func (w *TrackWorker) Timeout(*river.Job[TrackArgs]) time.Duration {
 	return w.Gate.cfg.ExecTimeout + 30*time.Second
 }
 
-// ReconcileArgs is the periodic repair job.
-type ReconcileArgs struct{}
-
-// Kind implements river.JobArgs.
-func (ReconcileArgs) Kind() string { return "pep.reconcile" }
-
-// ReconcileWorker runs Reconcile.
-type ReconcileWorker struct {
-	river.WorkerDefaults[ReconcileArgs]
-	Gate *Gate
-}
-
-// Work runs one reconciliation.
-func (w *ReconcileWorker) Work(ctx context.Context, _ *river.Job[ReconcileArgs]) error {
-	return w.Gate.Reconcile(ctx)
-}
-
 // PurgeArgs is the periodic retention job.
 type PurgeArgs struct{}
 
@@ -86,18 +69,56 @@ func (w *PurgeWorker) Work(ctx context.Context, _ *river.Job[PurgeArgs]) error {
 // AddWorkers registers the front-end's workers.
 func (g *Gate) AddWorkers(w *river.Workers) {
 	river.AddWorker(w, &TrackWorker{Gate: g})
-	river.AddWorker(w, &ReconcileWorker{Gate: g})
 	river.AddWorker(w, &PurgeWorker{Gate: g})
 }
 
-// PeriodicJobs are the front-end's scheduled jobs.
-func (g *Gate) PeriodicJobs(reconcileEvery time.Duration) []*river.PeriodicJob {
+// PeriodicJobs are the front-end's scheduled jobs (run by River's leader).
+func (g *Gate) PeriodicJobs() []*river.PeriodicJob {
 	opts := &river.InsertOpts{Queue: Queue}
 	return []*river.PeriodicJob{
-		river.NewPeriodicJob(river.PeriodicInterval(reconcileEvery), func() (river.JobArgs, *river.InsertOpts) { return ReconcileArgs{}, opts },
-			&river.PeriodicJobOpts{RunOnStart: true}),
 		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) { return PurgeArgs{}, opts },
 			&river.PeriodicJobOpts{RunOnStart: true}),
+	}
+}
+
+// Reconciler runs Reconcile on a timer in every replica. It is not a River
+// periodic job on purpose: those run on the leader only, and a leader that
+// was killed keeps its lease for a while, which is exactly when repair is
+// needed. Replicas do not collide: each intent is leased before use.
+type Reconciler struct {
+	Gate  *Gate
+	Every time.Duration
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// Start begins reconciling.
+func (r *Reconciler) Start() {
+	r.stop, r.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(r.done)
+		t := time.NewTicker(r.Every)
+		defer t.Stop()
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), r.Every+30*time.Second)
+			if err := r.Gate.Reconcile(ctx); err != nil {
+				r.Gate.cfg.Log.Warn("reconcile failed", "error", err)
+			}
+			cancel()
+			select {
+			case <-r.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// Stop ends reconciling, waiting for a run in progress.
+func (r *Reconciler) Stop() {
+	if r.stop != nil {
+		close(r.stop)
+		<-r.done
 	}
 }
 

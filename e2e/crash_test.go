@@ -1,0 +1,130 @@
+package e2e
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// TestCrashAtEachFaultPoint kills the MCP front-end with SIGKILL at each named
+// point of a gated call's life, restarts it, and checks that the call still
+// ends well: at most one execution in the ledger, exactly one backend request
+// for the task, and none left pending without a live task.
+func TestCrashAtEachFaultPoint(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	ctx := context.Background()
+	for i, tc := range []struct {
+		point string
+		// during says where the kill happens: in the tools/call itself, or
+		// while executing after approval.
+		duringCall  bool
+		disposition string
+		executions  int
+	}{
+		{"pep.after-intent", true, "approved-executed", 1},
+		{"pep.after-submit", true, "approved-executed", 1},
+		{"pep.after-handle", true, "approved-executed", 1},
+		{"pep.after-claim", false, "outcome-unknown", 0},
+		{"pep.after-invoke", false, "outcome-unknown", 1},
+	} {
+		t.Run(tc.point, func(t *testing.T) {
+			s.mcp.cmd.Process.Kill()
+			s.mcp.wait(10 * time.Second)
+			s.mcp = s.startMCP("ARAP_FAULT=" + tc.point)
+			alice := s.client(s.alice)
+			args := map[string]any{"to": "acct-crash", "amount": 30000 + i}
+			var taskID string
+			if tc.duringCall {
+				_, err := alice.CallTool(ctx, "wire_transfer", args, nil)
+				require.Error(t, err, "the server dies inside tools/call")
+				require.Equal(t, -1, s.mcp.wait(10*time.Second))
+				s.mcp = s.startMCP()
+				alice = s.client(s.alice)
+				// The agent retries the same call: it gets the task that the
+				// restarted server recovered, not a second approval.
+				var r *tasks.CallResult
+				require.Eventually(t, func() bool {
+					var err error
+					r, err = alice.CallTool(ctx, "wire_transfer", args, nil)
+					return err == nil
+				}, 30*time.Second, 200*time.Millisecond)
+				require.Equal(t, "task", r.ResultType)
+				taskID = r.Task.TaskID
+			} else {
+				r, err := alice.CallTool(ctx, "wire_transfer", args, nil)
+				require.NoError(t, err)
+				taskID = r.Task.TaskID
+			}
+			var requests int
+			require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM arap.requests WHERE resource->'properties'->'arguments'->>'amount' = $1`,
+				fmtNum(30000+i)).Scan(&requests))
+			require.Equal(t, 1, requests, "one intent, one backend request")
+
+			require.Equal(t, 200, s.decide(s.requestOf(taskID), "approve"))
+			if !tc.duringCall {
+				require.Equal(t, -1, s.mcp.wait(30*time.Second), "killed at %s", tc.point)
+				s.mcp = s.startMCP()
+				alice = s.client(s.alice)
+			}
+			d := s.waitTask(alice, taskID)
+			require.Equal(t, tasks.Completed, d.Status)
+			_, m, _ := resultText(t, d)
+			require.Equal(t, tc.disposition, m["io.modelcontextprotocol/tool-approval-disposition"])
+			require.Equal(t, tc.executions, s.ledger(taskID), "never executed twice")
+			time.Sleep(1500 * time.Millisecond) // the reconciler ran at least once more
+			require.Equal(t, tc.executions, s.ledger(taskID))
+			var orphans int
+			require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM arap.requests r WHERE r.status = 'pending'
+				AND NOT EXISTS (SELECT 1 FROM pep.approval_tasks a WHERE a.backend_id = r.id AND a.phase <> 'done')`).Scan(&orphans))
+			require.Zero(t, orphans, "no backend request is left pending without a live task")
+		})
+	}
+}
+
+func fmtNum(n int) string { return strconv.Itoa(n) }
+
+// TestApproveCancelRace approves at the backend and cancels the task at the
+// same moment, many times: a task is executed or cancelled, never both.
+func TestApproveCancelRace(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	ctx := context.Background()
+	alice := s.client(s.alice)
+	outcomes := map[string]int{}
+	for i := range 20 {
+		r, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-race", "amount": 40000 + i}, nil)
+		require.NoError(t, err)
+		id := s.requestOf(r.Task.TaskID)
+		var wg sync.WaitGroup
+		wg.Add(2)
+		start := make(chan struct{})
+		go func() { defer wg.Done(); <-start; s.decide(id, "approve") }()
+		// The cancel lands anywhere from before the callback to after the
+		// claim, so both outcomes happen.
+		delay := time.Duration(i%10) * 40 * time.Millisecond
+		go func() { defer wg.Done(); <-start; time.Sleep(delay); _ = alice.Cancel(ctx, r.Task.TaskID) }()
+		close(start)
+		wg.Wait()
+		d := s.waitTask(alice, r.Task.TaskID)
+		executed := s.ledger(r.Task.TaskID)
+		switch d.Status {
+		case tasks.Cancelled:
+			require.Zero(t, executed, "cancelled and executed")
+		case tasks.Completed:
+			_, m, _ := resultText(t, d)
+			require.Equal(t, "approved-executed", m["io.modelcontextprotocol/tool-approval-disposition"])
+			require.Equal(t, 1, executed)
+		default:
+			t.Fatalf("unexpected status %s", d.Status)
+		}
+		outcomes[string(d.Status)]++
+		time.Sleep(300 * time.Millisecond)
+		require.Equal(t, executed, s.ledger(r.Task.TaskID), "nothing runs after the end")
+	}
+	t.Logf("outcomes: %v", outcomes)
+}
