@@ -22,15 +22,6 @@ import (
 // reused within a task.
 const inputKeyPrefix = "justification-"
 
-// InputRequiredResult is an MRTR result (SEP-2322): the client answers the
-// input requests and retries the call with requestState.
-type InputRequiredResult struct {
-	sdk.ResultBase
-	ResultType    string         `json:"resultType"`
-	InputRequests map[string]any `json:"inputRequests"`
-	RequestState  string         `json:"requestState"`
-}
-
 // inputAnswers are the accepted answers of an MRTR retry.
 type inputAnswers struct {
 	declined bool
@@ -234,12 +225,9 @@ func (g *Gate) collectInput(ctx context.Context, p Principal, tool string, args 
 	nonce := newKey()
 	key := inputKeyPrefix + nonce[4:14]
 	msg := "This call needs an approval (" + describe(hint) + "). Please provide the information the approvers need." + problem
-	return nil, &InputRequiredResult{
-		ResultType: "input_required",
-		InputRequests: map[string]any{key: map[string]any{
-			"method": "elicitation/create",
-			"params": map[string]any{"mode": "form", "message": msg, "requestedSchema": form},
-		}},
-		RequestState: g.sealState(mrtrState{Nonce: nonce, Principal: p.Key(), Tool: tool, Digest: d, Key: key, Expires: g.now().Add(g.cfg.StateTTL)}),
+	// An MRTR round (SEP-2322): the SDK marks it input_required.
+	return nil, &sdk.CallToolResult{
+		InputRequests: sdk.InputRequestMap{key: &sdk.ElicitParams{Mode: "form", Message: msg, RequestedSchema: form}},
+		RequestState:  g.sealState(mrtrState{Nonce: nonce, Principal: p.Key(), Tool: tool, Digest: d, Key: key, Expires: g.now().Add(g.cfg.StateTTL)}),
 	}, nil
 }

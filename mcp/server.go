@@ -67,7 +67,7 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		},
 	})
 	for _, t := range g.cfg.Tools {
-		s.AddTool(&sdk.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}, unreachable)
+		s.AddTool(&sdk.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}, relay)
 	}
 	ts := &tasks.Server{Store: g.tasks, Kinds: map[string]tasks.Kind{KindApproval: g}, Log: o.Log}
 	if err := ts.Register(s); err != nil {
@@ -104,10 +104,18 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
-// unreachable is the SDK-level handler of every tool: the routing middleware
-// answers tools/call first, so a call never reaches it.
-func unreachable(context.Context, *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
-	return nil, errors.New("tools/call must go through the approval gate")
+type resultKey struct{}
+
+// relay is the SDK-level handler of every tool. The gate has already decided
+// (in route); relay hands its CallToolResult back through the SDK's own
+// tools/call path, which sets resultType (complete, or input_required for an
+// MRTR round) the way the protocol version wants.
+func relay(ctx context.Context, _ *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+	res, ok := ctx.Value(resultKey{}).(*sdk.CallToolResult)
+	if !ok {
+		return nil, errors.New("tools/call must go through the approval gate")
+	}
+	return res, nil
 }
 
 type principalKey struct{}
@@ -167,7 +175,11 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 				return nil, &jsonrpc.Error{Code: tasks.CodeInvalidParams, Message: "unauthenticated"}
 			}
 			if _, known := s.gate.tools[ctr.Params.Name]; known {
-				return s.gate.Call(ctx, p, ctr)
+				res, err := s.gate.Call(ctx, p, ctr)
+				if cr, ok := res.(*sdk.CallToolResult); ok && err == nil {
+					return next(context.WithValue(ctx, resultKey{}, cr), method, req)
+				}
+				return res, err
 			}
 		}
 		return next(ctx, method, req)
