@@ -97,16 +97,7 @@ func View(r *requests.Request, votes []requests.Vote, v *requests.Voter, now tim
 		out.Approval = &ApprovalSummary{ID: a.ID, ApprovedAt: a.ApprovedAt, ApprovedUntil: a.ApprovedUntil}
 	}
 	if v != nil {
-		if err := requests.Eligible(*v, r, now); err != nil {
-			out.Why = err.(*requests.Error).Detail
-		} else {
-			out.YouMayDecide = true
-			for _, vt := range votes {
-				if vt.Voter == v.ID {
-					out.YouMayDecide, out.Why = false, "you have already decided"
-				}
-			}
-		}
+		out.YouMayDecide, out.Why = requests.MayDecide(*v, r, votes, now)
 	}
 	return out
 }

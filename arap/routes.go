@@ -26,6 +26,12 @@ func (s *Server) routes() http.Handler {
 	r.Get("/readyz", s.readyz)
 	r.Handle("/metrics", promhttp.Handler())
 
+	// The approvers' web interface (its own sessions, CSRF and headers).
+	if s.d.UI != nil {
+		r.Handle("/ui", s.d.UI)
+		r.Handle("/ui/*", s.d.UI)
+	}
+
 	// Public metadata.
 	r.Get(authzen.WellKnownPath, s.discovery)
 	r.Get(authzen.PathJWKS, s.jwks)

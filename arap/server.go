@@ -56,6 +56,8 @@ type Deps struct {
 	Log       *slog.Logger
 	// Ready reports whether the service can take traffic (database, workers).
 	Ready func(ctx context.Context) error
+	// UI, when set, is the approvers' web interface, served under /ui/.
+	UI http.Handler
 }
 
 // Server is the backend's http.Handler.

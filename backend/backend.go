@@ -32,6 +32,7 @@ import (
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/requests"
 	"github.com/omcp/arap/signing"
+	"github.com/omcp/arap/webui"
 )
 
 // Config configures the backend.
@@ -198,9 +199,17 @@ func (b *Backend) build(ctx context.Context) error {
 		return fmt.Errorf("backend: river: %w", err)
 	}
 
+	origin, _ := url.Parse(public)
+	ui, err := webui.New(webui.Deps{
+		DB: b.pool, Requests: b.requests, Directory: b.people,
+		Origin: origin.Scheme + "://" + origin.Host, Secure: origin.Scheme == "https", Log: cfg.Log,
+	})
+	if err != nil {
+		return err
+	}
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
-		Limits: cfg.Limits, Log: cfg.Log, Ready: b.ready,
+		Limits: cfg.Limits, Log: cfg.Log, Ready: b.ready, UI: ui,
 	})
 	if err != nil {
 		return err

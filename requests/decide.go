@@ -111,6 +111,28 @@ func Eligible(v Voter, r *Request, now time.Time) error {
 	return nil
 }
 
+// MayDecide says whether v may vote on r now, and if not, why: eligibility,
+// and not having voted already.
+func MayDecide(v Voter, r *Request, votes []Vote, now time.Time) (bool, string) {
+	if err := Eligible(v, r, now); err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			return false, e.Detail
+		}
+		return false, err.Error()
+	}
+	for _, vt := range votes {
+		if vt.Voter == v.ID {
+			return false, "you have already decided this request"
+		}
+	}
+	return true, ""
+}
+
+// Involved lists the ids a request is for or through: its subject and every
+// actor in its chains.
+func (r *Request) Involved() []string { return r.involved() }
+
 // involved lists the ids a request is for or through: the subject and every
 // actor in subject.properties.act and client.actor.
 func (r *Request) involved() []string {

@@ -3,7 +3,10 @@
 package backendtest
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/arap"
+	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
@@ -70,4 +74,48 @@ func Start(t testing.TB, o Options) *Env {
 		_ = b.Stop(ctx)
 	})
 	return &Env{URL: b.URL(), Backend: b, Pool: b.Pool(), PolicyFile: file, DBURL: dbURL}
+}
+
+// Submit evaluates call as the dev PEP and submits the access request its
+// requestable denial offers, returning the request id.
+func (e *Env) Submit(t testing.TB, call map[string]any) string {
+	t.Helper()
+	post := func(path string, body any) map[string]any {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest("POST", e.URL+path, bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+dev.PEPToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode >= 300 {
+			t.Fatalf("POST %s: %d %v %v", path, resp.StatusCode, out, err)
+		}
+		return out
+	}
+	d := post(authzen.PathEvaluation, call)
+	ctx, _ := d["context"].(map[string]any)
+	hint, _ := ctx["access_request"].(map[string]any)
+	if hint == nil {
+		t.Fatalf("evaluation offered no access request: %v", d)
+	}
+	body := map[string]any{"denial": map[string]any{
+		"evaluation_id": ctx["evaluation_id"], "expires_at": hint["expires_at"], "binding_token": hint["binding_token"],
+		"reason": ctx["reason"], "template": hint["template"],
+	}}
+	for k, v := range call {
+		body[k] = v
+	}
+	task, _ := post(authzen.PathRequests, body)["task"].(map[string]any)
+	id, _ := task["id"].(string)
+	if id == "" {
+		t.Fatal("submission returned no task id")
+	}
+	return id
 }

@@ -1,0 +1,164 @@
+package webui
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/requests"
+)
+
+func contextWith(r *http.Request, s *session) context.Context {
+	return context.WithValue(r.Context(), ctxKey{}, s)
+}
+
+// queueData is the queue page's data.
+type queueData struct {
+	Items []Item
+	Rule  string
+	Rules []string
+	All   bool // also list requests naming the person that they cannot decide
+}
+
+// queue lists the pending requests the person may decide (or, with
+// show=all, every pending one naming them), newest first, filterable by rule.
+func (u *UI) queue(w http.ResponseWriter, r *http.Request) {
+	s := sessionFrom(r)
+	v := u.voter(s)
+	rule := r.URL.Query().Get("rule")
+	list, _, err := u.d.Requests.List(r.Context(), &v, requests.ListOptions{Status: requests.Pending, Limit: 200})
+	if err != nil {
+		u.fail(w, r, err)
+		return
+	}
+	d := queueData{Rule: rule, All: r.URL.Query().Get("show") == "all"}
+	seen := map[string]bool{}
+	for _, req := range list {
+		if !seen[req.Rule] {
+			seen[req.Rule] = true
+			d.Rules = append(d.Rules, req.Rule)
+		}
+		if rule != "" && req.Rule != rule {
+			continue
+		}
+		votes, err := u.d.Requests.Votes(r.Context(), req.ID)
+		if err != nil {
+			u.fail(w, r, err)
+			return
+		}
+		if it := u.item(req, votes, v); it.MayDecide || d.All {
+			d.Items = append(d.Items, it)
+		}
+	}
+	u.render(w, r, "queue", http.StatusOK, page{Title: "Pending requests", User: s.user, CSRF: s.csrf, Refresh: true, Data: d,
+		Flash: flash(r)})
+}
+
+func flash(r *http.Request) string {
+	switch r.URL.Query().Get("done") {
+	case "approve":
+		return "Your approval was recorded."
+	case "deny":
+		return "Your denial was recorded."
+	}
+	return ""
+}
+
+// history lists ended requests the person was a decider of.
+func (u *UI) history(w http.ResponseWriter, r *http.Request) {
+	s := sessionFrom(r)
+	v := u.voter(s)
+	list, _, err := u.d.Requests.List(r.Context(), &v, requests.ListOptions{Limit: 200})
+	if err != nil {
+		u.fail(w, r, err)
+		return
+	}
+	var items []Item
+	for _, req := range list {
+		if req.Status == requests.Pending {
+			continue
+		}
+		votes, err := u.d.Requests.Votes(r.Context(), req.ID)
+		if err != nil {
+			u.fail(w, r, err)
+			return
+		}
+		items = append(items, u.item(req, votes, v))
+	}
+	u.render(w, r, "history", http.StatusOK, page{Title: "History", User: s.user, CSRF: s.csrf, Refresh: true, Data: items})
+}
+
+// request shows one request in full, with the decision form when the person
+// may decide it and the reason when not.
+func (u *UI) request(w http.ResponseWriter, r *http.Request) {
+	u.showRequest(w, r, chi.URLParam(r, "id"), http.StatusOK, "")
+}
+
+// showRequest renders the request page, with problem as an error banner
+// (a refused decision re-renders the page rather than redirecting, so that
+// no message text ever travels in a URL).
+func (u *UI) showRequest(w http.ResponseWriter, r *http.Request, id string, status int, problem string) {
+	s := sessionFrom(r)
+	v := u.voter(s)
+	req, err := u.d.Requests.Load(r.Context(), id)
+	if err != nil || !requests.Names(v, req) {
+		u.render(w, r, "request", http.StatusNotFound, page{Title: "Not found", User: s.user, CSRF: s.csrf,
+			Error: "There is no such request, or you are not among its deciders."})
+		return
+	}
+	votes, err := u.d.Requests.Votes(r.Context(), req.ID)
+	if err != nil {
+		u.fail(w, r, err)
+		return
+	}
+	it := u.item(req, votes, v)
+	if it.Audit, err = audit.Chain(r.Context(), u.d.DB, req.ID); err != nil {
+		u.fail(w, r, err)
+		return
+	}
+	u.render(w, r, "request", status, page{Title: titleOf(it), User: s.user, CSRF: s.csrf, Refresh: problem == "", Data: it, Error: problem})
+}
+
+func titleOf(it Item) string {
+	if it.Title != "" {
+		return it.Title + ": " + it.Tool
+	}
+	return "Request for " + it.Tool
+}
+
+// decide records the person's vote. The form carries the CSRF token; the
+// vote goes through the same eligibility and quorum rules as the API.
+func (u *UI) decide(w http.ResponseWriter, r *http.Request) {
+	s := sessionFrom(r)
+	id := chi.URLParam(r, "id")
+	if !u.checkCSRF(r, s.csrf) {
+		http.Error(w, "missing or wrong CSRF token: reload the page and try again", http.StatusForbidden)
+		return
+	}
+	decision := r.PostFormValue("decision")
+	if decision != "approve" && decision != "deny" {
+		http.Error(w, "decision must be approve or deny", http.StatusBadRequest)
+		return
+	}
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	_, err := u.d.Requests.Decide(r.Context(), u.voter(s), id, requests.Decision{Approve: decision == "approve", Reason: reason})
+	var re *requests.Error
+	if errors.As(err, &re) {
+		u.showRequest(w, r, id, http.StatusConflict, "Your decision was not recorded: "+re.Detail+".")
+		return
+	}
+	if err != nil {
+		u.fail(w, r, err)
+		return
+	}
+	http.Redirect(w, r, "/ui/?done="+decision, http.StatusSeeOther)
+}
+
+func (u *UI) fail(w http.ResponseWriter, r *http.Request, err error) {
+	u.d.Log.Error("web UI request failed", "path", r.URL.Path, "error", err)
+	http.Error(w, "internal error", http.StatusInternalServerError)
+}

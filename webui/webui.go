@@ -1,0 +1,387 @@
+// Package webui is the approvers' web interface, served by the backend at
+// /ui/: sign-in with local accounts (secure session cookies, CSRF tokens on
+// every form, lock-out after repeated failures), the queue of requests the
+// person may decide, a request page that shows exactly what is asked (tool,
+// every argument, who for and through which agent, the justification, the
+// rule, quorum progress, time left, the audit trail) with approve and deny,
+// and the history. Pages are server-rendered html/template with embedded
+// assets and one small script that refreshes them in place.
+package webui
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/httprate"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/requests"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed assets
+var assetFS embed.FS
+
+// Deps are what the UI needs.
+type Deps struct {
+	DB        *pgxpool.Pool
+	Requests  *requests.Service
+	Directory *directory.Store
+	// Origin is the backend's public origin (scheme://host[:port]); form
+	// posts from elsewhere are refused.
+	Origin string
+	// Secure marks cookies Secure (the public URL is https).
+	Secure bool
+	Now    func() time.Time
+	Log    *slog.Logger
+}
+
+// UI is the web interface's handler, mounted at /ui/.
+type UI struct {
+	d       Deps
+	pages   map[string]*template.Template
+	handler http.Handler
+}
+
+// New builds the UI.
+func New(d Deps) (*UI, error) {
+	if d.DB == nil || d.Requests == nil || d.Directory == nil {
+		return nil, errors.New("webui: DB, Requests and Directory are required")
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	u := &UI{d: d, pages: map[string]*template.Template{}}
+	for _, page := range []string{"login", "queue", "request", "history"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
+		if err != nil {
+			return nil, fmt.Errorf("webui: template %s: %w", page, err)
+		}
+		u.pages[page] = t
+	}
+	u.handler = u.routes()
+	return u, nil
+}
+
+func (u *UI) now() time.Time { return u.d.Now() }
+
+func (u *UI) ServeHTTP(w http.ResponseWriter, r *http.Request) { u.handler.ServeHTTP(w, r) }
+
+// routes lists every page of the UI.
+func (u *UI) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(headers)
+	assets, _ := fs.Sub(assetFS, "assets")
+	r.Handle("/ui/assets/*", http.StripPrefix("/ui/assets/", http.FileServer(http.FS(assets))))
+	r.Get("/ui/login", u.loginPage)
+	r.With(httprate.LimitByIP(30, time.Minute)).Post("/ui/login", u.login)
+	r.Group(func(r chi.Router) {
+		r.Use(u.requireSession)
+		r.Get("/ui/", u.queue)
+		r.Get("/ui/history", u.history)
+		r.Get("/ui/requests/{id}", u.request)
+		r.Post("/ui/requests/{id}/decide", u.decide)
+		r.Post("/ui/logout", u.logout)
+	})
+	r.Get("/ui", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusFound) })
+	return r
+}
+
+// maxForm bounds a form post; the largest is a decision with its reason.
+const maxForm = 16 << 10
+
+// headers forbid framing, sniffing and any script or style from elsewhere,
+// and bound request bodies.
+func headers(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "same-origin")
+		h.Set("Cache-Control", "no-store")
+		r.Body = http.MaxBytesReader(w, r.Body, maxForm)
+		next.ServeHTTP(w, r)
+	})
+}
+
+type ctxKey struct{}
+
+func (u *UI) requireSession(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := u.current(r)
+		if s == nil {
+			http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.Path), http.StatusSeeOther)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(contextWith(r, s)))
+	})
+}
+
+func sessionFrom(r *http.Request) *session { s, _ := r.Context().Value(ctxKey{}).(*session); return s }
+
+// page is what every template gets.
+type page struct {
+	Title   string
+	User    *directory.User
+	CSRF    string
+	Flash   string
+	Error   string
+	Refresh bool // the main section refreshes itself
+	Data    any
+}
+
+// render writes a page, or only its main section when the page script asks
+// for a refresh (X-Partial).
+func (u *UI) render(w http.ResponseWriter, r *http.Request, name string, status int, p page) {
+	var buf bytes.Buffer
+	tmpl := "layout.html"
+	if r.Header.Get("X-Partial") == "1" {
+		tmpl = "main"
+	}
+	if err := u.pages[name].ExecuteTemplate(&buf, tmpl, p); err != nil {
+		u.d.Log.Error("render failed", "page", name, "error", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (u *UI) voter(s *session) requests.Voter {
+	return requests.UserVoter(s.user.Name, s.user.Identities(), s.user.Groups)
+}
+
+func (u *UI) loginPage(w http.ResponseWriter, r *http.Request) {
+	if u.current(r) != nil {
+		http.Redirect(w, r, "/ui/", http.StatusSeeOther)
+		return
+	}
+	token := randomToken()
+	http.SetCookie(w, u.cookie(loginCSRFKey, token, 600))
+	u.render(w, r, "login", http.StatusOK, page{Title: "Sign in", CSRF: token, Data: map[string]string{"Next": safeNext(r.URL.Query().Get("next"))}})
+}
+
+// safeNext keeps redirects inside the UI.
+func safeNext(n string) string {
+	if !strings.HasPrefix(n, "/ui/") || strings.HasPrefix(n, "//") || strings.Contains(n, "\\") {
+		return "/ui/"
+	}
+	return n
+}
+
+func (u *UI) login(w http.ResponseWriter, r *http.Request) {
+	c, err := r.Cookie(loginCSRFKey)
+	if err != nil || !u.checkCSRF(r, c.Value) {
+		http.Error(w, "the form has expired or did not come from this site; reload the page and sign in again", http.StatusForbidden)
+		return
+	}
+	name := strings.ToLower(strings.TrimSpace(r.PostFormValue("username")))
+	id, err := u.signIn(r.Context(), name, r.PostFormValue("password"))
+	if err != nil {
+		token := randomToken()
+		http.SetCookie(w, u.cookie(loginCSRFKey, token, 600))
+		msg := "Wrong user name or password."
+		var le *lockedError
+		if errors.As(err, &le) {
+			msg = fmt.Sprintf("Too many failed sign-ins for this account; try again after %s.", le.until.UTC().Format("15:04 MST"))
+		} else if !errors.Is(err, directory.ErrBadPassword) && !errors.Is(err, directory.ErrUserDisabled) {
+			u.d.Log.Error("sign-in failed", "error", err)
+			msg = "Sign-in is unavailable; try again later."
+		}
+		u.render(w, r, "login", http.StatusUnauthorized, page{Title: "Sign in", CSRF: token, Error: msg,
+			Data: map[string]string{"Next": safeNext(r.PostFormValue("next")), "Username": name}})
+		return
+	}
+	http.SetCookie(w, u.cookie(loginCSRFKey, "", -1))
+	http.SetCookie(w, u.cookie(cookieName, id, int(sessionTTL.Seconds())))
+	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
+}
+
+func (u *UI) logout(w http.ResponseWriter, r *http.Request) {
+	s := sessionFrom(r)
+	if !u.checkCSRF(r, s.csrf) {
+		http.Error(w, "missing or wrong CSRF token", http.StatusForbidden)
+		return
+	}
+	u.signOut(r)
+	http.SetCookie(w, u.cookie(cookieName, "", -1))
+	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
+}
+
+// Item is a request as the pages show it.
+type Item struct {
+	ID            string
+	Status        string
+	StatusReason  string
+	Rule          string
+	Title         string
+	Why           string
+	Tool          string
+	Arguments     []Field
+	Subject       string
+	Actor         string
+	Context       []Field
+	CreatedAt     time.Time
+	ExpiresAt     time.Time
+	TimeLeft      string
+	Approvals     int
+	Quorum        int
+	RequireHumans int
+	Votes         []requests.Vote
+	MayDecide     bool
+	WhyNot        string
+	Audit         []audit.Record
+	Approval      string
+}
+
+// Field is one rendered name and value.
+type Field struct {
+	Name, Value string
+	Multiline   bool
+}
+
+func (u *UI) item(r *requests.Request, votes []requests.Vote, v requests.Voter) Item {
+	it := Item{ID: r.ID, Status: string(r.Status), StatusReason: r.StatusReason, Rule: r.Rule, Tool: r.Resource.Str("id"),
+		Subject: r.Subject.Str("type") + " " + r.Subject.Str("id"), CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt,
+		Quorum: r.ApprovalPolicy.Quorum, RequireHumans: r.ApprovalPolicy.RequireHumans, Votes: votes}
+	if it.StatusReason == it.Status {
+		it.StatusReason = ""
+	}
+	if t, ok := r.Display["title"].(string); ok {
+		it.Title = t
+	}
+	if d, ok := r.Display["description"].(string); ok {
+		it.Why = d
+	}
+	if r.Resource.Str("type") != "mcp_tool" {
+		it.Tool = r.Resource.Str("type") + ":" + r.Resource.Str("id") + " (" + r.Action.Str("name") + ")"
+	}
+	args, _ := r.Resource.Obj("properties")["arguments"].(map[string]any)
+	it.Arguments = fields(args)
+	if len(args) == 0 {
+		it.Arguments = fields(r.Resource.Obj("properties"))
+	}
+	actors := r.Involved()[1:]
+	it.Actor = strings.Join(actors, " → ")
+	it.Context = fields(r.Context)
+	if left := time.Until(r.ExpiresAt); r.Status == requests.Pending && left > 0 {
+		it.TimeLeft = humanize(left)
+	}
+	for _, vt := range votes {
+		if vt.Decision == "approve" {
+			it.Approvals++
+		}
+	}
+	it.MayDecide, it.WhyNot = requests.MayDecide(v, r, votes, u.now())
+	if r.Result != nil && r.Result.Approval != nil {
+		it.Approval = "valid until " + r.Result.Approval.ApprovedUntil.UTC().Format("2006-01-02 15:04 MST")
+	}
+	return it
+}
+
+// fields renders a JSON object readably: numbers with separators, strings
+// as they are, anything nested as indented JSON.
+func fields(m map[string]any) []Field {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]Field, 0, len(keys))
+	for _, k := range keys {
+		f := Field{Name: k}
+		switch v := m[k].(type) {
+		case string:
+			f.Value = v
+		case float64:
+			f.Value = number(v)
+		case bool:
+			f.Value = fmt.Sprint(v)
+		case nil:
+			f.Value = "null"
+		default:
+			b, _ := json.MarshalIndent(v, "", "  ")
+			f.Value, f.Multiline = string(b), true
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+func number(v float64) string {
+	if v != float64(int64(v)) {
+		return fmt.Sprintf("%.2f", v)
+	}
+	s := fmt.Sprint(int64(v))
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+func humanize(d time.Duration) string {
+	switch {
+	case d >= 48*time.Hour:
+		return fmt.Sprintf("%d days", int(d.Hours()/24))
+	case d >= time.Hour:
+		return fmt.Sprintf("%dh %02dm", int(d.Hours()), int(d.Minutes())%60)
+	case d >= time.Minute:
+		return fmt.Sprintf("%d min", int(d.Minutes()))
+	default:
+		return "less than a minute"
+	}
+}
+
+var funcs = template.FuncMap{
+	"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
+	"ago": func(t time.Time) string {
+		d := time.Since(t)
+		if d < time.Minute {
+			return "just now"
+		}
+		return humanize(d) + " ago"
+	},
+	"data": func(raw json.RawMessage) string {
+		var m map[string]any
+		if json.Unmarshal(raw, &m) != nil {
+			return string(raw)
+		}
+		var parts []string
+		for _, f := range fields(m) {
+			if f.Value != "" && f.Value != "null" {
+				parts = append(parts, f.Name+": "+strings.ReplaceAll(f.Value, "\n", " "))
+			}
+		}
+		return strings.Join(parts, "; ")
+	},
+}

@@ -1,0 +1,269 @@
+package webui_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/internal/backendtest"
+	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/requests"
+)
+
+// browser is a cookie-keeping HTTP client that does not follow redirects,
+// so tests see where each answer sends the person.
+type browser struct {
+	t    *testing.T
+	base string
+	c    *http.Client
+}
+
+func newBrowser(t *testing.T, base string) *browser {
+	jar, _ := cookiejar.New(nil)
+	return &browser{t: t, base: base, c: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}}
+}
+
+type page struct {
+	status   int
+	body     string
+	location string
+	header   http.Header
+}
+
+func (b *browser) get(path string, headers ...string) page {
+	b.t.Helper()
+	req, err := http.NewRequest("GET", b.base+path, nil)
+	require.NoError(b.t, err)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	return b.do(req)
+}
+
+func (b *browser) post(path string, form url.Values, headers ...string) page {
+	b.t.Helper()
+	req, err := http.NewRequest("POST", b.base+path, strings.NewReader(form.Encode()))
+	require.NoError(b.t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	return b.do(req)
+}
+
+func (b *browser) do(req *http.Request) page {
+	resp, err := b.c.Do(req)
+	require.NoError(b.t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return page{status: resp.StatusCode, body: string(body), location: resp.Header.Get("Location"), header: resp.Header}
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+func csrf(t *testing.T, p page) string {
+	t.Helper()
+	m := csrfField.FindStringSubmatch(p.body)
+	require.NotNil(t, m, "no CSRF token in page:\n%s", p.body)
+	return m[1]
+}
+
+// signIn signs in through the login form.
+func (b *browser) signIn(user, password string) page {
+	b.t.Helper()
+	login := b.get("/ui/login")
+	require.Equal(b.t, 200, login.status)
+	return b.post("/ui/login", url.Values{"csrf": {csrf(b.t, login)}, "username": {user}, "password": {password}, "next": {"/ui/"}})
+}
+
+func wireCall(subject string, amount float64) map[string]any {
+	return map[string]any{
+		"subject":  map[string]any{"type": "user", "id": subject, "properties": map[string]any{"act": map[string]any{"sub": "agent:demo"}}},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "wire_transfer", "properties": map[string]any{"arguments": map[string]any{"to": "acct-991", "amount": amount}}},
+	}
+}
+
+func TestSignInSessionAndLockout(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{})
+	b := newBrowser(t, env.URL)
+
+	p := b.get("/ui/requests/anything")
+	require.Equal(t, http.StatusSeeOther, p.status, "pages need a session")
+	require.Equal(t, "/ui/login?next=%2Fui%2Frequests%2Fanything", p.location)
+
+	login := b.get("/ui/login")
+	require.Contains(t, login.header.Get("Content-Security-Policy"), "default-src 'self'")
+	require.Equal(t, "DENY", login.header.Get("X-Frame-Options"))
+	require.Contains(t, login.body, `<label for="username">`, "inputs are labelled")
+
+	// No token, a wrong token, or a foreign Origin: refused before any password check.
+	form := url.Values{"username": {"bob"}, "password": {dev.Password}}
+	require.Equal(t, 403, b.post("/ui/login", form).status)
+	form.Set("csrf", "forged")
+	require.Equal(t, 403, b.post("/ui/login", form).status)
+	form.Set("csrf", csrf(t, login))
+	require.Equal(t, 403, b.post("/ui/login", form, "Origin", "https://evil.example").status)
+
+	// Wrong passwords: a generic message, then lock-out, which also holds
+	// against the right password; other accounts are unaffected.
+	for i := 0; i < 5; i++ {
+		p := b.post("/ui/login", url.Values{"csrf": {csrf(t, b.get("/ui/login"))}, "username": {"carol"}, "password": {"wrong"}})
+		require.Equal(t, 401, p.status)
+		require.Contains(t, p.body, "Wrong user name or password.")
+	}
+	p = b.signIn("carol", dev.Password)
+	require.Equal(t, 401, p.status)
+	require.Contains(t, p.body, "Too many failed sign-ins")
+
+	p = b.signIn("bob", dev.Password)
+	require.Equal(t, http.StatusSeeOther, p.status, "%s", p.body)
+	require.Equal(t, "/ui/", p.location)
+	var cookie *http.Cookie
+	for _, c := range b.c.Jar.Cookies(mustURL(t, env.URL+"/ui/")) {
+		if c.Name == "arap_session" {
+			cookie = c
+		}
+	}
+	require.NotNil(t, cookie)
+	set := p.header.Values("Set-Cookie")
+	require.True(t, strings.Contains(strings.Join(set, "\n"), "HttpOnly") && strings.Contains(strings.Join(set, "\n"), "SameSite=Strict"), "%v", set)
+	var stored int
+	require.NoError(t, env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM arap.ui_sessions WHERE id_hash = sha256($1::bytea)`, []byte(cookie.Value)).Scan(&stored))
+	require.Equal(t, 1, stored, "only the session id's hash is stored")
+
+	queue := b.get("/ui/")
+	require.Equal(t, 200, queue.status)
+	require.Contains(t, queue.body, "Nothing is waiting for you.")
+
+	// Sign-out needs the token; afterwards the old cookie is worthless.
+	require.Equal(t, 403, b.post("/ui/logout", url.Values{}).status)
+	require.Equal(t, http.StatusSeeOther, b.post("/ui/logout", url.Values{"csrf": {csrf(t, queue)}}).status)
+	replay := newBrowser(t, env.URL)
+	replay.c.Jar.SetCookies(mustURL(t, env.URL+"/ui/"), []*http.Cookie{{Name: "arap_session", Value: cookie.Value}})
+	require.Equal(t, http.StatusSeeOther, replay.get("/ui/").status)
+
+	// Redirect targets stay inside the UI.
+	login = b.get("/ui/login")
+	p = b.post("/ui/login", url.Values{"csrf": {csrf(t, login)}, "username": {"bob"}, "password": {dev.Password}, "next": {"//evil.example/ui/"}})
+	require.Equal(t, "/ui/", p.location)
+}
+
+func TestQueueRequestPageAndDecision(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{})
+	id := env.Submit(t, wireCall("alice", 50000))
+	other := env.Submit(t, wireCall("dave", 70000))
+
+	bob := newBrowser(t, env.URL)
+	require.Equal(t, http.StatusSeeOther, bob.signIn("bob", dev.Password).status)
+	queue := bob.get("/ui/")
+	require.Equal(t, 200, queue.status)
+	require.Contains(t, queue.body, `data-request="`+id+`"`)
+	require.Contains(t, queue.body, `data-request="`+other+`"`)
+	require.Less(t, strings.Index(queue.body, other), strings.Index(queue.body, id), "newest first")
+	require.Contains(t, bob.get("/ui/?rule=wire_transfer_large").body, id)
+	require.NotContains(t, bob.get("/ui/?rule=delete_repository").body, id, "filter by rule")
+
+	// The live refresh asks for the main section only.
+	partial := bob.get("/ui/", "X-Partial", "1")
+	require.Equal(t, 200, partial.status)
+	require.NotContains(t, partial.body, "<html")
+	require.Contains(t, partial.body, id)
+
+	// The request page says what is asked, in plain words.
+	p := bob.get("/ui/requests/" + id)
+	require.Equal(t, 200, p.status)
+	for _, want := range []string{"wire_transfer", "50,000", "acct-991", "user alice", "agent:demo", "wire_transfer_large",
+		"Transfers over $25,000 require approval", "0 of 1 approvals", "left (expires", "request.submitted", `id="approve"`, `id="deny"`} {
+		require.Contains(t, p.body, want)
+	}
+
+	// A decision without the form's token, or from another origin, is
+	// refused and changes nothing.
+	require.Equal(t, 403, bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"approve"}}).status)
+	require.Equal(t, 403, bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"approve"}, "csrf": {csrf(t, p)}}, "Origin", "http://evil.example").status)
+	require.Equal(t, 400, bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"maybe"}, "csrf": {csrf(t, p)}}).status)
+	got, err := env.Backend.Requests().Load(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, requests.Pending, got.Status)
+
+	d := bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"approve"}, "reason": {"invoice 7731 checked"}, "csrf": {csrf(t, p)}})
+	require.Equal(t, http.StatusSeeOther, d.status, "%s", d.body)
+	require.Equal(t, "/ui/?done=approve", d.location)
+	require.Contains(t, bob.get(d.location).body, "Your approval was recorded.")
+	got, err = env.Backend.Requests().Load(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, requests.Approved, got.Status)
+
+	p = bob.get("/ui/requests/" + id)
+	require.Contains(t, p.body, "invoice 7731 checked")
+	require.Contains(t, p.body, "user:bob")
+	require.NotContains(t, p.body, `id="approve"`, "decided: no buttons")
+	require.Contains(t, p.body, "already approved")
+
+	// A second vote on a closed request: a clear message, nothing changes.
+	again := bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"deny"}, "csrf": {csrf(t, p)}})
+	require.Equal(t, 409, again.status)
+	require.Contains(t, again.body, "Your decision was not recorded")
+
+	hist := bob.get("/ui/history")
+	require.Contains(t, hist.body, id)
+	require.Contains(t, hist.body, "invoice")
+	require.NotContains(t, hist.body, other, "history holds ended requests only")
+}
+
+func TestIneligibleApproverSeesWhyAndNoButtons(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{})
+	own := env.Submit(t, wireCall("bob", 50000))
+	platform := env.Submit(t, map[string]any{
+		"subject":  map[string]any{"type": "user", "id": "alice"},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "delete_repository", "properties": map[string]any{"arguments": map[string]any{"repository": "acme/legacy"}}},
+	})
+
+	bob := newBrowser(t, env.URL)
+	require.Equal(t, http.StatusSeeOther, bob.signIn("bob", dev.Password).status)
+	require.NotContains(t, bob.get("/ui/").body, own, "the default queue lists only what bob may decide")
+	all := bob.get("/ui/?show=all")
+	require.Contains(t, all.body, own)
+	require.Contains(t, all.body, "You cannot decide this")
+
+	p := bob.get("/ui/requests/" + own)
+	require.Equal(t, 200, p.status)
+	require.Contains(t, p.body, `id="why-not"`)
+	require.Contains(t, p.body, "made on their behalf or through them")
+	require.NotContains(t, p.body, `id="decide-form"`)
+	require.NotContains(t, p.body, `id="approve"`)
+
+	// Posting anyway is refused by the same rules the API applies.
+	r := bob.post("/ui/requests/"+own+"/decide", url.Values{"decision": {"approve"}, "csrf": {csrf(t, p)}})
+	require.Equal(t, 409, r.status)
+	require.Contains(t, r.body, "made on their behalf")
+	got, err := env.Backend.Requests().Load(context.Background(), own)
+	require.NoError(t, err)
+	require.Equal(t, requests.Pending, got.Status)
+
+	// A request bob is not named for does not exist as far as he can tell.
+	nf := bob.get("/ui/requests/" + platform)
+	require.Equal(t, 404, nf.status)
+	require.NotContains(t, nf.body, "acme/legacy")
+	require.Equal(t, 404, bob.post("/ui/requests/"+platform+"/decide", url.Values{"decision": {"approve"}, "csrf": {csrf(t, p)}}).status)
+	got, err = env.Backend.Requests().Load(context.Background(), platform)
+	require.NoError(t, err)
+	require.Equal(t, requests.Pending, got.Status)
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	u, err := url.Parse(s)
+	require.NoError(t, err)
+	return u
+}
