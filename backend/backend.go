@@ -29,6 +29,7 @@ import (
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/requests"
 	"github.com/omcp/arap/signing"
@@ -159,7 +160,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	// Jobs are inserted through a client without workers, so the services can
 	// be built before the worker client that needs them.
-	riverLog := slog.New(minLevel{cfg.Log.Handler(), slog.LevelWarn})
+	riverLog := logs.Quiet(cfg.Log, slog.LevelWarn)
 	inserter, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{Schema: migrations.RiverSchema, Logger: riverLog})
 	if err != nil {
 		return fmt.Errorf("backend: river: %w", err)
@@ -202,7 +203,7 @@ func (b *Backend) build(ctx context.Context) error {
 	origin, _ := url.Parse(public)
 	ui, err := webui.New(webui.Deps{
 		DB: b.pool, Requests: b.requests, Directory: b.people,
-		Origin: origin.Scheme + "://" + origin.Host, Secure: origin.Scheme == "https", Log: cfg.Log,
+		Secure: origin.Scheme == "https", Log: cfg.Log,
 	})
 	if err != nil {
 		return err
@@ -350,19 +351,3 @@ loop:
 	defer cancel()
 	return errors.Join(serveErr, b.Stop(stopCtx))
 }
-
-// minLevel drops records below a level: River reports routine activity at
-// info, which would drown our own logs.
-type minLevel struct {
-	slog.Handler
-	min slog.Level
-}
-
-func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= h.min && h.Handler.Enabled(ctx, l)
-}
-
-func (h minLevel) WithAttrs(a []slog.Attr) slog.Handler {
-	return minLevel{h.Handler.WithAttrs(a), h.min}
-}
-func (h minLevel) WithGroup(g string) slog.Handler { return minLevel{h.Handler.WithGroup(g), h.min} }

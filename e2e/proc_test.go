@@ -68,6 +68,12 @@ func startArapd(t *testing.T, env []string, args ...string) *proc {
 	cmd.Stdout = io.Discard
 	require.NoError(t, cmd.Start())
 	p := &proc{t: t, cmd: cmd, ready: make(chan struct{}), done: make(chan struct{})}
+	// The address is the backend's, or the front-end's for `arapd mcp`
+	// (dev runs both; its front-end may start first).
+	started := "backend started"
+	if len(args) > 0 && args[0] == "mcp" {
+		started = "mcp front-end started"
+	}
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -79,7 +85,7 @@ func startArapd(t *testing.T, env []string, args ...string) *proc {
 			p.raw = append(p.raw, line)
 			if m != nil {
 				p.lines = append(p.lines, m)
-				if (m["msg"] == "backend started" || m["msg"] == "mcp front-end started") && p.addr == "" {
+				if m["msg"] == started && p.addr == "" {
 					p.addr, _ = m["addr"].(string)
 					close(p.ready)
 				}

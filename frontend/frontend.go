@@ -24,6 +24,7 @@ import (
 
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
@@ -116,7 +117,7 @@ func (f *Frontend) build(ctx context.Context) error {
 			return err
 		}
 	}
-	riverLog := slog.New(warnOnly{cfg.Log.Handler()})
+	riverLog := logs.Quiet(cfg.Log, slog.LevelWarn)
 	inserter, err := river.NewClient(riverpgxv5.New(f.pool), &river.Config{Schema: migrations.PEPRiverSchema, Logger: riverLog})
 	if err != nil {
 		return err
@@ -211,11 +212,3 @@ func (f *Frontend) Gate() *mcp.Gate { return f.gate }
 
 // Pool is the database pool.
 func (f *Frontend) Pool() *pgxpool.Pool { return f.pool }
-
-type warnOnly struct{ slog.Handler }
-
-func (h warnOnly) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
-}
-func (h warnOnly) WithAttrs(a []slog.Attr) slog.Handler { return warnOnly{h.Handler.WithAttrs(a)} }
-func (h warnOnly) WithGroup(g string) slog.Handler      { return warnOnly{h.Handler.WithGroup(g)} }

@@ -16,6 +16,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/omcp/arap/callbacks"
+	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -59,8 +60,9 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	if o.RequestsPerMinute == 0 {
 		o.RequestsPerMinute = 1200
 	}
+	sdkLog := logs.Quiet(o.Log, slog.LevelWarn) // the SDK logs every stateless session at info
 	s := sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{
-		Logger: o.Log,
+		Logger: sdkLog,
 		Capabilities: &sdk.ServerCapabilities{
 			Tools:      &sdk.ToolCapabilities{},
 			Extensions: map[string]any{tasks.ExtensionID: map[string]any{}, ExtensionToolApproval: map[string]any{}},
@@ -82,7 +84,7 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	s.AddReceivingMiddleware(srv.route)
 
 	mcpHandler := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s },
-		&sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true, Logger: o.Log})
+		&sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true, Logger: sdkLog})
 	limit := httprate.Limit(o.RequestsPerMinute, time.Minute,
 		httprate.WithKeyFuncs(func(r *http.Request) (string, error) { return tasks.PrincipalFrom(r.Context()), nil }))
 	mux := http.NewServeMux()

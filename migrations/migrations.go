@@ -19,6 +19,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/omcp/arap/internal/logs"
 )
 
 //go:embed */*.sql
@@ -132,7 +134,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	}
 
 	for _, schema := range []string{RiverSchema, PEPRiverSchema} {
-		migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema, Logger: log})
+		migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema, Logger: logs.Quiet(log, slog.LevelWarn)})
 		if err != nil {
 			return fmt.Errorf("migrations: river migrator: %w", err)
 		}
@@ -140,8 +142,8 @@ func Up(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("migrations: river (%s): %w", schema, err)
 		}
-		for _, v := range res.Versions {
-			log.Info("river migration applied", "schema", schema, "version", v.Version)
+		if len(res.Versions) > 0 {
+			log.Info("river migrations applied", "schema", schema, "from", res.Versions[0].Version, "to", res.Versions[len(res.Versions)-1].Version)
 		}
 	}
 	return nil

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -43,9 +44,6 @@ type Deps struct {
 	DB        *pgxpool.Pool
 	Requests  *requests.Service
 	Directory *directory.Store
-	// Origin is the backend's public origin (scheme://host[:port]); form
-	// posts from elsewhere are refused.
-	Origin string
 	// Secure marks cookies Secure (the public URL is https).
 	Secure bool
 	Now    func() time.Time
@@ -89,7 +87,10 @@ func (u *UI) ServeHTTP(w http.ResponseWriter, r *http.Request) { u.handler.Serve
 // routes lists every page of the UI.
 func (u *UI) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(headers)
+	// Cross-origin form posts are refused before any handler runs (the
+	// browser's Sec-Fetch-Site, or Origin against Host); the per-session
+	// CSRF token on every form is the second lock.
+	r.Use(headers, http.NewCrossOriginProtection().Handler)
 	assets, _ := fs.Sub(assetFS, "assets")
 	r.Handle("/ui/assets/*", http.StripPrefix("/ui/assets/", http.FileServer(http.FS(assets))))
 	r.Get("/ui/login", u.loginPage)
@@ -282,7 +283,14 @@ func (u *UI) item(r *requests.Request, votes []requests.Vote, v requests.Voter) 
 	if len(args) == 0 {
 		it.Arguments = fields(r.Resource.Obj("properties"))
 	}
-	actors := r.Involved()[1:]
+	// The same agent often appears twice (in the subject's act claim and as
+	// the client's actor): show each once, in order.
+	var actors []string
+	for _, a := range r.Involved()[1:] {
+		if !slices.Contains(actors, a) {
+			actors = append(actors, a)
+		}
+	}
 	it.Actor = strings.Join(actors, " → ")
 	it.Context = fields(r.Context)
 	if left := time.Until(r.ExpiresAt); r.Status == requests.Pending && left > 0 {

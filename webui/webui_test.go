@@ -191,6 +191,7 @@ func TestQueueRequestPageAndDecision(t *testing.T) {
 	// refused and changes nothing.
 	require.Equal(t, 403, bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"approve"}}).status)
 	require.Equal(t, 403, bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"approve"}, "csrf": {csrf(t, p)}}, "Origin", "http://evil.example").status)
+	require.Equal(t, 403, bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"approve"}, "csrf": {csrf(t, p)}}, "Sec-Fetch-Site", "cross-site").status)
 	require.Equal(t, 400, bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"maybe"}, "csrf": {csrf(t, p)}}).status)
 	got, err := env.Backend.Requests().Load(context.Background(), id)
 	require.NoError(t, err)

@@ -57,11 +57,24 @@ const usage = `usage: arapctl <command> <subcommand> [flags]
   deliveries list REQUEST              callback deliveries and every attempt
   deliveries redeliver REQUEST DELIVERY
 
+  mcp call TOOL [--arg NAME=VALUE]... [--args JSON] [--input FIELD=VALUE]... [--no-wait]
+  mcp get TASK [--json]
+  mcp cancel TASK
+  mcp wait [TASK] [--input FIELD=VALUE]...   no TASK: every unfinished task this client started
+
 Administrative commands use DATABASE_URL (or --database-url); keys rotate also
 needs the master key (ARAP_MASTER_KEY or --master-key-file). The requests and
 approvals commands call the decision API at ARAP_URL (--url, default
 http://127.0.0.1:8480) with the token in ARAP_TOKEN (--token), which needs the
 decide scope; deliveries need the token of the client that submitted.
+
+The mcp commands are an MCP client that speaks only the tasks extension: at
+ARAP_MCP_URL (--url, default http://127.0.0.1:8481/mcp) with the caller token
+in ARAP_MCP_TOKEN (--token). call prints the task and waits for its result,
+polling as often as the server asks; unfinished task ids are kept in
+ARAP_MCP_STATE (--state, default ~/.local/state/arapctl/tasks.json) so that
+wait resumes them after a restart. Exit status: 0 the tool ran, 1 an error
+result or a failed or cancelled task, 3 input is needed, 4 interrupted.
 `
 
 func main() {
@@ -71,6 +84,10 @@ func main() {
 		if errors.As(err, &ue) {
 			fmt.Fprint(os.Stderr, "\n"+usage)
 			os.Exit(2)
+		}
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
 		}
 		os.Exit(1)
 	}
@@ -114,6 +131,8 @@ func run(args []string, out io.Writer) error {
 		return attrs(sub, rest, out)
 	case "callers create", "callers revoke":
 		return mcpCallers(sub, rest, out)
+	case "mcp call", "mcp get", "mcp cancel", "mcp wait":
+		return mcpCommand(sub, rest, out)
 	case "requests list", "requests show", "requests approve", "requests deny", "approvals revoke",
 		"deliveries list", "deliveries redeliver":
 		return decisions(cmd+" "+sub, rest, out)

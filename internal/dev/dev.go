@@ -43,9 +43,11 @@ const (
 	ResolverToken    = "dev-resolver-token"
 	ITSMToken        = "dev-itsm-token"
 	// AgentToken is an MCP caller acting for alice through agent:demo;
-	// Agent2Token one acting for mallory.
-	AgentToken  = "dev-agent-token"
-	Agent2Token = "dev-agent2-token"
+	// Agent2Token one acting for mallory; BobAgentToken one acting for bob,
+	// a treasury approver, to show that nobody decides their own request.
+	AgentToken    = "dev-agent-token"
+	Agent2Token   = "dev-agent2-token"
+	BobAgentToken = "dev-bob-agent-token"
 )
 
 // Options configure Run.
@@ -133,7 +135,7 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 }
 
 // SeedCallers registers the dev MCP callers: dev-agent-token acts for alice
-// through agent:demo, dev-agent2-token for mallory.
+// through agent:demo, dev-agent2-token for mallory, dev-bob-agent-token for bob.
 func SeedCallers(ctx context.Context, c *mcp.Callers) error {
 	for _, s := range []struct {
 		name, token string
@@ -141,6 +143,7 @@ func SeedCallers(ctx context.Context, c *mcp.Callers) error {
 	}{
 		{"dev-agent", AgentToken, mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}},
 		{"dev-agent2", Agent2Token, mcp.Principal{SubjectType: "user", SubjectID: "mallory", ActorID: "agent:demo"}},
+		{"dev-bob-agent", BobAgentToken, mcp.Principal{SubjectType: "user", SubjectID: "bob", ActorID: "agent:demo"}},
 	} {
 		if err := c.Create(ctx, s.name, s.token, s.p); err != nil && !strings.Contains(err.Error(), "exists") {
 			return fmt.Errorf("dev: seed caller: %w", err)
@@ -290,25 +293,33 @@ func printBanner(w io.Writer, url, mcpURL, policy, dataDir string) {
 	fmt.Fprintf(w, `
 arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
 
+  Approver web UI                %[1]s/ui/
+    sign in as bob or carol (treasury), dave or erin (platform); password %[11]s
   Backend (AuthZEN PDP + ARAP)  %[1]s
   MCP endpoint                   %[8]s
-  Discovery                      %[1]s/.well-known/authzen-configuration
   Policy (edit, then kill -HUP)  %[2]s
   Data                           %[3]s
 
-  API tokens
-    PEP (evaluate, request)      %[4]s
-    Automated resolver (decide)  %[5]s
-    ITSM (decide)                %[6]s
-  MCP caller tokens
-    alice via agent:demo         %[9]s
-    mallory via agent:demo       %[10]s
+  API tokens: PEP %[4]s, automated resolver %[5]s, ITSM %[6]s
+  MCP callers: %[9]s (alice via agent:demo), %[10]s (mallory),
+               %[12]s (bob, who cannot decide his own requests)
 
-  Try it:
-    curl -s %[1]s/.well-known/authzen-configuration
-    curl -s -H 'Authorization: Bearer %[4]s' -H 'Content-Type: application/json' \
-      %[1]s/access/v1/evaluation -d '{"subject":{"type":"user","id":"alice"},"action":{"name":"tools/call"},"resource":{"type":"mcp_tool","id":"wire_transfer","properties":{"arguments":{"to":"acct-991","amount":50000}}}}'
+  Walkthrough (docs/walkthrough.md), in a second terminal:
+    go build -o bin/arapctl ./cmd/arapctl
+    export ARAP_MCP_URL=%[8]s ARAP_MCP_TOKEN=%[9]s
+
+    1. A person approves: the call waits until bob approves it in the web UI.
+       bin/arapctl mcp call wire_transfer --arg to=acct-991 --arg amount=50000
+    2. Four eyes: one platform approval is not enough; dave and erin together are.
+       bin/arapctl mcp call delete_repository --arg repo=acme/legacy-billing
+    3. Automated: a rule approves deployments inside the change window.
+       bin/arapctl mcp call deploy_service --arg service=billing --arg version=1.4.2
+    4. Denied: carol denies this one in the web UI; the tool never runs.
+       bin/arapctl mcp call wire_transfer --arg to=acct-666 --arg amount=30000
+    5. Input: the approvers need a justification, asked for before the request is made.
+       bin/arapctl mcp call read_customer_record --arg customer_id=c-42
+       bin/arapctl mcp call read_customer_record --arg customer_id=c-42 --input business_justification='Renewal review for ACME'
 
 Started %[7]s. Ctrl-C stops.
-`, url, policy, dataDir, PEPToken, ResolverToken, ITSMToken, time.Now().Format(time.RFC3339), mcpURL, AgentToken, Agent2Token)
+`, url, policy, dataDir, PEPToken, ResolverToken, ITSMToken, time.Now().Format(time.RFC3339), mcpURL, AgentToken, Agent2Token, Password, BobAgentToken)
 }

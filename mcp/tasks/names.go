@@ -19,8 +19,9 @@ const (
 	NotificationTasks        = "notifications/tasks"
 	NotificationAcknowledged = "notifications/subscriptions/acknowledged"
 
-	ResultTypeTask     = "task"
-	ResultTypeComplete = "complete"
+	ResultTypeTask          = "task"
+	ResultTypeComplete      = "complete"
+	ResultTypeInputRequired = "input_required" // MRTR (SEP-2322)
 
 	MetaProtocolVersion    = "io.modelcontextprotocol/protocolVersion"
 	MetaClientCapabilities = "io.modelcontextprotocol/clientCapabilities"
