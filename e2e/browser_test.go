@@ -291,6 +291,12 @@ func TestBrowserApproval(t *testing.T) {
 	require.Zero(t, buttons, "no decision buttons for an ineligible approver")
 	screenshot(t, ctx, "request-ineligible.png")
 
+	// The request page is live too: when an ITSM system approves it, the
+	// open page shows the new status without a reload.
+	approveOnlyPending(t, base)
+	do(t, ctx, "see the status change in place", chromedp.WaitVisible(`//span[@id="status" and text()="approved"]`))
+	require.Contains(t, pageText(t, ctx), "client:dev-itsm")
+
 	// A phone-sized screen still shows the whole request without sideways scrolling.
 	do(t, ctx, "emulate a phone", chromedp.EmulateViewport(375, 800))
 	overflow, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.documentElement.scrollWidth > window.innerWidth`))
