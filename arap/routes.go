@@ -8,6 +8,7 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/openapi"
 )
 
 // routes lists the whole HTTP surface.
@@ -25,6 +26,7 @@ func (s *Server) routes() http.Handler {
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz)
 	r.Handle("/metrics", promhttp.Handler())
+	r.Get(openapi.Path, openapi.Handler)
 
 	// The approvers' web interface (its own sessions, CSRF and headers).
 	if s.d.UI != nil {

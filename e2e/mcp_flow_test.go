@@ -101,7 +101,7 @@ func TestApprovalFlows(t *testing.T) {
 		first := s.requestOf(r.Task.TaskID)
 		require.Equal(t, 200, s.decide(first, "approve"))
 		// While the grant is pending, revoke the approval.
-		status, _ := postJSON(t, s.backend.url()+"/v1/approvals/"+first+"/revoke", s.itsmToken, map[string]any{"reason": "wrong ticket"})
+		status, _ := postJSON(t, s.api+"/v1/approvals/"+first+"/revoke", s.itsmToken, map[string]any{"reason": "wrong ticket"})
 		require.Equal(t, 200, status)
 		d := s.waitTask(alice, r.Task.TaskID)
 		require.Equal(t, tasks.InputRequired, d.Status, "re-evaluation said request; the new request needs a ticket")

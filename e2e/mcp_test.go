@@ -127,9 +127,9 @@ func TestSEP2848Statements(t *testing.T) {
 		var deliveries struct {
 			Deliveries []struct{ ID string } `json:"deliveries"`
 		}
-		getJSON(t, s.backend.url()+"/v1/requests/"+id+"/deliveries", s.pepToken, &deliveries)
+		getJSON(t, s.api+"/v1/requests/"+id+"/deliveries", s.pepToken, &deliveries)
 		require.NotEmpty(t, deliveries.Deliveries)
-		status, _ := postJSON(t, s.backend.url()+"/v1/requests/"+id+"/deliveries/"+deliveries.Deliveries[0].ID+"/redeliver", s.pepToken, map[string]any{})
+		status, _ := postJSON(t, s.api+"/v1/requests/"+id+"/deliveries/"+deliveries.Deliveries[0].ID+"/redeliver", s.pepToken, map[string]any{})
 		require.Equal(t, 202, status)
 		time.Sleep(1500 * time.Millisecond)
 		for range 3 {
@@ -277,7 +277,7 @@ func TestSEP2848Statements(t *testing.T) {
 	})
 
 	t.Run("results never expose backend artifacts", func(t *testing.T) {
-		rec.scan(t, s.backend.url())
+		rec.scan(t, s.api)
 	})
 }
 

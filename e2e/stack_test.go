@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"net/http/httptest"
 	"encoding/base64"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/internal/contract"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp/tasks"
@@ -27,6 +29,7 @@ type stack struct {
 	env       []string
 	pool      *pgxpool.Pool
 	backend   *proc
+	api       string // the backend's public URL: a proxy that checks every response against openapi/arap.yaml
 	mcp       *proc
 	pepToken  string
 	itsmToken string
@@ -56,7 +59,10 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	s.itsmToken = token(arapctl(t, s.env, "clients", "create", "--name", "itsm", "--scope", "decide", "--kind", "itsm"))
 	s.alice = token(arapctl(t, s.env, "callers", "create", "alice-agent", "--subject", "alice", "--actor", "agent:demo"))
 	s.mallory = token(arapctl(t, s.env, "callers", "create", "mallory-agent", "--subject", "mallory", "--actor", "agent:demo"))
-	s.backend = startArapd(t, s.env, "serve", "--addr", "127.0.0.1:0", "--policy", policy)
+	front := httptest.NewUnstartedServer(nil)
+	s.api = "http://" + front.Listener.Addr().String()
+	s.backend = startArapd(t, s.env, "serve", "--addr", "127.0.0.1:0", "--policy", policy, "--public-url", s.api)
+	contract.Proxy(t, s.backend.url(), front)
 	s.secret = regexp.MustCompile(`(whsec_\S+)`).FindStringSubmatch(arapctl(t, s.env, "clients", "secret", "rotate", "pep"))[1]
 	s.mcp = s.startMCP()
 	var err error
@@ -77,7 +83,7 @@ func (s *stack) startMCP(extraEnv ...string) *proc {
 	if s.mcp != nil {
 		addr = s.mcp.addr // a restart keeps the address the backend calls back
 	}
-	return startArapd(s.t, env, "mcp", "--addr", addr, "--backend-url", s.backend.url(),
+	return startArapd(s.t, env, "mcp", "--addr", addr, "--backend-url", s.api,
 		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s")
 }
 
@@ -100,7 +106,7 @@ func (s *stack) pendingRequests() []string {
 
 // decide approves or denies a backend request as the ITSM client.
 func (s *stack) decide(id, decision string) int {
-	status, _ := postJSON(s.t, s.backend.url()+"/v1/requests/"+id+"/decisions", s.itsmToken, map[string]any{"decision": decision, "reason": "e2e"})
+	status, _ := postJSON(s.t, s.api+"/v1/requests/"+id+"/decisions", s.itsmToken, map[string]any{"decision": decision, "reason": "e2e"})
 	return status
 }
 

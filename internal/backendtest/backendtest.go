@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/backend"
+	"github.com/omcp/arap/internal/contract"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
 )
@@ -55,8 +57,11 @@ func Start(t testing.TB, o Options) *Env {
 	if err := os.WriteFile(file, policy, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Clients reach the backend through a proxy that checks every response
+	// against openapi/arap.yaml; the proxy's URL is the public URL.
+	front := httptest.NewUnstartedServer(nil)
 	b, err := backend.New(ctx, backend.Config{
-		Addr: "127.0.0.1:0", DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
+		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
 		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule,
 	})
 	if err != nil {
@@ -68,6 +73,7 @@ func Start(t testing.TB, o Options) *Env {
 	if err := b.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	contract.Proxy(t, "http://"+b.Addr(), front)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
