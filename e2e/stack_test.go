@@ -2,8 +2,8 @@ package e2e
 
 import (
 	"context"
-	"net/http/httptest"
 	"encoding/base64"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
