@@ -246,6 +246,7 @@ func TestBrowserApproval(t *testing.T) {
 		"Transfers over $25,000 require approval by a member of treasury", "wire_transfer_large", "0 of 1 approvals", "request.submitted"} {
 		require.Contains(t, text, want)
 	}
+	require.NotContains(t, text, "agent:demo → agent:demo", "the agent is in the subject's act claim and the client's actor: shown once")
 	screenshot(t, ctx, "request.png")
 
 	// A form posted without its CSRF token is refused, and nothing changes.

@@ -133,13 +133,14 @@ func MayDecide(v Voter, r *Request, votes []Vote, now time.Time) (bool, string) 
 // actor in its chains.
 func (r *Request) Involved() []string { return r.involved() }
 
-// involved lists the ids a request is for or through: the subject and every
-// actor in subject.properties.act and client.actor.
+// involved lists the ids a request is for or through, each once, in order:
+// the subject and every actor in subject.properties.act and client.actor
+// (the same agent usually appears in both).
 func (r *Request) involved() []string {
 	ids := []string{r.Subject.Str("id")}
 	walk := func(act map[string]any, key string) {
 		for depth := 0; act != nil && depth < 16; depth++ {
-			if id, _ := act[key].(string); id != "" {
+			if id, _ := act[key].(string); id != "" && !slices.Contains(ids, id) {
 				ids = append(ids, id)
 			}
 			act, _ = act["act"].(map[string]any)

@@ -19,7 +19,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -283,15 +282,7 @@ func (u *UI) item(r *requests.Request, votes []requests.Vote, v requests.Voter) 
 	if len(args) == 0 {
 		it.Arguments = fields(r.Resource.Obj("properties"))
 	}
-	// The same agent often appears twice (in the subject's act claim and as
-	// the client's actor): show each once, in order.
-	var actors []string
-	for _, a := range r.Involved()[1:] {
-		if !slices.Contains(actors, a) {
-			actors = append(actors, a)
-		}
-	}
-	it.Actor = strings.Join(actors, " → ")
+	it.Actor = strings.Join(r.Involved()[1:], " → ")
 	it.Context = fields(r.Context)
 	if left := time.Until(r.ExpiresAt); r.Status == requests.Pending && left > 0 {
 		it.TimeLeft = humanize(left)
