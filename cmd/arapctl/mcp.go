@@ -429,9 +429,6 @@ func (f *taskFile) load() (map[string]rememberedTask, error) {
 
 // save writes atomically: a crash leaves the old file or the new one.
 func (f *taskFile) save(m map[string]rememberedTask) error {
-	if err := os.MkdirAll(filepath.Dir(f.path), 0o700); err != nil {
-		return err
-	}
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err
@@ -455,25 +452,37 @@ func (f *taskFile) save(m map[string]rememberedTask) error {
 	return os.Rename(tmp.Name(), f.path)
 }
 
-func (f *taskFile) remember(id, server, tool string) error {
+// update changes the file under an exclusive lock, so that clients running
+// at once (a call waiting in one terminal, another call in the next) do not
+// lose each other's task ids.
+func (f *taskFile) update(change func(m map[string]rememberedTask)) error {
+	if err := os.MkdirAll(filepath.Dir(f.path), 0o700); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(f.path+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close() // closing releases the lock
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("lock %s: %w", lock.Name(), err)
+	}
 	m, err := f.load()
 	if err != nil {
 		return err
 	}
-	m[id] = rememberedTask{Server: server, Tool: tool, Created: time.Now().UTC()}
+	change(m)
 	return f.save(m)
 }
 
+func (f *taskFile) remember(id, server, tool string) error {
+	return f.update(func(m map[string]rememberedTask) {
+		m[id] = rememberedTask{Server: server, Tool: tool, Created: time.Now().UTC()}
+	})
+}
+
 func (f *taskFile) forget(id string) error {
-	m, err := f.load()
-	if err != nil {
-		return err
-	}
-	if _, ok := m[id]; !ok {
-		return nil
-	}
-	delete(m, id)
-	return f.save(m)
+	return f.update(func(m map[string]rememberedTask) { delete(m, id) })
 }
 
 // pending lists the remembered tasks of server, oldest first.
