@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -177,11 +178,21 @@ func startArapctl(t *testing.T, env []string, args ...string) *background {
 	require.NoError(t, buildErr)
 	cmd := osexec.Command(filepath.Join(binDir, "arapctl"), args...)
 	cmd.Env = append(os.Environ(), env...)
+	return startBackground(t, cmd)
+}
+
+// startBackground starts cmd in a process group of its own, collecting its
+// output; the end of the test kills the whole group (a shell's children
+// too), and Wait does not hang on pipes a child still holds.
+func startBackground(t *testing.T, cmd *osexec.Cmd) *background {
+	t.Helper()
 	b := &background{cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = b.out, b.out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
 	require.NoError(t, cmd.Start())
 	go func() { _ = cmd.Wait(); close(b.done) }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-b.done })
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); <-b.done })
 	return b
 }
 

@@ -7,7 +7,6 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -124,10 +123,11 @@ func TestWalkthrough(t *testing.T) {
 		out  []string
 	}
 	var results []result
-	var running []struct {
+	type started struct {
 		step walkStep
 		bg   *background
 	}
+	var running []started
 	check := func(s walkStep, out string) {
 		got := maskWalk(out)
 		results = append(results, result{s, got})
@@ -157,25 +157,14 @@ func TestWalkthrough(t *testing.T) {
 			cmd := osexec.Command("sh", "-c", s.text)
 			cmd.Dir = work
 			cmd.Env = append(os.Environ(), env...)
-			// The shell's children go in their own process group, so that
-			// cleanup kills them all; Wait does not hang on their pipes.
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			cmd.WaitDelay = 5 * time.Second
+			b := startBackground(t, cmd)
 			if s.background {
-				b := &background{cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
-				cmd.Stdout, cmd.Stderr = b.out, b.out
-				require.NoError(t, cmd.Start())
-				go func() { _ = cmd.Wait(); close(b.done) }()
-				t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); <-b.done })
 				b.waitOutput(t, "working") // the task exists before anyone decides
-				running = append(running, struct {
-					step walkStep
-					bg   *background
-				}{s, b})
+				running = append(running, started{s, b})
 				continue
 			}
-			out, _ := cmd.CombinedOutput()
-			check(s, string(out))
+			_, out := b.exit(t)
+			check(s, out)
 		case "browser":
 			f := strings.SplitN(s.text, " ", 4)
 			require.Len(t, f, 4, "browser directive %q: want USER DECISION TOOL TEXT", s.text)
