@@ -140,15 +140,31 @@ func run(args []string, out io.Writer) error {
 	return usageError{fmt.Sprintf("unknown command %q", cmd+" "+sub)}
 }
 
-// dbFlags adds --database-url to fs and returns a connector.
-func dbFlags(fs *flag.FlagSet) func(ctx context.Context) (*pgxpool.Pool, error) {
+// dbCommand parses the arguments of a command that works on the database
+// directly (adding --database-url to fs) and connects. want is how many
+// positional arguments it takes (-1: the caller checks), usage the message
+// when the count is wrong. The caller closes the pool.
+func dbCommand(fs *flag.FlagSet, args []string, want int, usage string) (context.Context, *pgxpool.Pool, []string, error) {
 	u := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (DATABASE_URL)")
-	return func(ctx context.Context) (*pgxpool.Pool, error) {
-		if *u == "" {
-			return nil, errors.New("DATABASE_URL or --database-url is required")
-		}
-		return pgxpool.New(ctx, *u)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return nil, nil, nil, err
 	}
+	if want >= 0 && len(pos) != want {
+		if usage == "" && len(pos) > want {
+			usage = "unexpected argument " + pos[want]
+		}
+		return nil, nil, nil, usageError{usage}
+	}
+	if *u == "" {
+		return nil, nil, nil, errors.New("DATABASE_URL or --database-url is required")
+	}
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, *u)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return ctx, db, pos, nil
 }
 
 // operator names the person running the command, for the audit trail.
@@ -167,7 +183,6 @@ func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 
 func clientsCreate(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("clients create", flag.ContinueOnError)
-	connect := dbFlags(fs)
 	name := fs.String("name", "", "client name")
 	scopes := fs.String("scope", "", "comma-separated scopes: "+strings.Join(clients.AllScopes, ", "))
 	kind := fs.String("kind", clients.KindAutomation, "resolver kind: "+strings.Join(clients.AllKinds, ", "))
@@ -175,15 +190,7 @@ func clientsCreate(args []string, out io.Writer) error {
 	fs.Var(&actors, "actor", "actor id pattern the client may assert (repeatable), e.g. 'agent:*'")
 	fs.Var(&prefixes, "callback-prefix", "URL prefix the client may register callbacks under (repeatable)")
 	fs.Var(&networks, "callback-network", "internal network its callbacks may reach: loopback, private, link-local (repeatable)")
-	pos, err := parse(fs, args)
-	if err == nil && len(pos) > 0 {
-		err = usageError{"unexpected argument " + pos[0]}
-	}
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, _, err := dbCommand(fs, args, 0, "")
 	if err != nil {
 		return err
 	}
@@ -208,17 +215,8 @@ func clientsCreate(args []string, out io.Writer) error {
 
 func clientsList(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("clients list", flag.ContinueOnError)
-	connect := dbFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parse(fs, args)
-	if err == nil && len(pos) > 0 {
-		err = usageError{"unexpected argument " + pos[0]}
-	}
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, _, err := dbCommand(fs, args, 0, "")
 	if err != nil {
 		return err
 	}
@@ -245,16 +243,7 @@ func clientsList(args []string, out io.Writer) error {
 
 func clientsRevoke(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("clients revoke", flag.ContinueOnError)
-	connect := dbFlags(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usageError{"clients revoke takes one client name or id"}
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, pos, err := dbCommand(fs, args, 1, "clients revoke takes one client name or id")
 	if err != nil {
 		return err
 	}
@@ -269,26 +258,17 @@ func clientsRevoke(args []string, out io.Writer) error {
 
 func keysRotate(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("keys rotate", flag.ContinueOnError)
-	connect := dbFlags(fs)
 	window := fs.Duration("verify-window", signing.DefaultVerifyWindow, "how long the retired key keeps verifying (cover the longest approval)")
 	keyFile := fs.String("master-key-file", os.Getenv("ARAP_MASTER_KEY_FILE"), "file with the base64 master key (or ARAP_MASTER_KEY)")
-	pos, err := parse(fs, args)
-	if err == nil && len(pos) > 0 {
-		err = usageError{"unexpected argument " + pos[0]}
-	}
-	if err != nil {
-		return err
-	}
-	master, err := readMasterKey(*keyFile)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, _, err := dbCommand(fs, args, 0, "")
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	master, err := readMasterKey(*keyFile)
+	if err != nil {
+		return err
+	}
 	keys, err := signing.Open(ctx, db, signing.Options{MasterKey: master})
 	if err != nil {
 		return err
@@ -304,16 +284,7 @@ func keysRotate(args []string, out io.Writer) error {
 
 func keysList(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("keys list", flag.ContinueOnError)
-	connect := dbFlags(fs)
-	pos, err := parse(fs, args)
-	if err == nil && len(pos) > 0 {
-		err = usageError{"unexpected argument " + pos[0]}
-	}
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, _, err := dbCommand(fs, args, 0, "")
 	if err != nil {
 		return err
 	}
@@ -326,11 +297,14 @@ func keysList(args []string, out io.Writer) error {
 	fmt.Fprintln(tw, "KID\tALG\tCREATED\tSTATE")
 	for _, k := range list {
 		state := "signing"
-		if k.RetiredAt != nil {
+		switch {
+		case k.RetiredAt == nil:
+		case k.ExpiresAt == nil:
+			state = "retired"
+		case time.Now().After(*k.ExpiresAt):
+			state = "expired"
+		default:
 			state = "verify-only until " + k.ExpiresAt.Format(time.RFC3339)
-			if k.ExpiresAt != nil && time.Now().After(*k.ExpiresAt) {
-				state = "expired"
-			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k.Kid, k.Alg, k.CreatedAt.Format(time.RFC3339), state)
 	}
@@ -339,16 +313,7 @@ func keysList(args []string, out io.Writer) error {
 
 func auditVerify(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("audit verify", flag.ContinueOnError)
-	connect := dbFlags(fs)
-	pos, err := parse(fs, args)
-	if err == nil && len(pos) > 0 {
-		err = usageError{"unexpected argument " + pos[0]}
-	}
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, _, err := dbCommand(fs, args, 0, "")
 	if err != nil {
 		return err
 	}
@@ -369,17 +334,8 @@ func auditVerify(args []string, out io.Writer) error {
 
 func auditExport(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("audit export", flag.ContinueOnError)
-	connect := dbFlags(fs)
 	file := fs.String("out", "", "write to FILE instead of standard output")
-	pos, err := parse(fs, args)
-	if err == nil && len(pos) > 0 {
-		err = usageError{"unexpected argument " + pos[0]}
-	}
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, _, err := dbCommand(fs, args, 0, "")
 	if err != nil {
 		return err
 	}
@@ -417,26 +373,17 @@ func clientsSecret(args []string, out io.Writer) error {
 		return usageError{"clients secret rotate NAME [--overlap 24h]"}
 	}
 	fs := flag.NewFlagSet("clients secret rotate", flag.ContinueOnError)
-	connect := dbFlags(fs)
 	overlap := fs.Duration("overlap", 24*time.Hour, "how long the previous secrets keep signing")
 	keyFile := fs.String("master-key-file", os.Getenv("ARAP_MASTER_KEY_FILE"), "file with the base64 master key (or ARAP_MASTER_KEY)")
-	pos, err := parse(fs, args[1:])
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usageError{"clients secret rotate takes one client name or id"}
-	}
-	master, err := readMasterKey(*keyFile)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, pos, err := dbCommand(fs, args[1:], 1, "clients secret rotate takes one client name or id")
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	master, err := readMasterKey(*keyFile)
+	if err != nil {
+		return err
+	}
 	c, err := clients.NewStore(db).Get(ctx, pos[0])
 	if err != nil {
 		return err
@@ -477,19 +424,10 @@ func readMasterKey(file string) ([]byte, error) {
 // mcpCallers manages the MCP front-end's caller tokens (schema pep).
 func mcpCallers(sub string, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("callers "+sub, flag.ContinueOnError)
-	connect := dbFlags(fs)
 	subject := fs.String("subject", "", "the subject id the caller acts for, e.g. alice")
 	subjectType := fs.String("subject-type", "user", "the subject type")
 	actor := fs.String("actor", "", "the actor (agent) id acting for the subject, e.g. agent:demo")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usageError{"callers " + sub + " takes one caller name"}
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, pos, err := dbCommand(fs, args, 1, "callers "+sub+" takes one caller name")
 	if err != nil {
 		return err
 	}

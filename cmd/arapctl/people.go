@@ -35,17 +35,11 @@ func readSecret() (string, error) {
 
 func users(sub string, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("users "+sub, flag.ContinueOnError)
-	connect := dbFlags(fs)
 	name := fs.String("name", "", "user name (lower case)")
 	display := fs.String("display-name", "", "display name")
 	email := fs.String("email", "", "e-mail address (also matched against request subjects)")
 	pwStdin := fs.Bool("password-stdin", false, "read a web UI password from standard input")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, pos, err := dbCommand(fs, args, -1, "")
 	if err != nil {
 		return err
 	}
@@ -104,17 +98,8 @@ func users(sub string, args []string, out io.Writer) error {
 
 func groups(sub string, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("groups "+sub, flag.ContinueOnError)
-	connect := dbFlags(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
 	want := map[string]int{"create": 1, "add": 2, "remove": 2, "list": 0}[sub]
-	if len(pos) != want {
-		return usageError{fmt.Sprintf("groups %s takes %d argument(s)", sub, want)}
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, pos, err := dbCommand(fs, args, want, fmt.Sprintf("groups %s takes %d argument(s)", sub, want))
 	if err != nil {
 		return err
 	}
@@ -153,13 +138,7 @@ func groups(sub string, args []string, out io.Writer) error {
 // resolvers of pending requests, whose inputs just changed.
 func attrs(sub string, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("attributes "+sub, flag.ContinueOnError)
-	connect := dbFlags(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	db, err := connect(ctx)
+	ctx, db, pos, err := dbCommand(fs, args, -1, "")
 	if err != nil {
 		return err
 	}
