@@ -1,6 +1,10 @@
 package requests
 
-import "github.com/omcp/arap/authzen"
+import (
+	"slices"
+
+	"github.com/omcp/arap/authzen"
+)
 
 // Status is a request's lifecycle state (ARAP section 5.1).
 type Status string
@@ -29,14 +33,7 @@ var AllStatuses = []Status{Pending, Approved, Denied, Expired, Cancelled, Failed
 func (s Status) Terminal() bool { return len(Transitions[s]) == 0 }
 
 // CanTransition reports whether from may change to to.
-func CanTransition(from, to Status) bool {
-	for _, t := range Transitions[from] {
-		if t == to {
-			return true
-		}
-	}
-	return false
-}
+func CanTransition(from, to Status) bool { return slices.Contains(Transitions[from], to) }
 
 // Reason codes recorded with a terminal state (task.display's status reason).
 // A timeout is never reported as someone's denial.

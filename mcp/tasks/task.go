@@ -2,6 +2,7 @@ package tasks
 
 import (
 	"encoding/json"
+	"slices"
 	"time"
 )
 
@@ -31,14 +32,7 @@ var AllStatuses = []Status{Working, InputRequired, Completed, Failed, Cancelled}
 func (s Status) Terminal() bool { return len(Transitions[s]) == 0 }
 
 // CanTransition reports whether from may change to to.
-func CanTransition(from, to Status) bool {
-	for _, t := range Transitions[from] {
-		if t == to {
-			return true
-		}
-	}
-	return false
-}
+func CanTransition(from, to Status) bool { return slices.Contains(Transitions[from], to) }
 
 // Error is a JSON-RPC error object, as a failed task carries it.
 type Error struct {
