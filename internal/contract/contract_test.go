@@ -5,7 +5,11 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/openapi"
+	"github.com/omcp/arap/requests"
 )
 
 // TestCheckerCatchesMismatches shows the checker can fail: wrong shapes,
@@ -30,4 +34,20 @@ func TestCheckerCatchesMismatches(t *testing.T) {
 		"approval":{"id":"apr_1","state":"eyJ..."}}`
 	require.Error(t, c.Check(get("/v1/requests/arq_1"), 200, json, []byte(view)), "deciders never see approval.state")
 	require.NoError(t, c.Check(get("/ui/"), 200, http.Header{"Content-Type": {"text/html"}}, []byte("<html>")))
+}
+
+// TestStatusEnumMatchesStateMachine keeps the document's request states and
+// the state machine's the same set.
+func TestStatusEnumMatchesStateMachine(t *testing.T) {
+	doc, err := openapi3.NewLoader().LoadFromData(openapi.Spec)
+	require.NoError(t, err)
+	var inDoc []string
+	for _, v := range doc.Components.Schemas["RequestStatus"].Value.Enum {
+		inDoc = append(inDoc, v.(string))
+	}
+	var inCode []string
+	for _, s := range requests.AllStatuses {
+		inCode = append(inCode, string(s))
+	}
+	require.ElementsMatch(t, inCode, inDoc)
 }
