@@ -140,6 +140,22 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 	}
 }
 
+// checkPage asserts what every page must hold: each form control has a
+// label (or an aria-label), and nothing is loaded from another origin (no
+// external fonts, scripts or CDNs).
+func checkPage(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	unlabelled, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll('input:not([type=hidden]), select, textarea'))
+		.filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')).map(e => e.outerHTML)`))
+	require.NoError(t, err)
+	require.Empty(t, unlabelled, "%s: form controls without a label", name)
+	foreign, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`performance.getEntriesByType('resource').map(e => e.name)
+		.concat(Array.from(document.querySelectorAll('[src], link[href]')).map(e => e.src || e.href))
+		.filter(u => new URL(u, location.href).origin !== location.origin)`))
+	require.NoError(t, err)
+	require.Empty(t, foreign, "%s: resources from another origin", name)
+}
+
 func pageText(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("main")))
@@ -237,6 +253,8 @@ func TestBrowserApproval(t *testing.T) {
 	d := startDev(t, dbURL)
 	base := d.p.url()
 
+	do(t, ctx, "open the sign-in page", chromedp.Navigate(base+"/ui/login"), chromedp.WaitVisible(chromedp.ID("username")))
+	checkPage(t, ctx, "sign-in")
 	signIn(t, ctx, base, "bob")
 	screenshot(t, ctx, "queue-empty.png")
 
@@ -251,6 +269,7 @@ func TestBrowserApproval(t *testing.T) {
 	item := `//li[contains(@class,"item")][.//span[@class="tool" and text()="wire_transfer"]]`
 	do(t, ctx, "see the request arrive in the queue", chromedp.WaitVisible(item))
 	screenshot(t, ctx, "queue.png")
+	checkPage(t, ctx, "queue")
 	do(t, ctx, "open the request", chromedp.Click(item+`//a`), chromedp.WaitVisible(chromedp.ID("approve")))
 	text := pageText(t, ctx)
 	for _, want := range []string{"user alice", "agent:demo", "wire_transfer", "50,000", "acct-991", "Treasury approval",
@@ -259,6 +278,7 @@ func TestBrowserApproval(t *testing.T) {
 	}
 	require.NotContains(t, text, "agent:demo → agent:demo", "the agent is in the subject's act claim and the client's actor: shown once")
 	screenshot(t, ctx, "request.png")
+	checkPage(t, ctx, "request")
 
 	// A form posted without its CSRF token is refused, and nothing changes.
 	// (Removed and submitted in one script, so no refresh comes between.)
