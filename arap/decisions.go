@@ -137,14 +137,14 @@ func (s *Server) listRequests(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp := ListResponse{Requests: make([]RequestView, 0, len(list)), NextCursor: next}
+	votes, err := s.d.Requests.VotesOf(r.Context(), list)
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
 	now := time.Now()
 	for _, req := range list {
-		votes, err := s.d.Requests.Votes(r.Context(), req.ID)
-		if err != nil {
-			s.internal(w, r, err)
-			return
-		}
-		resp.Requests = append(resp.Requests, View(req, votes, v, now))
+		resp.Requests = append(resp.Requests, View(req, votes[req.ID], v, now))
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

@@ -334,3 +334,28 @@ func votesTx(ctx context.Context, q interface {
 func (s *Service) Votes(ctx context.Context, id string) ([]Vote, error) {
 	return votesTx(ctx, s.cfg.DB, id)
 }
+
+// VotesOf returns the votes on each of the requests, oldest first, in one
+// query (for lists).
+func (s *Service) VotesOf(ctx context.Context, list []*Request) (map[string][]Vote, error) {
+	ids := make([]string, len(list))
+	for i, r := range list {
+		ids[i] = r.ID
+	}
+	rows, err := s.cfg.DB.Query(ctx, `SELECT request_id, voter, voter_kind, decision, reason, approved_until, at
+		FROM arap.votes WHERE request_id = ANY($1) ORDER BY at, voter`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("requests: votes: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[string][]Vote, len(ids))
+	for rows.Next() {
+		var id string
+		var v Vote
+		if err := rows.Scan(&id, &v.Voter, &v.Kind, &v.Decision, &v.Reason, &v.ApprovedUntil, &v.At); err != nil {
+			return nil, fmt.Errorf("requests: votes: %w", err)
+		}
+		out[id] = append(out[id], v)
+	}
+	return out, rows.Err()
+}

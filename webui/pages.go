@@ -35,6 +35,11 @@ func (u *UI) queue(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, err)
 		return
 	}
+	votes, err := u.d.Requests.VotesOf(r.Context(), list)
+	if err != nil {
+		u.fail(w, r, err)
+		return
+	}
 	d := queueData{Rule: rule, All: r.URL.Query().Get("show") == "all"}
 	seen := map[string]bool{}
 	for _, req := range list {
@@ -45,12 +50,7 @@ func (u *UI) queue(w http.ResponseWriter, r *http.Request) {
 		if rule != "" && req.Rule != rule {
 			continue
 		}
-		votes, err := u.d.Requests.Votes(r.Context(), req.ID)
-		if err != nil {
-			u.fail(w, r, err)
-			return
-		}
-		if it := u.item(req, votes, v); it.MayDecide || d.All {
+		if it := u.item(req, votes[req.ID], v); it.MayDecide || d.All {
 			d.Items = append(d.Items, it)
 		}
 	}
@@ -77,17 +77,17 @@ func (u *UI) history(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, err)
 		return
 	}
+	votes, err := u.d.Requests.VotesOf(r.Context(), list)
+	if err != nil {
+		u.fail(w, r, err)
+		return
+	}
 	var items []Item
 	for _, req := range list {
 		if req.Status == requests.Pending {
 			continue
 		}
-		votes, err := u.d.Requests.Votes(r.Context(), req.ID)
-		if err != nil {
-			u.fail(w, r, err)
-			return
-		}
-		items = append(items, u.item(req, votes, v))
+		items = append(items, u.item(req, votes[req.ID], v))
 	}
 	u.render(w, r, "history", http.StatusOK, page{Title: "History", User: s.user, CSRF: s.csrf, Refresh: true, Data: items})
 }
