@@ -82,13 +82,18 @@ func DemoTools() []Tool {
 		},
 		{
 			Name:        "wire_transfer",
-			Description: "Transfer money to an account. Transfers over $25,000 need treasury approval.",
+			Description: "Transfer money to an account. Transfers over $25,000 need treasury approval; accounts named closed-... are refused by the bank.",
 			InputSchema: object(map[string]any{
 				"to":     map[string]any{"type": "string", "minLength": 1, "maxLength": 64, "description": "Beneficiary account"},
 				"amount": map[string]any{"type": "number", "exclusiveMinimum": 0, "description": "Amount in USD"},
 			}, "to", "amount"),
 			Run: func(ctx context.Context, x Invocation) (Output, error) {
 				amount, _ := x.Args["amount"].(float64)
+				if to := str(x.Args, "to"); strings.HasPrefix(to, "closed-") {
+					// A failing run after approval (execution-error) needs a
+					// tool that can fail: the bank refuses closed accounts.
+					return Output{}, fmt.Errorf("the beneficiary account %s is closed; nothing was transferred", to)
+				}
 				id, err := x.record(ctx, "wire_transfer", map[string]any{"to": str(x.Args, "to"), "amount": amount})
 				if err != nil {
 					return Output{}, err

@@ -1,0 +1,67 @@
+package sep2848
+
+// Checks is the registry: every check the suite can report, with the
+// scenario that evaluates it. conformance/sep-2848.yaml refers to these ids.
+var Checks = []Check{
+	{"sep-2848-capability-declared", "capability", "MUST", "the server declares io.modelcontextprotocol/tasks alongside io.modelcontextprotocol/tool-approval"},
+
+	{"sep-2848-requestable-denial-returns-task", "requestable-denial", "MUST", "a requestable denial for a tasks client returns CreateTaskResult (resultType task, status working)"},
+	{"sep-2848-requestable-denial-not-executed", "requestable-denial", "MUST", "the tool does not run on the requestable denial"},
+	{"sep-2848-envelope-on-create", "requestable-denial", "MUST", "a SEP-2643 server puts the envelope (insufficient_authorization, available, task hint) on CreateTaskResult"},
+	{"sep-2848-envelope-repeated-on-get", "requestable-denial", "MUST", "tasks/get repeats the envelope while the task is non-terminal"},
+	{"sep-2848-pending-not-presented-completed", "requestable-denial", "MUST", "a working task carries no result and its model-facing text does not present it as done"},
+	{"sep-2848-model-text-sanitized", "requestable-denial", "MUST", "statusMessage and model-immediate-response carry no client-supplied (untrusted) text and no control characters"},
+	{"sep-2848-ttl-covers-pending", "requestable-denial", "MUST", "createdAt + ttlMs covers the pending deadline (or ttlMs is null)"},
+
+	{"sep-2848-approval-executes", "approve", "MUST", "after approval the task completes approved-executed, isError false"},
+	{"sep-2848-executes-once", "approve", "MUST", "the approved tool runs exactly once, and repeated tasks/get does not run it again"},
+	{"sep-2848-body-states-ran", "approve", "MUST", "the CallToolResult body states that the tool ran"},
+	{"sep-2848-no-envelope-on-success", "approve", "MUST", "no denial envelope on an approved-executed task or result"},
+	{"sep-2848-ttl-covers-retention", "approve", "MUST", "at terminalization createdAt + ttlMs covers the terminal time (or ttlMs is null)"},
+	{"sep-2848-terminal-not-reopened", "approve", "MUST", "a terminal task is not reopened: an identical call later is a new task, the old one is unchanged"},
+	{"sep-2848-cancel-terminal-noop", "approve", "MUST", "tasks/cancel on a completed task changes nothing"},
+
+	{"sep-2848-denial-completed-not-failed", "deny", "MUST", "a backend denial completes the task with isError true (not failed)"},
+	{"sep-2848-denial-disposition", "deny", "MUST", "the result _meta carries disposition denied-not-executed"},
+	{"sep-2848-denial-body-states-not-run", "deny", "MUST", "the CallToolResult body states that the tool did not run"},
+	{"sep-2848-denial-envelope-unavailable", "deny", "MUST", "a SEP-2643 server's terminal denial carries the envelope with remediation unavailable"},
+	{"sep-2848-denial-not-executed", "deny", "MUST", "the denied tool never runs"},
+	{"sep-2848-no-approver-leak", "deny", "MUST", "the approver's reason never reaches the client (statusMessage or result)"},
+
+	{"sep-2848-execution-error-disposition", "execution-error", "MUST", "an approved tool that fails completes isError with disposition execution-error"},
+	{"sep-2848-no-envelope-on-execution-error", "execution-error", "MUST", "no denial envelope on an execution-error result"},
+	{"sep-2848-execution-error-body-distinct", "execution-error", "MUST", "the execution-error body does not claim the tool did not run"},
+
+	{"sep-2848-outcome-unknown-disposition", "outcome-unknown", "MUST", "a claimed run whose outcome cannot be confirmed completes outcome-unknown, isError, no envelope, and the body says it may have run"},
+
+	{"sep-2848-changed-arguments-new-approval", "changed-binding", "MUST", "after an approval, a call with changed arguments gets a new task and does not run"},
+	{"sep-2848-changed-principal-new-approval", "changed-binding", "MUST", "another principal's identical call gets its own task, never the first principal's"},
+
+	{"sep-2848-cancel-wins-before-claim", "cancel", "MUST", "tasks/cancel on a pending task moves it to cancelled"},
+	{"sep-2848-cancelled-never-executes", "cancel", "MUST", "an approval after the cancel does not run the tool; the task stays cancelled"},
+	{"sep-2848-cancelled-no-disposition", "cancel", "MUST", "a cancelled task carries no result and no disposition"},
+	{"sep-2848-notification-does-not-cancel", "cancel", "MUST", "notifications/cancelled does not cancel a task"},
+
+	{"sep-2848-expired-denied", "expiry", "MUST", "a request that expires unresolved completes denied-not-executed, body noting it did not run"},
+	{"sep-2848-expired-never-executes", "expiry", "MUST", "an approval after expiry does not run the tool"},
+
+	{"sep-2848-input-before-submission", "input", "MUST", "submission input is asked for on the tools/call itself (resultType input_required, inputRequests, requestState), not by a standalone request"},
+	{"sep-2848-mrtr-binding-enforced", "input", "MUST", "an MRTR retry with changed arguments is rejected"},
+	{"sep-2848-input-retry-creates-task", "input", "MUST", "the MRTR retry with answers returns the CreateTaskResult"},
+
+	{"sep-2848-task-access-get", "access-control", "MUST", "another principal's tasks/get is refused"},
+	{"sep-2848-task-access-update", "access-control", "MUST", "another principal's tasks/update is refused and changes nothing"},
+	{"sep-2848-task-access-cancel", "access-control", "MUST", "another principal's tasks/cancel is refused and changes nothing"},
+	{"sep-2848-task-id-unguessable", "access-control", "MUST", "task ids are long, distinct, opaque handles"},
+
+	{"sep-2848-dedup-same-task", "dedup", "SHOULD", "a repeated identical requestable call returns the existing task"},
+	{"sep-2848-dedup-concurrent", "dedup", "SHOULD", "concurrent identical calls open one task"},
+
+	{"sep-2848-degraded-without-tasks", "degraded", "MUST", "without the tasks extension: -32003/-32021 naming tasks, or an isError CallToolResult; never a task, never a run"},
+	{"sep-2848-degraded-preferred", "degraded", "SHOULD", "the degraded isError CallToolResult with next-step guidance is preferred"},
+	{"sep-2848-task-required-error", "degraded", "MUST", "a task-only tool without the tasks extension fails with -32003/-32021 naming the tasks extension"},
+
+	{"sep-2848-plain-denial-no-task", "plain-denial", "MUST", "a denial that is not requestable is a normal isError CallToolResult, no task, no run"},
+
+	{"sep-2848-no-backend-artifacts", "artifacts", "MUST", "no MCP response of the whole run carries backend binding material or endpoints"},
+}

@@ -1,0 +1,154 @@
+package sep2848
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"reflect"
+	"strings"
+	"time"
+)
+
+// Resolver decides, out of band, the approval behind a task: the adapter a
+// server under test provides so scenarios can approve and deny. It is given
+// the call as well as the task id, since a backend usually knows the call
+// and not the MCP task.
+type Resolver interface {
+	Resolve(ctx context.Context, taskID string, call Call, approve bool, reason string) error
+}
+
+// DecisionAPI resolves through the arap backend's decision API: it finds the
+// pending request for the call (tool and arguments) and posts a decision
+// as a decider client (scope decide).
+type DecisionAPI struct {
+	URL, Token string
+	HTTP       *http.Client
+}
+
+func (d *DecisionAPI) Resolve(ctx context.Context, _ string, call Call, approve bool, reason string) error {
+	id, err := d.find(ctx, call)
+	if err != nil {
+		return err
+	}
+	decision := "deny"
+	if approve {
+		decision = "approve"
+	}
+	body, _ := json.Marshal(map[string]any{"decision": decision, "reason": reason})
+	resp, err := d.do(ctx, http.MethodPost, "/v1/requests/"+url.PathEscape(id)+"/decisions", body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("decision API: %s on request %s: HTTP %d", decision, id, resp.StatusCode)
+	}
+	return nil
+}
+
+// find waits (briefly) for the pending request whose resource is the call.
+func (d *DecisionAPI) find(ctx context.Context, call Call) (string, error) {
+	want := normalize(call.Arguments)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cursor := ""
+		for {
+			resp, err := d.do(ctx, http.MethodGet, "/v1/requests?status=pending&limit=100&cursor="+url.QueryEscape(cursor), nil)
+			if err != nil {
+				return "", err
+			}
+			var page struct {
+				Requests []struct {
+					ID       string `json:"id"`
+					Resource struct {
+						ID         string `json:"id"`
+						Properties struct {
+							Arguments any `json:"arguments"`
+						} `json:"properties"`
+					} `json:"resource"`
+				} `json:"requests"`
+				NextCursor string `json:"next_cursor"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&page)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || err != nil {
+				return "", fmt.Errorf("decision API: list pending requests: HTTP %d %v", resp.StatusCode, err)
+			}
+			for _, r := range page.Requests {
+				if r.Resource.ID == call.Name && reflect.DeepEqual(normalize(r.Resource.Properties.Arguments), want) {
+					return r.ID, nil
+				}
+			}
+			if cursor = page.NextCursor; cursor == "" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("decision API: no pending request for %s %v", call.Name, call.Arguments)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (d *DecisionAPI) do(ctx context.Context, method, path string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(d.URL, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+d.Token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	hc := d.HTTP
+	if hc == nil {
+		hc = &http.Client{Timeout: 30 * time.Second}
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("decision API: %s %s: %w", method, path, err)
+	}
+	if method == http.MethodPost {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return resp, nil
+}
+
+// normalize makes numbers and maps comparable after a JSON round trip.
+func normalize(v any) any {
+	b, _ := json.Marshal(v)
+	var out any
+	_ = json.Unmarshal(b, &out)
+	return out
+}
+
+// Command resolves by running a shell command with the decision in its
+// environment: SEP2848_TASK_ID, SEP2848_DECISION (approve or deny),
+// SEP2848_TOOL, SEP2848_ARGUMENTS (JSON) and SEP2848_REASON. Exit status 0
+// means decided. Any server can provide one.
+type Command struct{ Line string }
+
+func (c *Command) Resolve(ctx context.Context, taskID string, call Call, approve bool, reason string) error {
+	decision := "deny"
+	if approve {
+		decision = "approve"
+	}
+	args, _ := json.Marshal(call.Arguments)
+	cmd := exec.CommandContext(ctx, "sh", "-c", c.Line)
+	cmd.Env = append(os.Environ(), "SEP2848_TASK_ID="+taskID, "SEP2848_DECISION="+decision,
+		"SEP2848_TOOL="+call.Name, "SEP2848_ARGUMENTS="+string(args), "SEP2848_REASON="+reason)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("resolve command: %w: %.300s", err, out)
+	}
+	return nil
+}
