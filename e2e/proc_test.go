@@ -61,7 +61,13 @@ type proc struct {
 func startArapd(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	require.NoError(t, buildErr)
-	cmd := osexec.Command(filepath.Join(binDir, "arapd"), args...)
+	return startBinary(t, filepath.Join(binDir, "arapd"), env, args...)
+}
+
+// startBinary is startArapd for another build of arapd.
+func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := osexec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
