@@ -36,17 +36,19 @@ type stack struct {
 	secret    string
 	alice     string // MCP caller: alice through agent:demo
 	mallory   string // MCP caller: mallory through agent:demo
+	mcpBinary string
 }
 
 type stackOptions struct {
-	policy string // default: the dev seed policy
+	policy    string // default: the dev seed policy
+	mcpBinary string // default: the arapd this test binary built
 }
 
 func token(out string) string { return regexp.MustCompile(`token: (\S+)`).FindStringSubmatch(out)[1] }
 
 func newStack(t *testing.T, o stackOptions) *stack {
 	t.Helper()
-	s := &stack{t: t, dbURL: dbtest.URL(t)}
+	s := &stack{t: t, dbURL: dbtest.URL(t), mcpBinary: o.mcpBinary}
 	s.env = []string{"DATABASE_URL=" + s.dbURL, "ARAP_MASTER_KEY=" + masterKey}
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	doc := o.policy
@@ -83,8 +85,12 @@ func (s *stack) startMCP(extraEnv ...string) *proc {
 	if s.mcp != nil {
 		addr = s.mcp.addr // a restart keeps the address the backend calls back
 	}
-	return startArapd(s.t, env, "mcp", "--addr", addr, "--backend-url", s.api,
-		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s")
+	args := []string{"mcp", "--addr", addr, "--backend-url", s.api,
+		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s"}
+	if s.mcpBinary != "" {
+		return startBinary(s.t, s.mcpBinary, env, args...)
+	}
+	return startArapd(s.t, env, args...)
 }
 
 func (s *stack) client(token string) *tasks.Client {
