@@ -56,7 +56,14 @@ type Config struct {
 	ReconcileEvery time.Duration
 	// Extra registers more tools or methods (conformance fixtures).
 	Extra func(s *sdk.Server, ts *tasks.Server) error
-	Log   *slog.Logger
+	// Anonymous is the principal of requests without an Authorization
+	// header (conformance fixture mode only; nil in production).
+	Anonymous *mcp.Principal
+	// Stopping, when set, is called by Stop once HTTP has drained and
+	// before the workers stop and the pool closes (the conformance
+	// fixtures settle their running tasks there).
+	Stopping func()
+	Log      *slog.Logger
 }
 
 // Frontend is a running (or ready to run) MCP front-end.
@@ -148,7 +155,8 @@ func (f *Frontend) build(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("frontend: river: %w", err)
 	}
-	srv, err := mcp.NewServer(f.gate, mcp.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, Extra: cfg.Extra, Log: cfg.Log})
+	srv, err := mcp.NewServer(f.gate, mcp.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
+		Extra: cfg.Extra, Anonymous: cfg.Anonymous, Log: cfg.Log})
 	if err != nil {
 		return err
 	}
@@ -174,6 +182,9 @@ func (f *Frontend) Stop(ctx context.Context) error {
 	var errs []error
 	if err := f.server.Shutdown(ctx); err != nil {
 		errs = append(errs, err)
+	}
+	if f.cfg.Stopping != nil {
+		f.cfg.Stopping()
 	}
 	if f.started.Load() {
 		f.reconciler.Stop()

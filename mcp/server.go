@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -37,7 +38,11 @@ type ServerOptions struct {
 	// Extra registers additional tools or methods on the SDK server (the
 	// conformance fixtures).
 	Extra func(s *sdk.Server, ts *tasks.Server) error
-	Log   *slog.Logger
+	// Anonymous, when set, is the principal of a request that carries no
+	// Authorization header at all (a wrong token is still refused). Only the
+	// conformance fixture mode sets it: the official suite sends no token.
+	Anonymous *Principal
+	Log       *slog.Logger
 }
 
 // Server is the MCP front-end's HTTP handler.
@@ -46,6 +51,7 @@ type Server struct {
 	tasks   *tasks.Server
 	sdk     *sdk.Server
 	handler http.Handler
+	anon    *Principal
 	log     *slog.Logger
 }
 
@@ -80,11 +86,13 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 			return nil, err
 		}
 	}
-	srv := &Server{gate: g, tasks: ts, sdk: s, log: o.Log}
+	srv := &Server{gate: g, tasks: ts, sdk: s, anon: o.Anonymous, log: o.Log}
 	s.AddReceivingMiddleware(srv.route)
 
-	mcpHandler := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s },
-		&sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true, Logger: sdkLog})
+	getServer := func(*http.Request) *sdk.Server { return s }
+	mcpHandler := byProgress(
+		sdk.NewStreamableHTTPHandler(getServer, &sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true, Logger: sdkLog}),
+		sdk.NewStreamableHTTPHandler(getServer, &sdk.StreamableHTTPOptions{Stateless: true, Logger: sdkLog}))
 	limit := httprate.Limit(o.RequestsPerMinute, time.Minute,
 		httprate.WithKeyFuncs(func(r *http.Request) (string, error) { return tasks.PrincipalFrom(r.Context()), nil }))
 	mux := http.NewServeMux()
@@ -106,6 +114,36 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
+// byProgress answers a request with a single JSON response (plain), unless
+// it asks for progress (_meta.progressToken) and the client accepts an event
+// stream: progress notifications can only travel on one (stream).
+func byProgress(plain, stream http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || !strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+			plain.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, tasks.MaxBody))
+		if err != nil {
+			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var msg struct {
+			Params struct {
+				Meta struct {
+					ProgressToken any `json:"progressToken"`
+				} `json:"_meta"`
+			} `json:"params"`
+		}
+		if json.Unmarshal(body, &msg) == nil && msg.Params.Meta.ProgressToken != nil {
+			stream.ServeHTTP(w, r)
+			return
+		}
+		plain.ServeHTTP(w, r)
+	})
+}
+
 type resultKey struct{}
 
 // relay is the SDK-level handler of every tool. The gate has already decided
@@ -124,7 +162,9 @@ type principalKey struct{}
 
 // authenticate requires a caller token and records its principal. The SDK
 // passes it to handlers as TokenInfo (via auth.RequireBearerToken, which
-// here only relays what was already checked).
+// here only relays what was already checked). With an anonymous principal
+// configured (conformance fixture mode), a request with no Authorization
+// header at all gets that principal.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	relay := auth.RequireBearerToken(func(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
 		p, ok := r.Context().Value(principalKey{}).(Principal)
@@ -135,6 +175,13 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	}, nil)(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := r.Header.Get("Authorization")
+		if h == "" && s.anon != nil {
+			ctx := context.WithValue(r.Context(), principalKey{}, *s.anon)
+			r = r.Clone(tasks.WithPrincipal(ctx, s.anon.Key()))
+			r.Header.Set("Authorization", "Bearer anonymous") // the SDK's relay wants one; the principal is already decided
+			relay.ServeHTTP(w, r)
+			return
+		}
 		scheme, token, _ := strings.Cut(h, " ")
 		if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
 			unauthorized(w, `Bearer realm="arap-mcp"`, "a bearer token is required")
@@ -162,10 +209,24 @@ func unauthorized(w http.ResponseWriter, challenge, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": "unauthorized", "error_description": msg})
 }
 
-// route puts the caller's principal in the context of every method and sends
-// tools/call through the gate.
+// unserved are the methods of features this server neither offers nor
+// advertises. The SDK would answer them (an empty prompts/list, say), which
+// contradicts the capabilities in server/discover; they are unknown methods
+// here (-32601, HTTP 404).
+var unserved = map[string]bool{
+	"prompts/list": true, "prompts/get": true,
+	"resources/list": true, "resources/read": true, "resources/templates/list": true,
+	"resources/subscribe": true, "resources/unsubscribe": true,
+	"completion/complete": true,
+}
+
+// route puts the caller's principal in the context of every method, refuses
+// the methods of features not served, and sends tools/call through the gate.
 func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 	return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
+		if unserved[method] {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "method not found: " + method}
+		}
 		var p Principal
 		if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil {
 			p, _ = ex.TokenInfo.Extra["principal"].(Principal)

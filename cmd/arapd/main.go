@@ -25,6 +25,7 @@ import (
 	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp"
+	"github.com/omcp/arap/mcp/fixtures"
 	"github.com/omcp/arap/migrations"
 )
 
@@ -180,10 +181,14 @@ func runDev(args []string) error {
 	fs.StringVar(&opts.MCPAddr, "mcp-addr", "127.0.0.1:8481", "MCP endpoint address")
 	fs.StringVar(&opts.DataDir, "data-dir", ".arap-dev", "where the private PostgreSQL cluster, policy and keys live")
 	fs.StringVar(&opts.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "use this database instead of a private cluster (DATABASE_URL)")
+	conformance := fs.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools on the MCP endpoint, and let requests without a token in as an anonymous caller (conformance testing only)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
 	opts.Log = logger(*level)
 	opts.Out = os.Stdout
+	if *conformance {
+		opts.Frontend = withFixtures
+	}
 	ctx, reload := signals()
 	return dev.Run(ctx, opts, reload)
 }
@@ -200,6 +205,7 @@ func runMCP(args []string) error {
 	reconcile := fs.Duration("reconcile-every", envDuration("ARAP_RECONCILE_EVERY", 10*time.Second), "how often crash leftovers (unbound intents, dead claims) are repaired")
 	grace := fs.Duration("intent-grace", envDuration("ARAP_INTENT_GRACE", mcp.IntentGrace), "how long an unbound intent is left to the process that wrote it")
 	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
+	conformance := fs.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
 	mcp.IntentGrace = *grace
@@ -218,12 +224,33 @@ func runMCP(args []string) error {
 		}
 	}
 	ctx, _ := signals()
-	f, err := frontend.New(ctx, frontend.Config{
+	log := logger(*level)
+	cfg := frontend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, MasterKey: key, BackendURL: *backendURL, BackendToken: token,
-		WebhookSecrets: secrets, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, ReconcileEvery: *reconcile, Log: logger(*level),
-	})
+		WebhookSecrets: secrets, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, ReconcileEvery: *reconcile, Log: log,
+	}
+	if *conformance {
+		withFixtures(&cfg)
+	}
+	f, err := frontend.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	return f.Run(ctx)
+}
+
+// withFixtures turns on conformance fixture mode: the suite's fixture tools
+// and an anonymous principal for requests without a token.
+func withFixtures(cfg *frontend.Config) {
+	cfg.Log.Warn("conformance fixture mode: serving the MCP conformance suite's fixture tools and accepting requests without a token as an anonymous caller; this is for conformance testing only, never run it in production",
+		"anonymous_subject", fixtures.Principal.SubjectID)
+	var runs *fixtures.Runtime
+	cfg.Extra = fixtures.Install(cfg.Log, &runs)
+	cfg.Stopping = func() {
+		if runs != nil {
+			runs.Close()
+		}
+	}
+	p := fixtures.Principal
+	cfg.Anonymous = &p
 }

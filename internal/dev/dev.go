@@ -56,8 +56,11 @@ type Options struct {
 	MCPAddr     string
 	DataDir     string
 	DatabaseURL string
-	Log         *slog.Logger
-	Out         io.Writer
+	// Frontend, when set, adjusts the MCP front-end's configuration before
+	// it is built (`arapd dev --conformance-fixtures` adds the fixtures).
+	Frontend func(*frontend.Config)
+	Log      *slog.Logger
+	Out      io.Writer
 }
 
 // Run brings everything up and serves until ctx ends.
@@ -116,10 +119,14 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 	if err != nil {
 		return err
 	}
-	f, err := frontend.New(ctx, frontend.Config{
+	fcfg := frontend.Config{
 		Addr: o.MCPAddr, DatabaseURL: dbURL, MasterKey: pepKey, BackendURL: b.URL(), BackendToken: PEPToken,
 		WebhookSecrets: []string{PEPWebhookSecret}, Log: o.Log,
-	})
+	}
+	if o.Frontend != nil {
+		o.Frontend(&fcfg)
+	}
+	f, err := frontend.New(ctx, fcfg)
 	if err != nil {
 		_ = b.Stop(context.Background())
 		return err
