@@ -37,18 +37,20 @@ type stack struct {
 	alice     string // MCP caller: alice through agent:demo
 	mallory   string // MCP caller: mallory through agent:demo
 	mcpBinary string
+	mcpArgs   []string
 }
 
 type stackOptions struct {
-	policy    string // default: the dev seed policy
-	mcpBinary string // default: the arapd this test binary built
+	policy    string   // default: the dev seed policy
+	mcpBinary string   // default: the arapd this test binary built
+	mcpArgs   []string // more flags for arapd mcp
 }
 
 func token(out string) string { return regexp.MustCompile(`token: (\S+)`).FindStringSubmatch(out)[1] }
 
 func newStack(t *testing.T, o stackOptions) *stack {
 	t.Helper()
-	s := &stack{t: t, dbURL: dbtest.URL(t), mcpBinary: o.mcpBinary}
+	s := &stack{t: t, dbURL: dbtest.URL(t), mcpBinary: o.mcpBinary, mcpArgs: o.mcpArgs}
 	s.env = []string{"DATABASE_URL=" + s.dbURL, "ARAP_MASTER_KEY=" + masterKey}
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	doc := o.policy
@@ -87,6 +89,7 @@ func (s *stack) startMCP(extraEnv ...string) *proc {
 	}
 	args := []string{"mcp", "--addr", addr, "--backend-url", s.api,
 		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s"}
+	args = append(args, s.mcpArgs...)
 	if s.mcpBinary != "" {
 		return startBinary(s.t, s.mcpBinary, env, args...)
 	}
