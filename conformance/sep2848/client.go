@@ -230,23 +230,33 @@ func (t *task) toolResult() (*toolResult, error) {
 }
 
 // wait polls tasks/get until the task is terminal (or until is true of it),
-// honouring pollIntervalMs within [50ms, 2s].
+// honouring pollIntervalMs within [50ms, 2s]. Like a durable client, it
+// keeps polling through transport errors (a server restarting), until ctx
+// ends; a JSON-RPC error ends the wait.
 func (c *client) wait(ctx context.Context, id string, until func(*task) bool) (*task, error) {
+	if until == nil {
+		until = terminal
+	}
+	var last error
 	for {
-		t, err := c.get(ctx, id)
-		if err != nil {
-			return nil, err
+		r, err := c.call(ctx, MethodGet, id, map[string]any{"taskId": id})
+		d := time.Second
+		if err == nil {
+			t, err := asTask(r)
+			if err != nil {
+				return nil, err
+			}
+			if until(t) {
+				return t, nil
+			}
+			last = fmt.Errorf("task %s still %s", id, t.Status)
+			d = min(max(time.Duration(t.PollIntervalMs)*time.Millisecond, 50*time.Millisecond), 2*time.Second)
+		} else {
+			last = err
 		}
-		if until == nil {
-			until = terminal
-		}
-		if until(t) {
-			return t, nil
-		}
-		d := min(max(time.Duration(t.PollIntervalMs)*time.Millisecond, 50*time.Millisecond), 2*time.Second)
 		select {
 		case <-ctx.Done():
-			return t, fmt.Errorf("task %s still %s: %w", id, t.Status, ctx.Err())
+			return nil, fmt.Errorf("%w: %w", last, ctx.Err())
 		case <-time.After(d):
 		}
 	}

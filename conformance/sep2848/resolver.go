@@ -51,45 +51,20 @@ func (d *DecisionAPI) Resolve(ctx context.Context, _ string, call Call, approve 
 	return nil
 }
 
-// find waits (briefly) for the pending request whose resource is the call.
+// find waits (briefly) for the request whose resource is the call: a
+// pending one, or else one that has ended (a late decision on it must be
+// refused by the backend and change nothing at the server).
 func (d *DecisionAPI) find(ctx context.Context, call Call) (string, error) {
-	want := normalize(call.Arguments)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		cursor := ""
-		for {
-			resp, err := d.do(ctx, http.MethodGet, "/v1/requests?status=pending&limit=100&cursor="+url.QueryEscape(cursor), nil)
-			if err != nil {
-				return "", err
-			}
-			var page struct {
-				Requests []struct {
-					ID       string `json:"id"`
-					Resource struct {
-						ID         string `json:"id"`
-						Properties struct {
-							Arguments any `json:"arguments"`
-						} `json:"properties"`
-					} `json:"resource"`
-				} `json:"requests"`
-				NextCursor string `json:"next_cursor"`
-			}
-			err = json.NewDecoder(resp.Body).Decode(&page)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK || err != nil {
-				return "", fmt.Errorf("decision API: list pending requests: HTTP %d %v", resp.StatusCode, err)
-			}
-			for _, r := range page.Requests {
-				if r.Resource.ID == call.Name && reflect.DeepEqual(normalize(r.Resource.Properties.Arguments), want) {
-					return r.ID, nil
-				}
-			}
-			if cursor = page.NextCursor; cursor == "" {
-				break
+		for _, status := range []string{"pending", ""} {
+			id, err := d.scan(ctx, call, status)
+			if id != "" || err != nil {
+				return id, err
 			}
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("decision API: no pending request for %s %v", call.Name, call.Arguments)
+			return "", fmt.Errorf("decision API: no request for %s %v", call.Name, call.Arguments)
 		}
 		select {
 		case <-ctx.Done():
@@ -97,6 +72,44 @@ func (d *DecisionAPI) find(ctx context.Context, call Call) (string, error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// scan looks through up to ten pages of requests in a status ("" for all).
+func (d *DecisionAPI) scan(ctx context.Context, call Call, status string) (string, error) {
+	want := normalize(call.Arguments)
+	cursor := ""
+	for range 10 {
+		resp, err := d.do(ctx, http.MethodGet, "/v1/requests?limit=100&status="+status+"&cursor="+url.QueryEscape(cursor), nil)
+		if err != nil {
+			return "", err
+		}
+		var page struct {
+			Requests []struct {
+				ID       string `json:"id"`
+				Resource struct {
+					ID         string `json:"id"`
+					Properties struct {
+						Arguments any `json:"arguments"`
+					} `json:"properties"`
+				} `json:"resource"`
+			} `json:"requests"`
+			NextCursor string `json:"next_cursor"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || err != nil {
+			return "", fmt.Errorf("decision API: list requests: HTTP %d %v", resp.StatusCode, err)
+		}
+		for _, r := range page.Requests {
+			if r.Resource.ID == call.Name && reflect.DeepEqual(normalize(r.Resource.Properties.Arguments), want) {
+				return r.ID, nil
+			}
+		}
+		if cursor = page.NextCursor; cursor == "" {
+			break
+		}
+	}
+	return "", nil
 }
 
 func (d *DecisionAPI) do(ctx context.Context, method, path string, body []byte) (*http.Response, error) {

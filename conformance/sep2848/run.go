@@ -75,6 +75,7 @@ func Run(ctx context.Context, cfg Config) []Result {
 			continue
 		}
 		r.scenario = s.name
+		start := time.Now()
 		sctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 		err := s.run(sctx, r)
 		cancel()
@@ -87,7 +88,7 @@ func Run(ctx context.Context, cfg Config) []Result {
 				}
 			}
 		}
-		fmt.Fprintf(cfg.Log, "scenario %s done\n", s.name)
+		fmt.Fprintf(cfg.Log, "scenario %s done in %s\n", s.name, time.Since(start).Round(time.Millisecond))
 	}
 	var out []Result
 	for _, c := range Checks {

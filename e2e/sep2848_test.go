@@ -1,0 +1,113 @@
+package e2e
+
+import (
+	"context"
+	osexec "os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/conformance/sep2848"
+	"github.com/omcp/arap/internal/dev"
+)
+
+// expiringRule makes wire transfers to expiring-... accounts requests that
+// expire, unresolved, after four seconds (the expiry scenario).
+const expiringRule = `
+  - name: wire_transfer_expiring
+    description: A request that nobody decides in time.
+    match: {action: tools/call, resource_type: mcp_tool, resource_id: wire_transfer}
+    when: resource.properties.arguments.to.startsWith("expiring-")
+    effect: request
+    template: expiring_approval
+    request_ttl: 4s
+    approval:
+      quorum: 1
+      kinds: [itsm]
+`
+
+func conformanceStack(t *testing.T, mcpBinary string) (*stack, sep2848.Config) {
+	policy := strings.Replace(string(dev.SeedPolicy()), "\nrules:\n", "\nrules:"+expiringRule, 1)
+	require.Contains(t, policy, "wire_transfer_expiring")
+	s := newStack(t, stackOptions{policy: policy, mcpBinary: mcpBinary})
+	p := sep2848.DevProfile()
+	p.Expiring = &sep2848.Call{Name: "wire_transfer", Arguments: map[string]any{"to": "expiring-{nonce}", "amount": 50000}}
+	p.ExpiresWithin = sep2848.Duration(4 * time.Second)
+	return s, sep2848.Config{
+		URL: s.mcp.url() + "/mcp", Token: s.alice, OtherToken: s.mallory, Profile: p,
+		Resolver:   &sep2848.DecisionAPI{URL: s.api, Token: s.itsmToken},
+		BackendURL: s.backend.url(), Log: tlog{t},
+	}
+}
+
+type tlog struct{ t *testing.T }
+
+func (l tlog) Write(b []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+// TestSEP2848Conformance runs our own SEP-2848 scenarios against arapd mcp:
+// every check passes, and only the checks this deployment cannot show from
+// outside are skipped.
+func TestSEP2848Conformance(t *testing.T) {
+	s, cfg := conformanceStack(t, "")
+	results := sep2848.Run(context.Background(), cfg)
+	require.Len(t, results, len(sep2848.Checks), "every registered check reports")
+	passed, failed, skipped := sep2848.Summary(results)
+	t.Logf("SEP-2848 conformance: %d passed, %d failed, %d skipped", passed, failed, skipped)
+	for _, r := range results {
+		switch {
+		case r.Outcome == sep2848.Failed:
+			t.Errorf("%s failed: %s", r.ID, r.Detail)
+		case r.Outcome == sep2848.Skipped && r.ID != outcomeUnknown:
+			t.Errorf("%s skipped: %s", r.ID, r.Detail)
+		}
+	}
+
+	// outcome-unknown needs a claimed run whose result is never recorded:
+	// the front-end is killed (SIGKILL) right after the claim and restarted,
+	// and from outside the approved task merely stalls, then settles.
+	t.Run(outcomeUnknown, func(t *testing.T) {
+		s.mcp.cmd.Process.Kill()
+		s.mcp.wait(10 * time.Second)
+		s.mcp = s.startMCP("ARAP_FAULT=pep.after-claim")
+		cfg.Profile.Stalling = &cfg.Profile.Gated
+		cfg.Profile.StallsFor = sep2848.Duration(10 * time.Second)
+		cfg.Scenarios = []string{"outcome-unknown"}
+		done := make(chan []sep2848.Result)
+		go func() { done <- sep2848.Run(context.Background(), cfg) }()
+		require.Equal(t, -1, s.mcp.wait(60*time.Second), "killed at the claim")
+		s.mcp = s.startMCP()
+		results := <-done
+		require.Len(t, results, 1)
+		require.Equal(t, sep2848.Passed, results[0].Outcome, results[0].Detail)
+	})
+}
+
+const outcomeUnknown = "sep-2848-outcome-unknown-disposition"
+
+// TestSEP2848CatchesBrokenBuild runs the scenarios against a deliberately
+// broken build of arapd (tag arapbroken: it executes the tool on a
+// requestable denial) and requires the suite to catch it.
+func TestSEP2848CatchesBrokenBuild(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "arapd-broken")
+	out, err := osexec.Command("go", "build", "-tags", "arapbroken", "-o", bin, "../cmd/arapd").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	_, cfg := conformanceStack(t, bin)
+	cfg.Scenarios = []string{"requestable-denial", "deny", "cancel"}
+	results := sep2848.Run(context.Background(), cfg)
+	failed := map[string]string{}
+	for _, r := range results {
+		if r.Outcome == sep2848.Failed {
+			failed[r.ID] = r.Detail
+		}
+	}
+	t.Logf("failed against the broken build: %v", failed)
+	for _, id := range []string{"sep-2848-requestable-denial-not-executed", "sep-2848-denial-not-executed", "sep-2848-cancelled-never-executes"} {
+		require.Contains(t, failed, id, "the suite must catch execution on a requestable denial")
+	}
+}
