@@ -111,3 +111,26 @@ func TestSEP2848CatchesBrokenBuild(t *testing.T) {
 		require.Contains(t, failed, id, "the suite must catch execution on a requestable denial")
 	}
 }
+
+// TestMaxWindowEndsLongPendingTasks: the front-end bounds the window it
+// accepts (SEP-2848 Retention: pending tasks must not accumulate without
+// limit). The backend would wait 24 hours; the task ends denied after the
+// front-end's three seconds, and the backend request is cancelled.
+func TestMaxWindowEndsLongPendingTasks(t *testing.T) {
+	s := newStack(t, stackOptions{mcpArgs: []string{"--max-window", "3s"}})
+	ctx := context.Background()
+	alice := s.client(s.alice)
+	r, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-window", "amount": 40000}, nil)
+	require.NoError(t, err)
+	require.NotNil(t, r.Task)
+	require.NotNil(t, r.Task.TTLMs)
+	d := s.waitTask(alice, r.Task.TaskID)
+	text, m, isError := resultText(t, d)
+	require.True(t, isError)
+	require.Equal(t, "denied-not-executed", m["io.modelcontextprotocol/tool-approval-disposition"])
+	require.Contains(t, text, "did not run")
+	require.Zero(t, s.ledger(r.Task.TaskID))
+	var status string
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, s.requestOf(r.Task.TaskID)).Scan(&status))
+	require.Equal(t, "cancelled", status)
+}

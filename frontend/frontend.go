@@ -49,6 +49,7 @@ type Config struct {
 	// Gate tuning (zero values take the gate's defaults).
 	PollInterval time.Duration
 	ExecTimeout  time.Duration
+	MaxWindow    time.Duration
 	// JobTimeout bounds background jobs; a job whose worker died is retried
 	// after twice this. Default: ExecTimeout plus 30s.
 	JobTimeout time.Duration
@@ -135,7 +136,7 @@ func (f *Frontend) build(ctx context.Context) error {
 	}
 	if f.gate, err = mcp.NewGate(mcp.Config{
 		DB: f.pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
-		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, Log: cfg.Log,
+		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow, Log: cfg.Log,
 	}); err != nil {
 		return err
 	}

@@ -319,8 +319,8 @@ func (g *Gate) retainFrom(ctx context.Context, q tasks.Querier, id string) *int6
 // the task ended before the handle arrived (cancelled), the request is
 // cancelled instead.
 func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) error {
-	deadline := g.now().Add(24 * time.Hour)
-	if tr.Task.ExpiresAt != nil {
+	deadline := g.now().Add(g.cfg.MaxWindow)
+	if tr.Task.ExpiresAt != nil && tr.Task.ExpiresAt.Before(deadline) {
 		deadline = *tr.Task.ExpiresAt
 	}
 	cancelURL, _ := tr.Task.Links["cancel"].(string)
@@ -420,12 +420,21 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 	case authzen.StatusFailed:
 		return time.Time{}, g.fail(ctx, a, "the approval service could not complete the request")
 	default: // pending, or a status we do not know: not approved
+		if a.Deadline != nil && g.now().After(*a.Deadline) {
+			// Past the window this server accepts (MaxWindow): the backend
+			// would wait longer, this task does not.
+			if a.CancelURL != nil && *a.CancelURL != "" {
+				g.cancelBackend(ctx, *a.CancelURL)
+			}
+			return time.Time{}, g.deny(ctx, a, "The approval was not decided within the time this server allows; the tool did not run.")
+		}
 		return g.backoff(a, retryAfter), nil
 	}
 }
 
 // backoff schedules the next status read: exponential from the poll
-// interval to a minute, with jitter, never sooner than Retry-After.
+// interval to a minute, with jitter, never sooner than Retry-After, and
+// no later than just past the task's deadline (which then ends it).
 func (g *Gate) backoff(a *approvalTask, retryAfter time.Duration) time.Time {
 	age := g.now().Sub(a.CreatedAt)
 	wait := g.cfg.PollInterval
@@ -434,7 +443,11 @@ func (g *Gate) backoff(a *approvalTask, retryAfter time.Duration) time.Time {
 	}
 	wait = min(wait, time.Minute)
 	wait += time.Duration(rand.Float64() * 0.2 * float64(wait))
-	return g.now().Add(max(wait, retryAfter))
+	next := g.now().Add(max(wait, retryAfter))
+	if a.Deadline != nil && next.After(a.Deadline.Add(time.Second)) && g.now().Before(*a.Deadline) {
+		next = a.Deadline.Add(time.Second)
+	}
+	return next
 }
 
 // reevaluate asks the PDP again with the approval as an input and acts on

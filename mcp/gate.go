@@ -53,6 +53,11 @@ type Config struct {
 	ExecTimeout time.Duration
 	// MaxChained bounds the requests opened for one task; default 3.
 	MaxChained int
+	// MaxWindow bounds how long a task may wait for a decision, whatever
+	// deadline the backend sets (SEP-2848: pending tasks must not
+	// accumulate without limit); past it the task ends denied and the
+	// request is cancelled. Default 7 days.
+	MaxWindow time.Duration
 	// MaxPending bounds a principal's live approval tasks; default 20.
 	MaxPending int
 	// SubmitsPerMinute bounds a principal's new approval requests; default 30.
@@ -96,6 +101,7 @@ func NewGate(cfg Config) (*Gate, error) {
 	def(&cfg.ResultRetention, 24*time.Hour)
 	def(&cfg.ExecTimeout, 30*time.Second)
 	def(&cfg.StateTTL, 10*time.Minute)
+	def(&cfg.MaxWindow, 7*24*time.Hour)
 	if cfg.MaxChained == 0 {
 		cfg.MaxChained = 3
 	}
