@@ -1,7 +1,11 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
 	osexec "os/exec"
 	"path/filepath"
 	"strings"
@@ -10,8 +14,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/conformance/sep2848"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/mcp/tasks"
 )
 
 // expiringRule makes wire transfers to expiring-... accounts requests that
@@ -133,4 +140,45 @@ func TestMaxWindowEndsLongPendingTasks(t *testing.T) {
 	var status string
 	require.NoError(t, s.pool.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, s.requestOf(r.Task.TaskID)).Scan(&status))
 	require.Equal(t, "cancelled", status)
+}
+
+// TestForgedCallbackCannotExecute: a callback only wakes a task. A forged
+// one (wrong key) is refused; an authentic one claiming approval while the
+// request is pending changes nothing, because the front-end re-reads the
+// ARAP status endpoint; the same callback replayed is refused.
+func TestForgedCallbackCannotExecute(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	ctx := context.Background()
+	alice := s.client(s.alice)
+	r, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-forged", "amount": 40000}, nil)
+	require.NoError(t, err)
+	id := r.Task.TaskID
+	body, err := json.Marshal(callbacks.Body{State: id, Task: authzen.Task{ID: s.requestOf(id), Status: authzen.StatusApproved}})
+	require.NoError(t, err)
+	send := func(key []byte, msgID string) int {
+		ts := time.Now().Unix()
+		req, err := http.NewRequest(http.MethodPost, s.mcp.url()+"/callbacks/arap", bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(callbacks.HeaderID, msgID)
+		req.Header.Set(callbacks.HeaderTimestamp, strconv.FormatInt(ts, 10))
+		req.Header.Set(callbacks.HeaderSignature, callbacks.SignatureHeader([][]byte{key}, msgID, ts, body))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	forged, err := callbacks.ParseSecret(callbacks.NewSecret())
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, send(forged, "msg_forged"))
+	real, err := callbacks.ParseSecret(s.secret)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusNoContent, send(real, "msg_authentic"), "authentic: accepted as a wake-up")
+	require.Equal(t, http.StatusConflict, send(real, "msg_authentic"), "replayed")
+	// Give the woken task time to act on the callback if it wrongly would.
+	time.Sleep(2 * time.Second)
+	d, _, err := alice.Get(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, tasks.Working, d.Status, "the status endpoint still says pending")
+	require.Zero(t, s.ledger(id))
 }

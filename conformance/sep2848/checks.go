@@ -47,6 +47,7 @@ var Checks = []Check{
 
 	{"sep-2848-input-before-submission", "input", "MUST", "submission input is asked for on the tools/call itself (resultType input_required, inputRequests, requestState), not by a standalone request"},
 	{"sep-2848-mrtr-binding-enforced", "input", "MUST", "an MRTR retry with changed arguments is rejected"},
+	{"sep-2848-mrtr-caller-enforced", "input", "MUST", "an MRTR retry by another principal is rejected"},
 	{"sep-2848-input-retry-creates-task", "input", "MUST", "the MRTR retry with answers returns the CreateTaskResult"},
 
 	{"sep-2848-task-access-get", "access-control", "MUST", "another principal's tasks/get is refused"},

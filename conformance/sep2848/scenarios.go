@@ -665,6 +665,20 @@ func input(ctx context.Context, r *run) error {
 	}
 	r.expect("sep-2848-mrtr-binding-enforced", bad.err != nil,
 		"a retry with changed arguments was accepted: %.300s", bad.raw)
+	if r.cfg.OtherToken == "" {
+		r.skip("sep-2848-mrtr-caller-enforced", "no second principal (--other-token)")
+	} else {
+		other := r.c.with(r.cfg.OtherToken, true)
+		stolen, err := other.callTool(ctx, call, extra)
+		if err != nil {
+			return err
+		}
+		if st, err := asTask(stolen); err == nil && st.TaskID != "" {
+			defer r.drop(context.WithoutCancel(ctx), other, st.TaskID)
+		}
+		r.expect("sep-2848-mrtr-caller-enforced", stolen.err != nil,
+			"another principal's retry with this requestState was accepted: %.300s", stolen.raw)
+	}
 	good, err := r.c.callTool(ctx, call, extra)
 	if err != nil {
 		return err

@@ -1,0 +1,84 @@
+package sep2848
+
+import (
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+type traceability struct {
+	SEP          int    `yaml:"sep"`
+	SpecURL      string `yaml:"spec_url"`
+	Requirements []struct {
+		Check    string `yaml:"check"`
+		Text     string `yaml:"text"`
+		Excluded string `yaml:"excluded"`
+	} `yaml:"requirements"`
+}
+
+// TestTraceability keeps conformance/sep-2848.yaml, the SEP and the check
+// registry in step: every MUST and SHOULD of the SEP lies inside a row's
+// quoted text, every row quotes the SEP verbatim and has a registered check
+// or a reason, and every registered check is traced.
+func TestTraceability(t *testing.T) {
+	raw, err := os.ReadFile("../sep-2848.yaml")
+	require.NoError(t, err)
+	var doc traceability
+	dec := yaml.NewDecoder(strings.NewReader(string(raw)))
+	dec.KnownFields(true)
+	require.NoError(t, dec.Decode(&doc))
+	require.Equal(t, 2848, doc.SEP)
+	require.NotEmpty(t, doc.SpecURL)
+
+	seedRaw, err := os.ReadFile("testdata/sep-2848-tool-approval.txt")
+	require.NoError(t, err)
+	seed := strings.Join(strings.Fields(string(seedRaw)), " ")
+
+	covered := make([]bool, len(seed))
+	traced := map[string]bool{}
+	for i, r := range doc.Requirements {
+		require.NotEmpty(t, r.Text, "row %d has no text", i)
+		require.True(t, (r.Check == "") != (r.Excluded == ""), "row %d needs exactly one of check and excluded", i)
+		if r.Check != "" {
+			_, ok := checkByID[r.Check]
+			require.True(t, ok, "row %d names unregistered check %s", i, r.Check)
+			traced[r.Check] = true
+		}
+		text := strings.Join(strings.Fields(r.Text), " ")
+		at := strings.Index(seed, text)
+		require.GreaterOrEqual(t, at, 0, "row %d does not quote the SEP: %q", i, text)
+		for ; at >= 0; at = indexFrom(seed, text, at+1) {
+			for j := at; j < at+len(text); j++ {
+				covered[j] = true
+			}
+		}
+	}
+	for _, loc := range regexp.MustCompile(`\b(MUST|SHOULD)\b`).FindAllStringIndex(seed, -1) {
+		if !covered[loc[0]] {
+			from := max(loc[0]-120, 0)
+			t.Errorf("untraced %s: ...%s...", seed[loc[0]:loc[1]], seed[from:min(loc[1]+80, len(seed))])
+		}
+	}
+	for _, c := range Checks {
+		if !traced[c.ID] {
+			t.Errorf("check %s is in no row of sep-2848.yaml", c.ID)
+		}
+	}
+	require.True(t, slices.IsSorted(CheckIDs()))
+}
+
+func indexFrom(s, sub string, from int) int {
+	if from >= len(s) {
+		return -1
+	}
+	i := strings.Index(s[from:], sub)
+	if i < 0 {
+		return -1
+	}
+	return from + i
+}
