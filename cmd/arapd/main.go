@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/dev"
@@ -119,6 +120,7 @@ func serve(args []string) error {
 	keyFile := fs.String("master-key-file", env("ARAP_MASTER_KEY_FILE", ""), "file holding the base64 32-byte master key (ARAP_MASTER_KEY_FILE, or the key itself in ARAP_MASTER_KEY)")
 	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
 	jobTimeout := fs.Duration("job-timeout", envDuration("ARAP_JOB_TIMEOUT", time.Minute), "bound on a background job; a job whose worker died is retried after twice this (ARAP_JOB_TIMEOUT)")
+	rate := fs.Int("rate-limit", arap.DefaultLimits.RequestsPerMinute, "requests per minute each API client may make (per replica)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
 	log := logger(*level)
@@ -129,7 +131,7 @@ func serve(args []string) error {
 	ctx, reload := signals()
 	b, err := backend.New(ctx, backend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, PolicyFile: *policy, MasterKey: key, Migrate: *doMigrate, Log: log,
-		JobTimeout: *jobTimeout,
+		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate},
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,343 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Client is the load generator's HTTP client: keep-alive, enough idle
+// connections for every worker.
+var Client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+	MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, IdleConnTimeout: time.Minute,
+}}
+
+func nonce() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// post sends JSON and returns the status and body.
+func post(ctx context.Context, url, token string, body []byte, header ...string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := Client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, out, err
+}
+
+func get(ctx context.Context, url, token string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := Client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, out, err
+}
+
+// evaluation is the AuthZEN request the PEP makes for a gated
+// wire_transfer: a requestable denial with a signed binding_token.
+func evaluation(to string) map[string]any {
+	return map[string]any{
+		"subject":  map[string]any{"type": "user", "id": "alice", "properties": map[string]any{"act": map[string]any{"sub": "agent:demo"}}},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "wire_transfer", "properties": map[string]any{"arguments": map[string]any{"to": to, "amount": 50000}}},
+	}
+}
+
+var evaluationBody, _ = json.Marshal(evaluation("acct-991"))
+
+// Evaluate is POST /access/v1/evaluation answered with a requestable denial.
+func (s *System) Evaluate() Op {
+	url := s.BackendURL + "/access/v1/evaluation"
+	return func(ctx context.Context, _ int) (time.Duration, error) {
+		code, body, err := post(ctx, url, s.PEPToken, evaluationBody)
+		if err != nil {
+			return 0, err
+		}
+		if code != http.StatusOK || !bytes.Contains(body, []byte(`"binding_token"`)) {
+			return 0, fmt.Errorf("evaluate: HTTP %d %.200s", code, body)
+		}
+		return 0, nil
+	}
+}
+
+// submitted collects the status endpoints of requests made by Submit.
+type submitted struct {
+	mu   sync.Mutex
+	urls []string
+}
+
+// Submit evaluates (not timed) and submits the denial under a fresh
+// Idempotency-Key (timed).
+func (s *System) Submit(into *submitted) Op {
+	evalURL, subURL := s.BackendURL+"/access/v1/evaluation", s.BackendURL+"/access/v1/requests"
+	return func(ctx context.Context, _ int) (time.Duration, error) {
+		call := evaluation("acct-" + nonce())
+		b, _ := json.Marshal(call)
+		code, body, err := post(ctx, evalURL, s.PEPToken, b)
+		if err != nil {
+			return 0, err
+		}
+		var d struct {
+			Context struct {
+				EvaluationID  string `json:"evaluation_id"`
+				AccessRequest struct {
+					ExpiresAt    string `json:"expires_at"`
+					BindingToken string `json:"binding_token"`
+				} `json:"access_request"`
+			} `json:"context"`
+		}
+		if code != http.StatusOK || json.Unmarshal(body, &d) != nil || d.Context.AccessRequest.BindingToken == "" {
+			return 0, fmt.Errorf("submit: evaluation HTTP %d %.200s", code, body)
+		}
+		call["denial"] = map[string]any{"expires_at": d.Context.AccessRequest.ExpiresAt, "binding_token": d.Context.AccessRequest.BindingToken,
+			"evaluation_id": d.Context.EvaluationID}
+		b, _ = json.Marshal(call)
+		t0 := time.Now()
+		code, body, err = post(ctx, subURL, s.PEPToken, b, "Idempotency-Key", nonce())
+		took := time.Since(t0)
+		if err != nil {
+			return 0, err
+		}
+		var r struct {
+			Task struct {
+				StatusEndpoint string `json:"status_endpoint"`
+			} `json:"task"`
+		}
+		if code != http.StatusAccepted || json.Unmarshal(body, &r) != nil || r.Task.StatusEndpoint == "" {
+			return 0, fmt.Errorf("submit: HTTP %d %.200s", code, body)
+		}
+		if into != nil {
+			into.mu.Lock()
+			into.urls = append(into.urls, r.Task.StatusEndpoint)
+			into.mu.Unlock()
+		}
+		return took, nil
+	}
+}
+
+// Status reads random status endpoints of the given requests.
+func (s *System) Status(urls []string) Op {
+	return func(ctx context.Context, _ int) (time.Duration, error) {
+		n, _ := rand.Int(rand.Reader, big.NewInt(int64(len(urls))))
+		code, body, err := get(ctx, urls[n.Int64()], s.PEPToken)
+		if err != nil {
+			return 0, err
+		}
+		if code != http.StatusOK {
+			return 0, fmt.Errorf("status: HTTP %d %.200s", code, body)
+		}
+		return 0, nil
+	}
+}
+
+// Fill adds n ended requests to arap.requests, copies of an existing one,
+// so status reads run against a table of realistic size.
+func (s *System) Fill(ctx context.Context, n int) error {
+	const cols = `client_id, status, status_reason, rule, subject, resource, action, context, requested_access, client_info, denial,
+		evaluation_id, binding_hash, binding_context_members, display, expires_at, created_at, updated_at, terminal_at, result`
+	for done := 0; done < n; {
+		k := min(100_000, n-done)
+		_, err := s.DB.Exec(ctx, `INSERT INTO arap.requests (id, `+cols+`)
+			SELECT 'arq_fill_' || $1::int + g, t.client_id, 'denied', 'fill', t.rule, t.subject, t.resource, t.action, t.context, t.requested_access,
+				t.client_info, t.denial, t.evaluation_id, t.binding_hash, t.binding_context_members, t.display, t.expires_at, t.created_at, now(), now(), t.result
+			FROM generate_series(1, $2::int) g, (SELECT * FROM arap.requests WHERE id NOT LIKE 'arq_fill_%' LIMIT 1) t`, done, k)
+		if err != nil {
+			return fmt.Errorf("bench: fill requests: %w", err)
+		}
+		done += k
+	}
+	_, err := s.DB.Exec(ctx, `ANALYZE arap.requests`)
+	return err
+}
+
+// mcpCall is a JSON-RPC request to the MCP endpoint (2026-07-28, stateless).
+func mcpCall(method, name string, params map[string]any) []byte {
+	params["_meta"] = map[string]any{
+		"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
+		"io.modelcontextprotocol/clientCapabilities": map[string]any{"extensions": map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}},
+		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "arapbench", "version": "1"},
+	}
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+	return b
+}
+
+func (s *System) mcp(ctx context.Context, token, method, name string, params map[string]any) (map[string]any, error) {
+	code, body, err := post(ctx, s.MCPURL, token, mcpCall(method, name, params),
+		"Accept", "application/json, text/event-stream", "Mcp-Protocol-Version", "2026-07-28", "Mcp-Method", method, "Mcp-Name", name)
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Result map[string]any `json:"result"`
+		Error  any            `json:"error"`
+	}
+	if code != http.StatusOK || json.Unmarshal(body, &r) != nil || r.Error != nil {
+		return nil, fmt.Errorf("%s: HTTP %d %.200s", method, code, body)
+	}
+	return r.Result, nil
+}
+
+// Gate is an MCP tools/call that gets a requestable denial and answers
+// with a CreateTaskResult: the whole PEP path (evaluate, intent, submit,
+// bind, task). Calls rotate over the callers, whose live tasks are bounded.
+func (s *System) Gate(next *atomic.Int64) Op {
+	return func(ctx context.Context, _ int) (time.Duration, error) {
+		token := s.Callers[int(next.Add(1))%len(s.Callers)]
+		_, err := s.task(ctx, token)
+		return 0, err
+	}
+}
+
+func (s *System) task(ctx context.Context, token string) (string, error) {
+	r, err := s.mcp(ctx, token, "tools/call", "wire_transfer", map[string]any{"name": "wire_transfer",
+		"arguments": map[string]any{"to": "acct-" + nonce(), "amount": 50000}})
+	if err != nil {
+		return "", err
+	}
+	id, _ := r["taskId"].(string)
+	if r["resultType"] != "task" || id == "" {
+		return "", fmt.Errorf("gate: not a task: %v", r)
+	}
+	return id, nil
+}
+
+// ApproveToComplete opens a task (not timed), then times the decision API
+// approval until tasks/get shows the task completed: callback, status read,
+// re-evaluation, claim, run, result.
+func (s *System) ApproveToComplete(next *atomic.Int64) Op {
+	return func(ctx context.Context, _ int) (time.Duration, error) {
+		token := s.Callers[int(next.Add(1))%len(s.Callers)]
+		id, err := s.task(ctx, token)
+		if err != nil {
+			return 0, err
+		}
+		var backendID string
+		if err := s.DB.QueryRow(ctx, `SELECT backend_id FROM pep.approval_tasks WHERE task_id = $1`, id).Scan(&backendID); err != nil {
+			return 0, fmt.Errorf("approve: backend id of %s: %w", id, err)
+		}
+		t0 := time.Now()
+		code, body, err := post(ctx, s.BackendURL+"/v1/requests/"+backendID+"/decisions", s.ITSMToken, []byte(`{"decision":"approve","reason":"bench"}`))
+		if err != nil {
+			return 0, err
+		}
+		if code != http.StatusOK {
+			return 0, fmt.Errorf("approve: HTTP %d %.200s", code, body)
+		}
+		for {
+			r, err := s.mcp(ctx, token, "tasks/get", id, map[string]any{"taskId": id})
+			if err != nil {
+				return 0, err
+			}
+			switch r["status"] {
+			case "completed":
+				return time.Since(t0), nil
+			case "working":
+			default:
+				return 0, fmt.Errorf("approve: task %s ended %v", id, r["status"])
+			}
+			select {
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// HTTPBaseline serves a trivial JSON handler on loopback: it decodes the
+// body and answers a small JSON object. It returns the op and a stop func.
+func HTTPBaseline() (Op, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var v map[string]any
+		if err := json.NewDecoder(r.Body).Decode(&v); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"decision": false})
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	url := "http://" + ln.Addr().String() + "/"
+	op := func(ctx context.Context, _ int) (time.Duration, error) {
+		code, _, err := post(ctx, url, "", evaluationBody)
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("baseline: HTTP %d", code)
+		}
+		return 0, err
+	}
+	return op, func() { _ = srv.Close() }, nil
+}
+
+// InsertBaseline commits single-row INSERTs through pgx on the system's
+// PostgreSQL, a connection per worker.
+func (s *System) InsertBaseline(ctx context.Context, concurrency int) (Op, func(), error) {
+	cfg, err := pgxpool.ParseConfig(s.DBURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.MaxConns = int32(concurrency)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.bench_insert (id bigserial PRIMARY KEY, body jsonb NOT NULL, at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	body := string(evaluationBody)
+	op := func(ctx context.Context, _ int) (time.Duration, error) {
+		_, err := pool.Exec(ctx, `INSERT INTO public.bench_insert (body) VALUES ($1)`, body)
+		return 0, err
+	}
+	return op, pool.Close, nil
+}
+
+var errNoRequests = errors.New("bench: no submitted requests to read (run submit first)")
+
+func (s *submitted) list() ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.urls) == 0 {
+		return nil, errNoRequests
+	}
+	return append([]string(nil), s.urls...), nil
+}

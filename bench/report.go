@@ -1,0 +1,177 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+)
+
+// Config is one benchmark run.
+type Config struct {
+	Concurrency int
+	Duration    time.Duration
+	Warmup      time.Duration
+	// Ops to run, from AllOps; status needs submit's requests.
+	Ops []string
+	// StatusRows is the size arap.requests is filled to before status runs.
+	StatusRows int
+	// ApproveConcurrency is the concurrency of approve-to-complete (a
+	// latency measurement: a few approvals at a time).
+	ApproveConcurrency int
+	Log                io.Writer
+}
+
+// AllOps are the operations, in run order.
+var AllOps = []string{"evaluate", "submit", "status", "gate", "approve-to-complete"}
+
+// Row is one line of the report.
+type Row struct {
+	Stats
+	Baseline      string  `json:"baseline,omitempty"`
+	BaselineRate  float64 `json:"baseline_per_second,omitempty"`
+	Ratio         float64 `json:"ratio,omitempty"`
+	Target        string  `json:"target,omitempty"`
+	Met           *bool   `json:"met,omitempty"`
+	BottleneckFor string  `json:"-"`
+}
+
+// Report is a whole run.
+type Report struct {
+	Config    Config           `json:"-"`
+	Rows      []Row            `json:"rows"`
+	Baselines map[string]Stats `json:"baselines"`
+	PeakRSS   map[string]int64 `json:"peak_rss_bytes"`
+	RSSMet    bool             `json:"rss_met"`
+	Rows1M    int              `json:"status_table_rows"`
+}
+
+// Run measures the baselines and then each op against s.
+func Run(ctx context.Context, s *System, c Config) (*Report, error) {
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	if c.ApproveConcurrency == 0 {
+		c.ApproveConcurrency = 4
+	}
+	r := &Report{Config: c, Baselines: map[string]Stats{}, PeakRSS: map[string]int64{}}
+	measure := func(name string, conc int, op Op) Stats {
+		fmt.Fprintf(c.Log, "measuring %s (%d workers, %s)\n", name, conc, c.Duration)
+		st := Measure(ctx, name, conc, c.Warmup, c.Duration, op)
+		fmt.Fprintln(c.Log, "  "+st.String())
+		return st
+	}
+	httpOp, stopHTTP, err := HTTPBaseline()
+	if err != nil {
+		return nil, err
+	}
+	r.Baselines["http"] = measure("baseline: HTTP JSON handler", c.Concurrency, httpOp)
+	stopHTTP()
+	insOp, stopIns, err := s.InsertBaseline(ctx, c.Concurrency)
+	if err != nil {
+		return nil, err
+	}
+	r.Baselines["insert"] = measure("baseline: single-row INSERT commit", c.Concurrency, insOp)
+	stopIns()
+
+	ratioRow := func(st Stats, base string, min float64) Row {
+		b := r.Baselines[base]
+		row := Row{Stats: st, Baseline: base, BaselineRate: b.PerSecond, Target: fmt.Sprintf(">= %.0f%% of %s", min*100, base)}
+		if b.PerSecond > 0 {
+			row.Ratio = st.PerSecond / b.PerSecond
+		}
+		met := row.Ratio >= min && st.Errors == 0
+		row.Met = &met
+		return row
+	}
+	latencyRow := func(st Stats, max time.Duration) Row {
+		met := st.N > 0 && st.P99 < max && st.Errors == 0
+		return Row{Stats: st, Target: "p99 < " + max.String(), Met: &met}
+	}
+	var subs submitted
+	var next atomic.Int64
+	for _, op := range AllOps {
+		if !slices.Contains(c.Ops, op) {
+			continue
+		}
+		switch op {
+		case "evaluate":
+			r.Rows = append(r.Rows, ratioRow(measure(op, c.Concurrency, s.Evaluate()), "http", 0.30))
+		case "submit":
+			r.Rows = append(r.Rows, ratioRow(measure(op, c.Concurrency, s.Submit(&subs)), "insert", 0.25))
+		case "status":
+			if _, err := subs.list(); err != nil {
+				// status reads need requests of this client: make some.
+				Measure(ctx, "submit (for status)", c.Concurrency, 0, 3*time.Second, s.Submit(&subs))
+			}
+			urls, err := subs.list()
+			if err != nil {
+				return nil, err
+			}
+			if c.StatusRows > 0 {
+				var have int
+				_ = s.DB.QueryRow(ctx, `SELECT count(*) FROM arap.requests`).Scan(&have)
+				fmt.Fprintf(c.Log, "filling arap.requests to %d rows\n", c.StatusRows)
+				if err := s.Fill(ctx, c.StatusRows-have); err != nil {
+					return nil, err
+				}
+			}
+			_ = s.DB.QueryRow(ctx, `SELECT count(*) FROM arap.requests`).Scan(&r.Rows1M)
+			r.Rows = append(r.Rows, latencyRow(measure(op, c.Concurrency, s.Status(urls)), 10*time.Millisecond))
+		case "gate":
+			r.Rows = append(r.Rows, ratioRow(measure(op, c.Concurrency, s.Gate(&next)), "insert", 0.10))
+		case "approve-to-complete":
+			r.Rows = append(r.Rows, latencyRow(measure(op, c.ApproveConcurrency, s.ApproveToComplete(&next)), 250*time.Millisecond))
+		}
+	}
+	r.RSSMet = true
+	for name, p := range map[string]*Process{"arapd serve": s.Serve, "arapd mcp": s.MCP} {
+		rss, err := p.PeakRSS()
+		if err != nil {
+			return nil, err
+		}
+		r.PeakRSS[name] = rss
+		if rss >= 200<<20 {
+			r.RSSMet = false
+		}
+	}
+	return r, nil
+}
+
+// Print writes the report as a table.
+func (r *Report) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "operation\tok\terrors\tper second\tp50\tp99\tbaseline/s\tratio\ttarget\tmet\t")
+	for _, name := range []string{"http", "insert"} {
+		b := r.Baselines[name]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t\t\t\t\t\n", b.Name, b.N, b.Errors, b.PerSecond, ms(b.P50), ms(b.P99))
+	}
+	for _, row := range r.Rows {
+		base, ratio := "", ""
+		if row.Baseline != "" {
+			base, ratio = fmt.Sprintf("%.0f", row.BaselineRate), fmt.Sprintf("%.0f%%", row.Ratio*100)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", row.Name, row.N, row.Errors, row.PerSecond, ms(row.P50), ms(row.P99),
+			base, ratio, row.Target, yes(row.Met != nil && *row.Met))
+	}
+	tw.Flush()
+	for name, rss := range r.PeakRSS {
+		fmt.Fprintf(w, "peak RSS %s: %.0f MB\n", name, float64(rss)/(1<<20))
+	}
+	fmt.Fprintf(w, "RSS under 200 MB: %s; status read with %d rows in arap.requests\n", yes(r.RSSMet), r.Rows1M)
+	for _, row := range r.Rows {
+		if row.FirstError != "" {
+			fmt.Fprintf(w, "first error of %s: %s\n", row.Name, row.FirstError)
+		}
+	}
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
+}

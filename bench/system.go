@@ -1,0 +1,261 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/internal/pgembed"
+	"github.com/omcp/arap/mcp"
+)
+
+// System is arap started for a benchmark: a private PostgreSQL, `arapd
+// serve` and `arapd mcp` as processes, API clients and MCP callers.
+type System struct {
+	DB         *pgxpool.Pool
+	DBURL      string
+	BackendURL string
+	MCPURL     string // the MCP endpoint
+	PEPToken   string
+	ITSMToken  string
+	Callers    []string // MCP caller tokens, one principal each
+	Serve, MCP *Process
+	cluster    *pgembed.Cluster
+	dir        string
+}
+
+// Options configure Start.
+type Options struct {
+	// Bin holds arapd and arapctl; empty builds them from this module.
+	Bin string
+	// Callers is how many MCP principals to create (per-caller limits bound
+	// each principal's live tasks, so the gate load is spread over many).
+	Callers int
+	Log     io.Writer
+}
+
+// Start brings a system up. Stop takes it down.
+func Start(ctx context.Context, o Options) (*System, error) {
+	s := &System{}
+	var err error
+	if s.dir, err = os.MkdirTemp("", "arapbench-"); err != nil {
+		return nil, err
+	}
+	_ = os.Chmod(s.dir, 0o711) // the PostgreSQL account must reach its cluster when we are root
+	if err := s.start(ctx, o); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *System) start(ctx context.Context, o Options) error {
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	bin := o.Bin
+	if bin == "" {
+		bin = filepath.Join(s.dir, "bin")
+		for _, cmd := range []string{"arapd", "arapctl"} {
+			fmt.Fprintf(o.Log, "building %s\n", cmd)
+			if out, err := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, cmd), "./cmd/"+cmd).CombinedOutput(); err != nil {
+				return fmt.Errorf("bench: build %s (run from the module root, or pass --bin): %v\n%s", cmd, err, out)
+			}
+		}
+	}
+	fmt.Fprintln(o.Log, "starting PostgreSQL")
+	var err error
+	if s.cluster, err = pgembed.Start(ctx, pgembed.Options{DataDir: filepath.Join(s.dir, "pg")}); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, s.cluster.ConnString("postgres"))
+	if err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "CREATE DATABASE arap")
+	conn.Close(ctx)
+	if err != nil {
+		return err
+	}
+	s.DBURL = s.cluster.ConnString("arap")
+	if s.DB, err = pgxpool.New(ctx, s.DBURL); err != nil {
+		return err
+	}
+	env := []string{"DATABASE_URL=" + s.DBURL, "ARAP_MASTER_KEY=" + randomKey(), "ARAP_PEP_MASTER_KEY=" + randomKey()}
+	run := func(name string, args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("bench: %s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+		return string(out), nil
+	}
+	if _, err := run("arapd", "migrate"); err != nil {
+		return err
+	}
+	token := regexp.MustCompile(`token: (\S+)`)
+	out, err := run("arapctl", "clients", "create", "--name", "pep", "--scope", "evaluate,request", "--actor", "agent:*",
+		"--callback-prefix", "http://127.0.0.1:", "--callback-network", "loopback")
+	if err != nil {
+		return err
+	}
+	s.PEPToken = token.FindStringSubmatch(out)[1]
+	if out, err = run("arapctl", "clients", "create", "--name", "itsm", "--scope", "decide", "--kind", "itsm"); err != nil {
+		return err
+	}
+	s.ITSMToken = token.FindStringSubmatch(out)[1]
+	if out, err = run("arapctl", "clients", "secret", "rotate", "pep"); err != nil {
+		return err
+	}
+	secret := regexp.MustCompile(`(whsec_\S+)`).FindStringSubmatch(out)[1]
+	callers := &mcp.Callers{DB: s.DB}
+	for i := range max(o.Callers, 1) {
+		tok := fmt.Sprintf("bench-caller-%05d-%s", i, randomKey()[:12])
+		if err := callers.Create(ctx, fmt.Sprintf("bench-%d", i), tok, mcp.Principal{SubjectType: "user", SubjectID: fmt.Sprintf("user%d", i), ActorID: "agent:bench"}); err != nil {
+			return err
+		}
+		s.Callers = append(s.Callers, tok)
+	}
+	policy := filepath.Join(s.dir, "policy.yaml")
+	if err := os.WriteFile(policy, dev.SeedPolicy(), 0o600); err != nil {
+		return err
+	}
+	fmt.Fprintln(o.Log, "starting arapd serve and arapd mcp")
+	if s.Serve, err = startProcess(filepath.Join(bin, "arapd"), env,
+		"serve", "--policy", policy, "--log-level", "warn", "--rate-limit", "100000000"); err != nil {
+		return err
+	}
+	s.BackendURL = "http://" + s.Serve.Addr
+	mcpEnv := append(env, "ARAP_BACKEND_TOKEN="+s.PEPToken, "ARAP_WEBHOOK_SECRETS="+secret)
+	if s.MCP, err = startProcess(filepath.Join(bin, "arapd"), mcpEnv,
+		"mcp", "--backend-url", s.BackendURL, "--log-level", "warn", "--poll-interval", "1s"); err != nil {
+		return err
+	}
+	s.MCPURL = "http://" + s.MCP.Addr + "/mcp"
+	return nil
+}
+
+// Stop ends the processes and the cluster and removes everything.
+func (s *System) Stop() {
+	for _, p := range []*Process{s.MCP, s.Serve} {
+		if p != nil {
+			p.Stop()
+		}
+	}
+	if s.DB != nil {
+		s.DB.Close()
+	}
+	if s.cluster != nil {
+		_ = s.cluster.Stop(context.Background())
+	}
+	_ = os.RemoveAll(s.dir)
+}
+
+func randomKey() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// Process is a server process of the system.
+type Process struct {
+	Addr string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startProcess runs `bin args... --addr 127.0.0.1:<free port>` and waits
+// until its /healthz answers.
+func startProcess(bin string, env []string, args ...string) (*Process, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(bin, append(args, "--addr", addr)...)
+	cmd.Env = append(os.Environ(), env...)
+	var logs strings.Builder
+	cmd.Stderr = &limitedWriter{w: &logs, n: 64 << 10}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &Process{Addr: addr, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p, nil
+			}
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("bench: %s %s exited before it was ready: %s", bin, args[0], logs.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.Stop()
+			return nil, errors.New("bench: " + args[0] + " did not start within 60s")
+		}
+	}
+}
+
+type limitedWriter struct {
+	w io.Writer
+	n int
+}
+
+func (l *limitedWriter) Write(b []byte) (int, error) {
+	if l.n > 0 {
+		k := min(len(b), l.n)
+		l.n -= k
+		_, _ = l.w.Write(b[:k])
+	}
+	return len(b), nil
+}
+
+// PeakRSS is the process's peak resident set size in bytes (VmHWM).
+func (p *Process) PeakRSS() (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, errors.New("bench: no VmHWM in /proc status")
+}
+
+// Stop ends the process (SIGTERM, then SIGKILL after 10s).
+func (p *Process) Stop() {
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
