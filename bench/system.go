@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -47,7 +48,10 @@ type Options struct {
 	// Callers is how many MCP principals to create (per-caller limits bound
 	// each principal's live tasks, so the gate load is spread over many).
 	Callers int
-	Log     io.Writer
+	// Pprof serves profiles of arapd serve on 127.0.0.1:6060 and of arapd
+	// mcp on 127.0.0.1:6061 (ARAP_PPROF_ADDR).
+	Pprof bool
+	Log   io.Writer
 }
 
 // Start brings a system up. Stop takes it down.
@@ -138,12 +142,16 @@ func (s *System) start(ctx context.Context, o Options) error {
 		return err
 	}
 	fmt.Fprintln(o.Log, "starting arapd serve and arapd mcp")
-	if s.Serve, err = startProcess(filepath.Join(bin, "arapd"), env,
+	serveEnv, mcpEnv := env, append(env, "ARAP_BACKEND_TOKEN="+s.PEPToken, "ARAP_WEBHOOK_SECRETS="+secret)
+	if o.Pprof {
+		serveEnv = append(slices.Clone(serveEnv), "ARAP_PPROF_ADDR=127.0.0.1:6060")
+		mcpEnv = append(mcpEnv, "ARAP_PPROF_ADDR=127.0.0.1:6061")
+	}
+	if s.Serve, err = startProcess(filepath.Join(bin, "arapd"), serveEnv,
 		"serve", "--policy", policy, "--log-level", "warn", "--rate-limit", "100000000"); err != nil {
 		return err
 	}
 	s.BackendURL = "http://" + s.Serve.Addr
-	mcpEnv := append(env, "ARAP_BACKEND_TOKEN="+s.PEPToken, "ARAP_WEBHOOK_SECRETS="+secret)
 	if s.MCP, err = startProcess(filepath.Join(bin, "arapd"), mcpEnv,
 		"mcp", "--backend-url", s.BackendURL, "--log-level", "warn", "--poll-interval", "1s"); err != nil {
 		return err

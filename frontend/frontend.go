@@ -114,7 +114,15 @@ func (f *Frontend) build(ctx context.Context) error {
 	}
 	f.cfg.PublicURL = public
 	var err error
-	if f.pool, err = pgxpool.New(ctx, cfg.DatabaseURL); err != nil {
+	poolCfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("frontend: database URL: %w", err)
+	}
+	// pgx's default (4 on a 2-core machine) queues concurrent tools/calls
+	// behind each other's transactions; pool_max_conns in the URL still wins
+	// when it asks for more.
+	poolCfg.MaxConns = max(poolCfg.MaxConns, 20)
+	if f.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
 		return fmt.Errorf("frontend: connect: %w", err)
 	}
 	if err := f.pool.Ping(ctx); err != nil {

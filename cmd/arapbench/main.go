@@ -31,11 +31,12 @@ func main() {
 	callers := fs.Int("callers", 2000, "MCP principals to spread the gate load over (each may hold 20 live tasks)")
 	bin := fs.String("bin", "", "directory with arapd and arapctl (default: build them; run from the module root)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	pprof := fs.Bool("pprof", false, "serve profiles of arapd serve on 127.0.0.1:6060 and arapd mcp on 127.0.0.1:6061 during the run")
 	_ = fs.Parse(os.Args[1:])
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	s, err := bench.Start(ctx, bench.Options{Bin: *bin, Callers: *callers, Log: os.Stderr})
+	s, err := bench.Start(ctx, bench.Options{Bin: *bin, Callers: *callers, Pprof: *pprof, Log: os.Stderr})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "arapbench:", err)
 		os.Exit(1)

@@ -13,6 +13,9 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -45,6 +48,15 @@ func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
+	}
+	if addr := os.Getenv("ARAP_PPROF_ADDR"); addr != "" {
+		// Profiling on its own listener (net/http/pprof registers on the
+		// default mux, which no server here uses otherwise). Loopback only.
+		if host, _, err := net.SplitHostPort(addr); err != nil || !net.ParseIP(host).IsLoopback() {
+			fmt.Fprintln(os.Stderr, "arapd: ARAP_PPROF_ADDR must be a loopback host:port")
+			os.Exit(2)
+		}
+		go func() { fmt.Fprintln(os.Stderr, "arapd: pprof:", http.ListenAndServe(addr, nil)) }()
 	}
 	var err error
 	switch os.Args[1] {
