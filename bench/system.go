@@ -78,8 +78,8 @@ func (s *System) start(ctx context.Context, o Options) error {
 		bin = filepath.Join(s.dir, "bin")
 		for _, cmd := range []string{"arapd", "arapctl"} {
 			fmt.Fprintf(o.Log, "building %s\n", cmd)
-			if out, err := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, cmd), "./cmd/"+cmd).CombinedOutput(); err != nil {
-				return fmt.Errorf("bench: build %s (run from the module root, or pass --bin): %v\n%s", cmd, err, out)
+			if out, err := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, cmd), "github.com/omcp/arap/cmd/"+cmd).CombinedOutput(); err != nil {
+				return fmt.Errorf("bench: build %s (run inside the module, or pass --bin): %v\n%s", cmd, err, out)
 			}
 		}
 	}
