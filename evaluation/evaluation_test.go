@@ -26,7 +26,7 @@ const (
 
 var fixed = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
 
-func setup(t *testing.T) (*evaluation.Engine, *signing.Keys) {
+func setup(t testing.TB) (*evaluation.Engine, *signing.Keys) {
 	t.Helper()
 	keys, err := signing.Open(context.Background(), dbtest.New(t), signing.Options{MasterKey: make([]byte, 32)})
 	require.NoError(t, err)
