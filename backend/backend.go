@@ -194,6 +194,13 @@ func (b *Backend) build(ctx context.Context) error {
 		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}},
 		PeriodicJobs: b.requests.PeriodicJobs(),
 		JobTimeout:   cfg.JobTimeout,
+		// River fetches at most MaxWorkers jobs per fetch and waits
+		// FetchCooldown (default 100ms) between fetches, which caps a
+		// replica at Workers/FetchCooldown jobs a second: 200 with the
+		// defaults, when 100,000 requests can fall due at once
+		// (e2e TestScaleExpiry: 376 expiries/s with two replicas at 100ms,
+		// 765/s at 20ms, for 5,000 requests).
+		FetchCooldown: 20 * time.Millisecond,
 		// A job whose worker died (kill -9) is retried after this.
 		RescueStuckJobsAfter: 2 * cfg.JobTimeout,
 	}); err != nil {

@@ -1,0 +1,643 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/requests"
+)
+
+const scalePolicy = `  - name: scale
+    match: {action: tools/call, resource_type: mcp_tool, resource_id: scale}
+    effect: request
+    approval: {groups: [treasury]}
+    request_ttl: 1h
+`
+
+// envInt reads a positive integer from the environment, or def.
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(t, err, "%s must be a positive integer", name)
+	require.Positive(t, n, "%s must be a positive integer", name)
+	return n
+}
+
+// TestScaleExpiry: N pending requests (ARAP_SCALE_REQUESTS, default 5000;
+// 100000 is the scale run) reach their deadline at the same moment with two
+// `arapd serve` replicas on one database. Every request ends expired, with
+// exactly one request.expired audit event, within a minute of the deadline,
+// and every audit chain still verifies.
+//
+// The requests are written in bulk rather than through the API (100k
+// submissions would take longer than the expiry being measured), but they
+// are the state a submission leaves, cloned from one real submission: the
+// request row, its Idempotency-Key, its spent jti, the first event of its
+// audit chain (hash-linked as audit.Append links it) and its River expiry job
+// scheduled at the deadline, as requests.Service.create writes them.
+func TestScaleExpiry(t *testing.T) {
+	n := envInt(t, "ARAP_SCALE_REQUESTS", 5000)
+	env, policy, token, pool := setupDeployment(t)
+	// The template must stay pending while it is cloned.
+	require.NoError(t, os.WriteFile(policy, []byte(e2ePolicy+scalePolicy), 0o600))
+	args := []string{"serve", "--addr", "127.0.0.1:0", "--public-url", "https://arap.example", "--policy", policy}
+	a := startArapd(t, env, args...)
+	b := startArapd(t, env, args...)
+	ctx := context.Background()
+
+	// One real submission, the template of the others.
+	call := toolCall("scale", map[string]any{"i": "template"})
+	status, d := postJSON(t, a.url()+"/access/v1/evaluation", token, call)
+	require.Equal(t, 200, status, "evaluate the template call: %v", d)
+	hint := d["context"].(map[string]any)["access_request"].(map[string]any)
+	call["denial"] = map[string]any{"expires_at": hint["expires_at"], "binding_token": hint["binding_token"],
+		"evaluation_id": d["context"].(map[string]any)["evaluation_id"]}
+	status, r := postJSON(t, b.url()+"/access/v1/requests", token, call, "Idempotency-Key", "scale-template")
+	require.Equal(t, 202, status, "submit the template request: %v", r)
+	templateID := r["task"].(map[string]any)["id"].(string)
+
+	// The deadline leaves time to write them all (about 100 µs a request
+	// on a loaded 2-core machine, measured), with a margin.
+	deadline := time.Now().Add(5*time.Second + time.Duration(n)*250*time.Microsecond).Truncate(time.Second)
+	began := time.Now()
+	insertPending(t, pool, templateID, n, deadline)
+	committed := time.Now()
+	t.Logf("wrote %d pending requests in %s; deadline in %s", n, committed.Sub(began).Round(time.Millisecond), time.Until(deadline).Round(time.Millisecond))
+	// Measured from the deadline, or from the commit if writing took longer
+	// (then the jobs were already due when they became visible).
+	start := deadline
+	if committed.After(deadline) {
+		t.Logf("the bulk write committed %s after the deadline; measuring from the commit", committed.Sub(deadline))
+		start = committed
+	}
+
+	// Wait for the last pending request to go, failing early if nothing
+	// moves for a minute (stuck) rather than at the test's timeout.
+	time.Sleep(time.Until(start))
+	var pending int
+	lastPending, lastMove := -1, time.Now()
+	for {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM arap.requests WHERE status = 'pending' AND id <> $1`, templateID).Scan(&pending))
+		if pending == 0 {
+			break
+		}
+		if pending != lastPending {
+			lastPending, lastMove = pending, time.Now()
+		}
+		require.Less(t, time.Since(lastMove), time.Minute, "%d requests still pending %s after the deadline, none expired in the last minute",
+			pending, time.Since(start).Round(time.Second))
+		time.Sleep(time.Second)
+	}
+	observed := time.Since(start)
+	var last time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT max(terminal_at) FROM arap.requests WHERE id <> $1`, templateID).Scan(&last))
+	took := last.Sub(start)
+	t.Logf("expiry: N=%d, last expired %.1fs after the deadline (polled: %.1fs), %.0f requests/s, two replicas",
+		n, took.Seconds(), observed.Seconds(), float64(n)/took.Seconds())
+	require.Less(t, took, time.Minute, "%d requests expire within a minute of their deadline", n)
+
+	// Every request expired, exactly once.
+	var total, expired, chains, wrong int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'expired') FROM arap.requests WHERE id <> $1`,
+		templateID).Scan(&total, &expired))
+	require.Equal(t, n, total, "the clones")
+	require.Equal(t, total, expired, "every request expired")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE c <> 1) FROM (
+		SELECT chain, count(*) AS c FROM arap.audit_events WHERE kind = 'request.expired' GROUP BY chain) x`).Scan(&chains, &wrong))
+	require.Equal(t, total, chains, "every request has a request.expired event")
+	require.Zero(t, wrong, "requests with more than one request.expired event")
+	// The expiry jobs all ended well (the completer writes asynchronously).
+	require.Eventually(t, func() bool {
+		var open int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river.river_job WHERE kind = $1 AND state <> 'completed' AND args->>'request_id' <> $2`,
+			requests.ExpireArgs{}.Kind(), templateID).Scan(&open))
+		return open == 0
+	}, time.Minute, 250*time.Millisecond, "every expiry job completed")
+	rep, err := audit.Verify(ctx, pool)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "audit chains break: %v", rep.Breaks)
+	require.Equal(t, total+2, rep.Chains, "one chain per request, the template's and the system chain")
+	t.Logf("replica a expired %d, replica b %d", countLog(a, "request expired"), countLog(b, "request expired"))
+}
+
+func countLog(p *proc, msg string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := 0
+	for _, l := range p.lines {
+		if l["msg"] == msg {
+			c++
+		}
+	}
+	return c
+}
+
+// insertPending clones the pending request templateID n times, each with
+// its own id, evaluation_id, Idempotency-Key, jti and audit chain, all due at
+// deadline, and schedules their expiry jobs, in one transaction.
+func insertPending(t *testing.T, pool *pgxpool.Pool, templateID string, n int, deadline time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	began := time.Now()
+	jobs, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: migrations.RiverSchema})
+	require.NoError(t, err)
+
+	var event struct {
+		at    time.Time
+		actor string
+		data  map[string]any
+	}
+	var raw []byte
+	require.NoError(t, pool.QueryRow(ctx, `SELECT at, actor, data FROM arap.audit_events WHERE chain = $1 AND kind = 'request.submitted'`,
+		templateID).Scan(&event.at, &event.actor, &raw))
+	require.NoError(t, json.Unmarshal(raw, &event.data))
+	now := time.Now().UTC().Truncate(time.Microsecond)
+
+	ids := make([]string, n)
+	evals := make([]string, n)
+	keys := make([]string, n)
+	jtis := make([]string, n)
+	events := make([][]any, n)
+	expiries := make([]river.InsertManyParams, n)
+	for i := range n {
+		ids[i] = "arq_" + rand.Text()
+		evals[i] = "eval_" + rand.Text()
+		keys[i] = "scale-" + rand.Text()
+		jtis[i] = rand.Text()
+		data := map[string]any{}
+		for k, v := range event.data {
+			data[k] = v
+		}
+		data["evaluation_id"], data["expires_at"] = evals[i], deadline
+		body, err := json.Marshal(data)
+		require.NoError(t, err)
+		events[i] = []any{ids[i], int64(1), now, "request.submitted", event.actor, json.RawMessage(body), nil,
+			firstLinkHash(t, ids[i], now, "request.submitted", event.actor, body)}
+		expiries[i] = river.InsertManyParams{Args: requests.ExpireArgs{RequestID: ids[i]}, InsertOpts: &river.InsertOpts{ScheduledAt: deadline}}
+	}
+
+	prepared := time.Now()
+	var phases []string
+	phase := func(name string) {
+		phases = append(phases, fmt.Sprintf("%s %s", name, time.Since(prepared).Round(time.Millisecond)))
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `CREATE TEMP TABLE scale_clones (id text, evaluation_id text, key text, jti text) ON COMMIT DROP`); err != nil {
+			return fmt.Errorf("temp table: %w", err)
+		}
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"scale_clones"}, []string{"id", "evaluation_id", "key", "jti"},
+			pgx.CopyFromSlice(n, func(i int) ([]any, error) { return []any{ids[i], evals[i], keys[i], jtis[i]}, nil })); err != nil {
+			return fmt.Errorf("copy clone ids: %w", err)
+		}
+		// The key and jti rows come first, as create writes them.
+		if _, err := tx.Exec(ctx, `INSERT INTO arap.idempotency_keys (client_id, key, body_hash, request_id, created_at)
+			SELECT k.client_id, c.key, k.body_hash, c.id, $2 FROM arap.idempotency_keys k, scale_clones c WHERE k.request_id = $1`,
+			templateID, now); err != nil {
+			return fmt.Errorf("clone idempotency keys: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO arap.binding_jtis (jti, expires_at, request_id)
+			SELECT c.jti, j.expires_at, c.id FROM arap.binding_jtis j, scale_clones c WHERE j.request_id = $1`, templateID); err != nil {
+			return fmt.Errorf("clone jtis: %w", err)
+		}
+		// Every column of the template, but for the ones that make a request
+		// itself (listed from the catalog, so a new column is cloned too).
+		overrides := map[string]string{"id": "c.id", "evaluation_id": "c.evaluation_id", "status": "'pending'",
+			"status_reason": "NULL", "result": "NULL", "terminal_at": "NULL", "expires_at": "$2", "created_at": "$3", "updated_at": "$3"}
+		rows, err := tx.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = 'arap.requests'::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`)
+		if err != nil {
+			return fmt.Errorf("list request columns: %w", err)
+		}
+		cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("list request columns: %w", err)
+		}
+		exprs := make([]string, len(cols))
+		for i, c := range cols {
+			exprs[i] = "r." + c
+			if o, ok := overrides[c]; ok {
+				exprs[i] = o
+			}
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO arap.requests (`+strings.Join(cols, ", ")+`) SELECT `+strings.Join(exprs, ", ")+`
+			FROM arap.requests r, scale_clones c WHERE r.id = $1 AND r.status = 'pending'`, templateID, deadline, now)
+		if err != nil {
+			return fmt.Errorf("clone requests: %w", err)
+		}
+		if int(tag.RowsAffected()) != n {
+			return fmt.Errorf("cloned %d requests, want %d", tag.RowsAffected(), n)
+		}
+		phase("rows")
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"arap", "audit_events"},
+			[]string{"chain", "seq", "at", "kind", "actor", "data", "prev_hash", "hash"}, pgx.CopyFromRows(events)); err != nil {
+			return fmt.Errorf("copy audit events: %w", err)
+		}
+		phase("audit")
+		if _, err := jobs.InsertManyFastTx(ctx, tx, expiries); err != nil {
+			return fmt.Errorf("schedule expiry jobs: %w", err)
+		}
+		phase("jobs")
+		return nil
+	}))
+	phase("commit")
+	t.Logf("bulk write: prepared in %s, then %s", prepared.Sub(began).Round(time.Millisecond), strings.Join(phases, ", "))
+}
+
+// firstLinkHash is the hash audit.Append gives the first event of a chain:
+// SHA-256 of the RFC 8785 form of {chain, seq, at, kind, actor, data}.
+// audit.Verify, run at the end of the test, checks that it agrees.
+func firstLinkHash(t *testing.T, chain string, at time.Time, kind, actor string, data []byte) []byte {
+	body, err := authzen.Canonical(map[string]any{
+		"chain": chain, "seq": 1, "at": at.UTC().Format(time.RFC3339Nano), "kind": kind, "actor": actor, "data": json.RawMessage(data),
+	})
+	require.NoError(t, err)
+	h := sha256.Sum256(body)
+	return h[:]
+}
+
+// failover is a round-robin reverse proxy over backend replicas, as a load
+// balancer would be: a replica that refuses connections (killed) is skipped.
+type failover struct {
+	mu       sync.Mutex
+	next     int
+	backends []*url.URL
+}
+
+func (f *failover) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, "read body: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	f.mu.Lock()
+	start := f.next
+	f.next++
+	f.mu.Unlock()
+	var lastErr error
+	for i := range f.backends {
+		u := f.backends[(start+i)%len(f.backends)]
+		out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String()+r.URL.RequestURI(), bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		out.Header = r.Header.Clone()
+		resp, err := http.DefaultTransport.RoundTrip(out)
+		if err != nil {
+			lastErr = err
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				continue // the replica is down: the next one
+			}
+			break // the replica died during the request: as a balancer, 502
+		}
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+		return
+	}
+	http.Error(w, fmt.Sprintf("no backend answered: %v", lastErr), http.StatusBadGateway)
+}
+
+// TestScaleKillOneOfEach runs two `arapd serve` (behind a round-robin
+// balancer) and two `arapd mcp` on one database, drives gated wire_transfer
+// calls from several callers through both front-ends while an ITSM client
+// decides them (one in ten denied), and kills one of each with SIGKILL
+// mid-run; the killed ones are not restarted. A call whose HTTP request died
+// with its front-end is retried with the same arguments on the survivor and
+// must get the recovered task. Then: every task ends, an approved one ran
+// exactly once, a denied one never, no backend request is orphaned or
+// duplicated, nothing failed. ARAP_SCALE_CALLS sets the number of calls
+// (default 120); the run lasts about 36 s whatever the number, with more
+// callers for more calls.
+func TestScaleKillOneOfEach(t *testing.T) {
+	calls := envInt(t, "ARAP_SCALE_CALLS", 120)
+	// Each caller makes a call every 3 s, 12 in all: under its limits of
+	// 30 submissions a minute and 20 live tasks.
+	const perCaller, every = 12, 3 * time.Second
+	nCallers := (calls + perCaller - 1) / perCaller
+	dbURL := dbtest.URL(t)
+	env := []string{"DATABASE_URL=" + dbURL, "ARAP_MASTER_KEY=" + masterKey}
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	require.NoError(t, os.WriteFile(policy, dev.SeedPolicy(), 0o600))
+	pepToken := token(arapctl(t, env, "clients", "create", "--name", "pep", "--scope", "evaluate,request", "--actor", "agent:*",
+		"--callback-prefix", "http://127.0.0.1:", "--callback-network", "loopback"))
+	itsmToken := token(arapctl(t, env, "clients", "create", "--name", "itsm", "--scope", "decide", "--kind", "itsm"))
+	callers := make([]string, nCallers)
+	for i := range callers {
+		callers[i] = token(arapctl(t, env, "callers", "create", fmt.Sprintf("scale-agent-%d", i), "--subject", "alice", "--actor", fmt.Sprintf("agent:scale-%d", i)))
+	}
+	secret := regexp.MustCompile(`(whsec_\S+)`).FindStringSubmatch(arapctl(t, env, "clients", "secret", "rotate", "pep"))[1]
+
+	lb := &failover{}
+	front := httptest.NewServer(lb)
+	t.Cleanup(front.Close)
+	serve := []string{"serve", "--addr", "127.0.0.1:0", "--policy", policy, "--public-url", front.URL}
+	backends := []*proc{startArapd(t, env, serve...), startArapd(t, env, serve...)}
+	for _, b := range backends {
+		u, err := url.Parse(b.url())
+		require.NoError(t, err)
+		lb.backends = append(lb.backends, u)
+	}
+	mcpEnv := []string{"DATABASE_URL=" + dbURL, "ARAP_PEP_MASTER_KEY=" + pepMasterKey, "ARAP_BACKEND_TOKEN=" + pepToken, "ARAP_WEBHOOK_SECRETS=" + secret}
+	mcpArgs := []string{"mcp", "--addr", "127.0.0.1:0", "--backend-url", front.URL,
+		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s"}
+	fronts := []*proc{startArapd(t, mcpEnv, mcpArgs...), startArapd(t, mcpEnv, mcpArgs...)}
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// The front-end a client uses: the first alternates, and once the
+	// first of them is dead only the survivor answers.
+	var killed atomic.Bool
+	frontFor := func(i int) *proc {
+		if killed.Load() {
+			return fronts[1]
+		}
+		return fronts[i%2]
+	}
+
+	type call struct {
+		caller  int
+		to      string
+		taskID  string
+		retries int  // tools/call repeated after its front-end failed
+		died    bool // one of them died under the call (not refused)
+	}
+	var (
+		mu       sync.Mutex
+		done     []*call
+		problems []string
+	)
+	problem := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		problems = append(problems, fmt.Sprintf(format, args...))
+	}
+	returned := make(chan struct{}, calls)
+	// Once armed, a call sent to the first front-end says so: the kill
+	// lands while the front-end is handling it.
+	var armed atomic.Bool
+	inFlight := make(chan struct{}, 1)
+
+	// The ITSM system decides whatever is pending: it denies transfers to
+	// accounts ending in 7, approves the rest.
+	decided := map[string]string{}
+	approver := make(chan struct{})
+	stopApprover := make(chan struct{})
+	go func() {
+		defer close(approver)
+		for {
+			select {
+			case <-stopApprover:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			rows, err := pool.Query(ctx, `SELECT id, resource->'properties'->'arguments'->>'to' FROM arap.requests WHERE status = 'pending'`)
+			if err != nil {
+				problem("list pending requests: %v", err)
+				return
+			}
+			type pend struct{ id, to string }
+			list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pend, error) {
+				var p pend
+				return p, r.Scan(&p.id, &p.to)
+			})
+			if err != nil {
+				problem("list pending requests: %v", err)
+				return
+			}
+			for _, p := range list {
+				if _, ok := decided[p.id]; ok {
+					continue
+				}
+				decision := "approve"
+				if strings.HasSuffix(p.to, "7") {
+					decision = "deny"
+				}
+				status, body, err := decide(ctx, front.URL, itsmToken, p.id, decision)
+				switch {
+				case err != nil:
+					problem("decide %s: %v", p.id, err)
+					return
+				case status == 200:
+					decided[p.id] = decision
+				case status == 502: // the balancer lost the replica mid-request: try again
+				default:
+					problem("decide %s: %d %s", p.id, status, body)
+					decided[p.id] = "refused"
+				}
+			}
+		}
+	}()
+
+	// The callers: each sends its share of calls, one after another.
+	began := time.Now()
+	var wg sync.WaitGroup
+	for c := range nCallers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j, k := 0, c; k < calls; j, k = j+1, k+nCallers {
+				// Paced, so the load is steady and the kill lands mid-run.
+				time.Sleep(time.Until(began.Add(time.Duration(j)*every + time.Duration(c)*every/time.Duration(nCallers))))
+				cl := &call{caller: c, to: fmt.Sprintf("acct-scale-%04d", k)}
+				args := map[string]any{"to": cl.to, "amount": 50000}
+				for {
+					f := frontFor(k + cl.retries)
+					client := &tasks.Client{URL: f.url() + "/mcp", Token: callers[c]}
+					callCtx := ctx
+					if f == fronts[0] {
+						callCtx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) {
+							if armed.Load() {
+								select {
+								case inFlight <- struct{}{}:
+								default:
+								}
+							}
+						}})
+					}
+					r, err := client.CallTool(callCtx, "wire_transfer", args, nil)
+					if err != nil {
+						var rpc *tasks.RPCError
+						if errors.As(err, &rpc) || ctx.Err() != nil {
+							problem("call %s: %v", cl.to, err)
+							break
+						}
+						// The front-end is dead, or died under the call: the
+						// same call again.
+						cl.retries++
+						cl.died = cl.died || !errors.Is(err, syscall.ECONNREFUSED)
+						time.Sleep(200 * time.Millisecond)
+						continue
+					}
+					if r.ResultType != tasks.ResultTypeTask {
+						problem("call %s: %s result, not a task: %s", cl.to, r.ResultType, r.Raw)
+						break
+					}
+					cl.taskID = r.Task.TaskID
+					break
+				}
+				mu.Lock()
+				done = append(done, cl)
+				mu.Unlock()
+				returned <- struct{}{}
+			}
+		}()
+	}
+
+	// Halfway, one backend and one front-end die, the front-end in the
+	// middle of a tools/call.
+	for range calls / 2 {
+		<-returned
+	}
+	armed.Store(true)
+	select {
+	case <-inFlight:
+		time.Sleep(10 * time.Millisecond) // past the evaluation, into the submission, often
+	case <-time.After(30 * time.Second):
+		t.Log("no call reached the first front-end within 30s of arming the kill; killing anyway")
+	}
+	require.NoError(t, backends[1].cmd.Process.Kill())
+	require.NoError(t, fronts[0].cmd.Process.Kill())
+	killed.Store(true)
+	killTime := time.Now()
+	killedAt := killTime.Sub(began)
+	require.Equal(t, -1, backends[1].wait(10*time.Second))
+	require.Equal(t, -1, fronts[0].wait(10*time.Second))
+	wg.Wait()
+	callsTook := time.Since(began)
+
+	// Every task ends; clients poll the survivor.
+	outcomes := map[string]int{}
+	retried, died, recovered := 0, 0, 0
+	byTask := map[string]*call{}
+	for _, cl := range done {
+		retried += min(cl.retries, 1)
+		if cl.died {
+			died++
+			// Submitted before the kill: the retry got the recovered task.
+			recovered += countRows(t, pool, `SELECT count(*) FROM arap.requests WHERE resource->'properties'->'arguments'->>'to' = $1
+				AND created_at < $2`, cl.to, killTime)
+		}
+		if cl.taskID == "" {
+			continue
+		}
+		require.NotContains(t, byTask, cl.taskID, "two calls got one task: %s and %s", cl.to, byTask[cl.taskID])
+		byTask[cl.taskID] = cl
+		client := &tasks.Client{URL: fronts[1].url() + "/mcp", Token: callers[cl.caller]}
+		d, err := client.Wait(ctx, cl.taskID)
+		require.NoError(t, err, "task %s of the call to %s", cl.taskID, cl.to)
+		outcome := string(d.Status)
+		if d.Status == tasks.Completed {
+			_, m, _ := resultText(t, d)
+			outcome = fmt.Sprint(m["io.modelcontextprotocol/tool-approval-disposition"])
+		}
+		outcomes[outcome]++
+		executed := countRows(t, pool, `SELECT count(*) FROM pep.ledger WHERE task_id = $1`, cl.taskID)
+		switch want := strings.HasSuffix(cl.to, "7"); {
+		case outcome == "approved-executed" && !want:
+			require.Equal(t, 1, executed, "approved task %s (%s) ran once", cl.taskID, cl.to)
+		case outcome == "denied-not-executed" && want:
+			require.Zero(t, executed, "denied task %s (%s) never ran", cl.taskID, cl.to)
+		default:
+			t.Errorf("task %s (%s): %s (%s), ledger rows %d", cl.taskID, cl.to, outcome, d.StatusMessage, executed)
+		}
+	}
+	allDone := time.Since(began)
+	close(stopApprover)
+	<-approver
+	require.Empty(t, problems)
+	require.Len(t, done, calls)
+	require.Len(t, byTask, calls, "every call got a task")
+
+	// One backend request per call (a retried call was not submitted
+	// twice), none left pending, no task run twice.
+	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT 1 FROM arap.requests
+		GROUP BY resource->'properties'->'arguments'->>'to' HAVING count(*) > 1) x`), "calls with more than one backend request")
+	require.Equal(t, calls, countRows(t, pool, `SELECT count(*) FROM arap.requests`))
+	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM arap.requests r WHERE r.status = 'pending'
+		AND NOT EXISTS (SELECT 1 FROM pep.approval_tasks a WHERE a.backend_id = r.id AND a.phase <> 'done')`), "orphaned backend requests")
+	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT 1 FROM pep.ledger GROUP BY task_id HAVING count(*) > 1) x`), "tasks run twice")
+	approvals, denials := 0, 0
+	for _, d := range decided {
+		switch d {
+		case "approve":
+			approvals++
+		case "deny":
+			denials++
+		}
+	}
+	t.Logf("kill run: %d calls from %d callers through 2 front-ends and 2 backends; %d approved, %d denied; "+
+		"killed 1 backend and 1 front-end (not restarted) at %.1fs, after %d calls returned; %d calls retried on the survivor "+
+		"(%d of them died under the call, %d after their submission reached the backend); all calls returned in %.1fs, all tasks ended in %.1fs; outcomes %v",
+		calls, nCallers, approvals, denials, killedAt.Seconds(), calls/2, retried, died, recovered, callsTook.Seconds(), allDone.Seconds(), outcomes)
+}
+
+// decide posts an ITSM decision; a test helper that can run off the test's
+// goroutine.
+func decide(ctx context.Context, base, token, id, decision string) (int, string, error) {
+	b, err := json.Marshal(map[string]any{"decision": decision, "reason": "scale"})
+	if err != nil {
+		return 0, "", err
+	}
+	req, err := http.NewRequestWithContext(ctx, "POST", base+"/v1/requests/"+id+"/decisions", bytes.NewReader(b))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw), err
+}
+
+func countRows(t *testing.T, pool *pgxpool.Pool, query string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), query, args...).Scan(&n), "%s", query)
+	return n
+}
