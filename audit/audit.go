@@ -94,6 +94,89 @@ func Append(ctx context.Context, tx pgx.Tx, e Event) error {
 	return nil
 }
 
+// AppendMany adds events to the ends of their chains within tx in three
+// statements, however many events there are: lock the chains (in a fixed
+// order, so two batches cannot deadlock on each other), read their heads,
+// insert. Events of one chain are appended in the order given.
+func AppendMany(ctx context.Context, tx pgx.Tx, events []Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	type head struct {
+		seq  int64
+		hash []byte
+	}
+	heads := map[string]*head{}
+	var chains []string
+	var locks []int64
+	for _, e := range events {
+		if e.Chain == "" || e.Kind == "" || e.Actor == "" {
+			return errors.New("audit: event needs chain, kind and actor")
+		}
+		if _, ok := heads[e.Chain]; !ok {
+			heads[e.Chain] = &head{}
+			chains = append(chains, e.Chain)
+			locks = append(locks, chainLock(e.Chain))
+		}
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(l) FROM (SELECT unnest($1::bigint[]) AS l ORDER BY 1) locks`, locks); err != nil {
+		return fmt.Errorf("audit: lock chains: %w", err)
+	}
+	rows, err := tx.Query(ctx, `SELECT DISTINCT ON (chain) chain, seq, hash FROM arap.audit_events
+		WHERE chain = ANY($1) ORDER BY chain, seq DESC`, chains)
+	if err != nil {
+		return fmt.Errorf("audit: read chain heads: %w", err)
+	}
+	for rows.Next() {
+		var c string
+		var h head
+		if err := rows.Scan(&c, &h.seq, &h.hash); err != nil {
+			rows.Close()
+			return fmt.Errorf("audit: read chain heads: %w", err)
+		}
+		*heads[c] = h
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("audit: read chain heads: %w", err)
+	}
+	n := len(events)
+	var (
+		cs, kinds, actors []string
+		seqs              = make([]int64, 0, n)
+		ats               = make([]time.Time, 0, n)
+		datas             = make([]string, 0, n)
+		prevs, hashes     = make([][]byte, 0, n), make([][]byte, 0, n)
+	)
+	for _, e := range events {
+		if e.At.IsZero() {
+			e.At = time.Now()
+		}
+		e.At = e.At.UTC().Truncate(time.Microsecond)
+		data := []byte("{}")
+		if e.Data != nil {
+			if data, err = json.Marshal(e.Data); err != nil {
+				return fmt.Errorf("audit: encode %s: %w", e.Kind, err)
+			}
+		}
+		h := heads[e.Chain]
+		seq := h.seq + 1
+		sum, err := linkHash(h.hash, e.Chain, seq, e.At, e.Kind, e.Actor, data)
+		if err != nil {
+			return err
+		}
+		cs, seqs, ats, kinds, actors = append(cs, e.Chain), append(seqs, seq), append(ats, e.At), append(kinds, e.Kind), append(actors, e.Actor)
+		datas, prevs, hashes = append(datas, string(data)), append(prevs, h.hash), append(hashes, sum)
+		h.seq, h.hash = seq, sum
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO arap.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash)
+		SELECT * FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::text[], $5::text[], $6::jsonb[], $7::bytea[], $8::bytea[])`,
+		cs, seqs, ats, kinds, actors, datas, prevs, hashes); err != nil {
+		return fmt.Errorf("audit: insert %d events: %w", n, err)
+	}
+	return nil
+}
+
 func chainLock(chain string) int64 {
 	f := fnv.New64a()
 	_, _ = f.Write([]byte("audit:" + chain))

@@ -93,3 +93,39 @@ func TestExportWritesJSONLines(t *testing.T) {
 	require.Equal(t, "arq_e", r.Chain)
 	require.EqualValues(t, 2, r.Seq)
 }
+
+// AppendMany continues existing chains and starts new ones, several events
+// of one chain in order, and what it writes verifies like Append's.
+func TestAppendManyExtendsChains(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.New(t)
+	appendEvents(t, db, "arq_a", 2)
+	at := time.Date(2026, 11, 2, 0, 0, 0, 987654321, time.UTC)
+	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		return audit.AppendMany(ctx, tx, []audit.Event{
+			{Chain: "arq_b", Kind: "request.submitted", Actor: "client:x", At: at},
+			{Chain: "arq_a", Kind: "request.expired", Actor: "system", At: at, Data: map[string]any{"reason": "timeout"}},
+			{Chain: "arq_b", Kind: "request.expired", Actor: "system", At: at.Add(time.Second)},
+		})
+	}))
+	appendEvents(t, db, "arq_b", 1)
+	rep, err := audit.Verify(ctx, db)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "%v", rep.Breaks)
+	require.Equal(t, 6, rep.Events)
+	a, err := audit.Chain(ctx, db, "arq_a")
+	require.NoError(t, err)
+	require.Len(t, a, 3)
+	require.Equal(t, "request.expired", a[2].Kind)
+	require.Equal(t, a[1].Hash, a[2].PrevHash)
+	b, err := audit.Chain(ctx, db, "arq_b")
+	require.NoError(t, err)
+	require.Len(t, b, 3)
+	require.Empty(t, b[0].PrevHash)
+	require.Equal(t, []string{"request.submitted", "request.expired", "test.event"}, []string{b[0].Kind, b[1].Kind, b[2].Kind})
+	require.EqualValues(t, 3, b[2].Seq)
+
+	require.Error(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		return audit.AppendMany(ctx, tx, []audit.Event{{Chain: "arq_c", Kind: "x"}})
+	}), "an event without an actor is refused")
+}

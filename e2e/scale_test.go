@@ -26,8 +26,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/audit"
@@ -35,8 +33,6 @@ import (
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp/tasks"
-	"github.com/omcp/arap/migrations"
-	"github.com/omcp/arap/requests"
 )
 
 const scalePolicy = `  - name: scale
@@ -69,8 +65,9 @@ func envInt(t *testing.T, name string, def int) int {
 // submissions would take longer than the expiry being measured), but they
 // are the state a submission leaves, cloned from one real submission: the
 // request row, its Idempotency-Key, its spent jti, the first event of its
-// audit chain (hash-linked as audit.Append links it) and its River expiry job
-// scheduled at the deadline, as requests.Service.create writes them.
+// audit chain (hash-linked as audit.Append links it), as
+// requests.Service.create writes them; the expiry sweep finds them by their
+// deadline.
 func TestScaleExpiry(t *testing.T) {
 	n := envInt(t, "ARAP_SCALE_REQUESTS", 5000)
 	env, policy, token, pool := setupDeployment(t)
@@ -142,27 +139,22 @@ func TestScaleExpiry(t *testing.T) {
 		SELECT chain, count(*) AS c FROM arap.audit_events WHERE kind = 'request.expired' GROUP BY chain) x`).Scan(&chains, &wrong))
 	require.Equal(t, total, chains, "every request has a request.expired event")
 	require.Zero(t, wrong, "requests with more than one request.expired event")
-	// The expiry jobs all ended well (the completer writes asynchronously).
-	require.Eventually(t, func() bool {
-		var open int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river.river_job WHERE kind = $1 AND state <> 'completed' AND args->>'request_id' <> $2`,
-			requests.ExpireArgs{}.Kind(), templateID).Scan(&open))
-		return open == 0
-	}, time.Minute, 250*time.Millisecond, "every expiry job completed")
 	rep, err := audit.Verify(ctx, pool)
 	require.NoError(t, err)
 	require.True(t, rep.OK(), "audit chains break: %v", rep.Breaks)
 	require.Equal(t, total+2, rep.Chains, "one chain per request, the template's and the system chain")
-	t.Logf("replica a expired %d, replica b %d", countLog(a, "request expired"), countLog(b, "request expired"))
+	t.Logf("replica a expired %d, replica b %d", countLogged(a, "requests expired"), countLogged(b, "requests expired"))
 }
 
-func countLog(p *proc, msg string) int {
+// countLogged sums the count field of a process's log lines with msg.
+func countLogged(p *proc, msg string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := 0
 	for _, l := range p.lines {
 		if l["msg"] == msg {
-			c++
+			n, _ := l["count"].(float64)
+			c += int(n)
 		}
 	}
 	return c
@@ -170,14 +162,11 @@ func countLog(p *proc, msg string) int {
 
 // insertPending clones the pending request templateID n times, each with
 // its own id, evaluation_id, Idempotency-Key, jti and audit chain, all due at
-// deadline, and schedules their expiry jobs, in one transaction.
+// deadline, in one transaction.
 func insertPending(t *testing.T, pool *pgxpool.Pool, templateID string, n int, deadline time.Time) {
 	t.Helper()
 	ctx := context.Background()
 	began := time.Now()
-	jobs, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: migrations.RiverSchema})
-	require.NoError(t, err)
-
 	var event struct {
 		at    time.Time
 		actor string
@@ -194,7 +183,6 @@ func insertPending(t *testing.T, pool *pgxpool.Pool, templateID string, n int, d
 	keys := make([]string, n)
 	jtis := make([]string, n)
 	events := make([][]any, n)
-	expiries := make([]river.InsertManyParams, n)
 	for i := range n {
 		ids[i] = "arq_" + rand.Text()
 		evals[i] = "eval_" + rand.Text()
@@ -209,7 +197,6 @@ func insertPending(t *testing.T, pool *pgxpool.Pool, templateID string, n int, d
 		require.NoError(t, err)
 		events[i] = []any{ids[i], int64(1), now, "request.submitted", event.actor, json.RawMessage(body), nil,
 			firstLinkHash(t, ids[i], now, "request.submitted", event.actor, body)}
-		expiries[i] = river.InsertManyParams{Args: requests.ExpireArgs{RequestID: ids[i]}, InsertOpts: &river.InsertOpts{ScheduledAt: deadline}}
 	}
 
 	prepared := time.Now()
@@ -268,10 +255,6 @@ func insertPending(t *testing.T, pool *pgxpool.Pool, templateID string, n int, d
 			return fmt.Errorf("copy audit events: %w", err)
 		}
 		phase("audit")
-		if _, err := jobs.InsertManyFastTx(ctx, tx, expiries); err != nil {
-			return fmt.Errorf("schedule expiry jobs: %w", err)
-		}
-		phase("jobs")
 		return nil
 	}))
 	phase("commit")

@@ -41,7 +41,7 @@ func (c *clock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); ret
 func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.off += d; c.mu.Unlock() }
 
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	db     *pgxpool.Pool
 	keys   *signing.Keys
 	engine *evaluation.Engine
@@ -54,9 +54,9 @@ type fixture struct {
 	pepID  string
 }
 
-func setup(t *testing.T) *fixture { return setupWith(t, "testdata/policy.yaml") }
+func setup(t testing.TB) *fixture { return setupWith(t, "testdata/policy.yaml") }
 
-func setupWith(t *testing.T, policy string) *fixture {
+func setupWith(t testing.TB, policy string) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	f := &fixture{t: t, db: dbtest.New(t), clock: &clock{}}
@@ -122,7 +122,7 @@ func submission(req authzen.EvaluationRequest, d authzen.Decision, hint authzen.
 	return body
 }
 
-func mustJSON(t *testing.T, v any) []byte {
+func mustJSON(t testing.TB, v any) []byte {
 	t.Helper()
 	b, err := json.Marshal(v)
 	require.NoError(t, err)

@@ -20,9 +20,9 @@ var (
 	}, []string{"to"})
 )
 
-// ExpireArgs is the job that expires a request at its deadline. It is
-// scheduled in the transaction that creates the request, so no request can
-// exist without its expiry job.
+// ExpireArgs expired one request at its deadline. Requests are now expired
+// by the sweep (expire.go); the worker stays for jobs an earlier version
+// queued, which it still handles correctly.
 type ExpireArgs struct {
 	RequestID string `json:"request_id"`
 }
@@ -96,6 +96,7 @@ func (s *Service) Purge(ctx context.Context) (keys, jtis int64, err error) {
 // AddWorkers registers the package's job workers.
 func (s *Service) AddWorkers(w *river.Workers) {
 	river.AddWorker(w, &ExpireWorker{Service: s})
+	river.AddWorker(w, &ExpireDueWorker{Service: s})
 	river.AddWorker(w, &PurgeWorker{Service: s})
 	river.AddWorker(w, &ResolveWorker{Service: s})
 }
@@ -103,6 +104,7 @@ func (s *Service) AddWorkers(w *river.Workers) {
 // PeriodicJobs are the package's scheduled jobs.
 func (s *Service) PeriodicJobs() []*river.PeriodicJob {
 	return []*river.PeriodicJob{
+		expirySweep(),
 		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
 			return PurgeArgs{}, nil
 		}, &river.PeriodicJobOpts{RunOnStart: true}),

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/audit"
@@ -20,7 +22,7 @@ import (
 	"github.com/omcp/arap/requests"
 )
 
-func TestSubmitCreatesPendingRequestWithAuditAndExpiryJob(t *testing.T) {
+func TestSubmitCreatesPendingRequestWithAudit(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	res, err := f.svc.Submit(ctx, f.pep, "key-1", f.fresh("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000}))
@@ -44,10 +46,10 @@ func TestSubmitCreatesPendingRequestWithAuditAndExpiryJob(t *testing.T) {
 	require.Len(t, events, 1)
 	require.Equal(t, "request.submitted", events[0].Kind)
 	require.Equal(t, "client:pep", events[0].Actor)
-
+	// No job per request: the expiry sweep finds it by its deadline.
 	var jobs int
-	require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM river.river_job WHERE kind = 'requests.expire' AND args->>'request_id' = $1`, r.ID).Scan(&jobs))
-	require.Equal(t, 1, jobs)
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM river.river_job WHERE args->>'request_id' = $1`, r.ID).Scan(&jobs))
+	require.Zero(t, jobs)
 }
 
 func TestIdempotency(t *testing.T) {
@@ -352,7 +354,7 @@ func TestStateMachine(t *testing.T) {
 }
 
 // TestExpiryJob runs real River workers: a request with a 2 s lifetime is
-// expired by its job, once.
+// expired by the periodic sweep, once.
 func TestExpiryJob(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
@@ -361,6 +363,7 @@ func TestExpiryJob(t *testing.T) {
 	worker, err := river.NewClient(riverpgxv5.New(f.db), &river.Config{
 		Schema: migrations.RiverSchema, Workers: workers,
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 5}},
+		PeriodicJobs:      f.svc.PeriodicJobs(),
 		FetchPollInterval: 100 * time.Millisecond,
 	})
 	require.NoError(t, err)
@@ -429,4 +432,61 @@ func patchDenial(t *testing.T, raw []byte, member string, v any) []byte {
 	require.NoError(t, json.Unmarshal(raw, &m))
 	m["denial"].(map[string]any)[member] = v
 	return mustJSON(t, m)
+}
+
+// ExpireDue expires exactly the due pending requests, in batches, each once,
+// with its audit event; concurrent sweeps share the work without doubling it.
+func TestExpireDueSweeps(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	var due, later []string
+	for i := range 7 {
+		res, err := f.svc.Submit(ctx, f.pep, "", f.fresh("quick", map[string]any{"i": i}))
+		require.NoError(t, err)
+		due = append(due, res.Request.ID)
+	}
+	res, err := f.svc.Submit(ctx, f.pep, "", f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000}))
+	require.NoError(t, err)
+	later = append(later, res.Request.ID)
+	_, err = f.svc.Cancel(ctx, f.pep, due[0], "", "")
+	require.NoError(t, err)
+
+	n, err := f.svc.ExpireDue(ctx, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing is due yet")
+
+	f.clock.Advance(time.Minute)
+	defer f.clock.Advance(-time.Minute)
+	var wg sync.WaitGroup
+	var total atomic.Int64
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n, err := f.svc.ExpireDue(ctx, 2)
+				assert.NoError(t, err)
+				total.Add(int64(n))
+				if n < 2 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.EqualValues(t, 6, total.Load(), "the six due pending requests, not the cancelled one")
+	for _, id := range due[1:] {
+		var status string
+		require.NoError(t, f.db.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, id).Scan(&status))
+		require.Equal(t, "expired", status)
+		require.Equal(t, 1, count(t, f, fmt.Sprintf("arap.audit_events WHERE chain = '%s' AND kind = 'request.expired'", id)))
+	}
+	var status string
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, due[0]).Scan(&status))
+	require.Equal(t, "cancelled", status)
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, later[0]).Scan(&status))
+	require.Equal(t, "pending", status, "a 24 h request is not due after a minute")
+	rep, err := audit.Verify(ctx, f.db)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "%v", rep.Breaks)
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/gowebpki/jcs"
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
@@ -317,8 +316,9 @@ func describeMembers(m []string) string {
 	return "context (" + strings.Join(m, ", ") + ")"
 }
 
-// create writes the request, its idempotency key, the spent jti, the first
-// audit event and the expiry job in one transaction. The key row is written
+// create writes the request, its idempotency key, the spent jti and the
+// first audit event in one transaction (the expiry sweep finds it by its
+// deadline). The key row is written
 // first: a concurrent duplicate blocks on it, then sees the committed row and
 // replays it, so concurrent duplicates create one request.
 func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHash []byte, sub *authzen.Submission, c *evaluation.BindingClaims, rule *evaluation.Rule) (*Submitted, error) {
@@ -386,9 +386,6 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 				"action": r.Action.Str("name"), "expires_at": r.ExpiresAt, "idempotency_key_used": key != "",
 			}}); err != nil {
 			return err
-		}
-		if _, err := s.cfg.Jobs.InsertTx(ctx, tx, ExpireArgs{RequestID: r.ID}, &river.InsertOpts{ScheduledAt: r.ExpiresAt}); err != nil {
-			return fmt.Errorf("requests: schedule expiry: %w", err)
 		}
 		if len(rule.Resolvers) > 0 {
 			if _, err := s.cfg.Jobs.InsertTx(ctx, tx, ResolveArgs{RequestID: r.ID}, nil); err != nil {
