@@ -94,6 +94,34 @@ func Append(ctx context.Context, tx pgx.Tx, e Event) error {
 	return nil
 }
 
+// QueueFirst queues on b the first event of a new chain (seq 1). A new
+// chain needs no lock and no head: nobody else can know it yet, and if it
+// exists after all the insert fails on (chain, seq). It saves a submission
+// two round trips.
+func QueueFirst(b *pgx.Batch, e Event) error {
+	if e.Chain == "" || e.Kind == "" || e.Actor == "" {
+		return errors.New("audit: event needs chain, kind and actor")
+	}
+	if e.At.IsZero() {
+		e.At = time.Now()
+	}
+	e.At = e.At.UTC().Truncate(time.Microsecond)
+	data := []byte("{}")
+	if e.Data != nil {
+		var err error
+		if data, err = json.Marshal(e.Data); err != nil {
+			return fmt.Errorf("audit: encode %s: %w", e.Kind, err)
+		}
+	}
+	h, err := linkHash(nil, e.Chain, 1, e.At, e.Kind, e.Actor, data)
+	if err != nil {
+		return err
+	}
+	b.Queue(`INSERT INTO arap.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash) VALUES ($1, 1, $2, $3, $4, $5, NULL, $6)`,
+		e.Chain, e.At, e.Kind, e.Actor, data, h)
+	return nil
+}
+
 // AppendMany adds events to the ends of their chains within tx in three
 // statements, however many events there are: lock the chains (in a fixed
 // order, so two batches cannot deadlock on each other), read their heads,

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -101,34 +102,82 @@ type submitted struct {
 	urls []string
 }
 
-// Submit evaluates (not timed) and submits the denial under a fresh
-// Idempotency-Key (timed).
-func (s *System) Submit(into *submitted) Op {
-	evalURL, subURL := s.BackendURL+"/access/v1/evaluation", s.BackendURL+"/access/v1/requests"
+// submission evaluates a fresh call and returns the submission body for
+// its denial.
+func (s *System) submission(ctx context.Context) ([]byte, error) {
+	call := evaluation("acct-" + nonce())
+	b, _ := json.Marshal(call)
+	code, body, err := post(ctx, s.BackendURL+"/access/v1/evaluation", s.PEPToken, b)
+	if err != nil {
+		return nil, err
+	}
+	var d struct {
+		Context struct {
+			EvaluationID  string `json:"evaluation_id"`
+			AccessRequest struct {
+				ExpiresAt    string `json:"expires_at"`
+				BindingToken string `json:"binding_token"`
+			} `json:"access_request"`
+		} `json:"context"`
+	}
+	if code != http.StatusOK || json.Unmarshal(body, &d) != nil || d.Context.AccessRequest.BindingToken == "" {
+		return nil, fmt.Errorf("submit: evaluation HTTP %d %.200s", code, body)
+	}
+	call["denial"] = map[string]any{"expires_at": d.Context.AccessRequest.ExpiresAt, "binding_token": d.Context.AccessRequest.BindingToken,
+		"evaluation_id": d.Context.EvaluationID}
+	return json.Marshal(call)
+}
+
+// Submissions makes n submission bodies ahead of a measurement (each needs
+// its own denial: a binding_token is good for one request), so that submit
+// measures the Access Request Service alone.
+func (s *System) Submissions(ctx context.Context, n, concurrency int) (chan []byte, error) {
+	out := make(chan []byte, n)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	per := (n + concurrency - 1) / concurrency
+	for range concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range per {
+				b, err := s.submission(ctx)
+				if err != nil {
+					mu.Lock()
+					first = cmp.Or(first, err)
+					mu.Unlock()
+					return
+				}
+				select {
+				case out <- b:
+				default:
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return out, first
+}
+
+// Submit submits a denial under a fresh Idempotency-Key. Bodies come from
+// ready (made beforehand); when it runs dry, one is made on the spot, not
+// timed.
+func (s *System) Submit(ready chan []byte, into *submitted) Op {
+	subURL := s.BackendURL + "/access/v1/requests"
 	return func(ctx context.Context, _ int) (time.Duration, error) {
-		call := evaluation("acct-" + nonce())
-		b, _ := json.Marshal(call)
-		code, body, err := post(ctx, evalURL, s.PEPToken, b)
-		if err != nil {
-			return 0, err
+		var b []byte
+		select {
+		case b = <-ready:
+		default:
+			var err error
+			if b, err = s.submission(ctx); err != nil {
+				return 0, err
+			}
 		}
-		var d struct {
-			Context struct {
-				EvaluationID  string `json:"evaluation_id"`
-				AccessRequest struct {
-					ExpiresAt    string `json:"expires_at"`
-					BindingToken string `json:"binding_token"`
-				} `json:"access_request"`
-			} `json:"context"`
-		}
-		if code != http.StatusOK || json.Unmarshal(body, &d) != nil || d.Context.AccessRequest.BindingToken == "" {
-			return 0, fmt.Errorf("submit: evaluation HTTP %d %.200s", code, body)
-		}
-		call["denial"] = map[string]any{"expires_at": d.Context.AccessRequest.ExpiresAt, "binding_token": d.Context.AccessRequest.BindingToken,
-			"evaluation_id": d.Context.EvaluationID}
-		b, _ = json.Marshal(call)
 		t0 := time.Now()
-		code, body, err = post(ctx, subURL, s.PEPToken, b, "Idempotency-Key", nonce())
+		code, body, err := post(ctx, subURL, s.PEPToken, b, "Idempotency-Key", nonce())
 		took := time.Since(t0)
 		if err != nil {
 			return 0, err

@@ -101,11 +101,18 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 		case "evaluate":
 			r.Rows = append(r.Rows, ratioRow(measure(op, c.Concurrency, s.Evaluate()), "http", 0.30))
 		case "submit":
-			r.Rows = append(r.Rows, ratioRow(measure(op, c.Concurrency, s.Submit(&subs)), "insert", 0.25))
+			// Denials for a run at the target rate, made beforehand.
+			n := int(0.3 * r.Baselines["insert"].PerSecond * (c.Warmup + c.Duration).Seconds())
+			fmt.Fprintf(c.Log, "making %d denials to submit\n", n)
+			ready, err := s.Submissions(ctx, n, c.Concurrency)
+			if err != nil {
+				return nil, err
+			}
+			r.Rows = append(r.Rows, ratioRow(measure(op, c.Concurrency, s.Submit(ready, &subs)), "insert", 0.25))
 		case "status":
 			if _, err := subs.list(); err != nil {
 				// status reads need requests of this client: make some.
-				Measure(ctx, "submit (for status)", c.Concurrency, 0, 3*time.Second, s.Submit(&subs))
+				Measure(ctx, "submit (for status)", c.Concurrency, 0, 3*time.Second, s.Submit(nil, &subs))
 			}
 			urls, err := subs.list()
 			if err != nil {

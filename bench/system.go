@@ -98,6 +98,7 @@ func (s *System) start(ctx context.Context, o Options) error {
 		return err
 	}
 	s.DBURL = s.cluster.ConnString("arap")
+	fmt.Fprintf(o.Log, "database %s\n", s.DBURL)
 	if s.DB, err = pgxpool.New(ctx, s.DBURL); err != nil {
 		return err
 	}

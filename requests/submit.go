@@ -347,14 +347,43 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 	}
 	var out *Submitted
 	err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
+		// One round trip for the writes: the key row first (a concurrent
+		// duplicate blocks on it, then finds the committed row and replays
+		// it), the spent jti, the request, the first audit event.
+		b := &pgx.Batch{}
 		if key != "" {
-			tag, err := tx.Exec(ctx, `INSERT INTO arap.idempotency_keys (client_id, key, body_hash, request_id, created_at)
+			b.Queue(`INSERT INTO arap.idempotency_keys (client_id, key, body_hash, request_id, created_at)
 				VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`, caller.ID, key, bodyHash, r.ID, now)
+		}
+		b.Queue(`INSERT INTO arap.binding_jtis (jti, expires_at, request_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
+			c.ID, c.ExpiresAt.Time, r.ID)
+		b.Queue(`INSERT INTO arap.requests (id, client_id, status, rule, subject, resource, action, context,
+			requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
+			expires_at, created_at, updated_at, approval_policy, callback)
+			VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17, $18)`,
+			r.ID, r.ClientID, r.Rule, r.Subject, r.Resource, r.Action, r.Context, r.RequestedAccess, r.ClientInfo, r.Denial,
+			r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now, r.ApprovalPolicy, r.Callback)
+		if err := audit.QueueFirst(b, audit.Event{Chain: r.ID, Kind: "request.submitted", Actor: caller.principal(), At: now,
+			Data: map[string]any{
+				"client_id": caller.ID, "rule": r.Rule, "evaluation_id": r.EvaluationID, "binding_hash": r.BindingHash,
+				"subject": r.Subject.Str("id"), "resource": r.Resource.Str("type") + ":" + r.Resource.Str("id"),
+				"action": r.Action.Str("name"), "expires_at": r.ExpiresAt, "idempotency_key_used": key != "",
+			}}); err != nil {
+			return err
+		}
+		res := tx.SendBatch(ctx, b)
+		if key != "" {
+			tag, err := res.Exec()
 			if err != nil {
+				res.Close()
 				return fmt.Errorf("requests: claim idempotency key: %w", err)
 			}
 			if tag.RowsAffected() == 0 {
-				// A concurrent duplicate committed first.
+				// A concurrent duplicate committed first: what else the batch
+				// wrote is rolled back.
+				if err := res.Close(); err != nil {
+					return fmt.Errorf("requests: create: %w", err)
+				}
 				sub, err := s.replay(ctx, tx, caller, key, bodyHash)
 				if err == nil && sub == nil {
 					err = errors.New("requests: idempotency key vanished")
@@ -363,29 +392,25 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 				return errReplay{err}
 			}
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO arap.binding_jtis (jti, expires_at, request_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
-			c.ID, c.ExpiresAt.Time, r.ID)
+		tag, err := res.Exec()
 		if err != nil {
+			res.Close()
 			return fmt.Errorf("requests: record jti: %w", err)
 		}
 		if tag.RowsAffected() == 0 {
+			res.Close()
 			return refuse(authzen.ProblemInvalidDenialBinding, "denial.binding_token has already been used for another request (jti replay); evaluate again for a fresh denial")
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO arap.requests (id, client_id, status, rule, subject, resource, action, context,
-			requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
-			expires_at, created_at, updated_at, approval_policy, callback)
-			VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17, $18)`,
-			r.ID, r.ClientID, r.Rule, r.Subject, r.Resource, r.Action, r.Context, r.RequestedAccess, r.ClientInfo, r.Denial,
-			r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now, r.ApprovalPolicy, r.Callback); err != nil {
+		if _, err := res.Exec(); err != nil {
+			res.Close()
 			return fmt.Errorf("requests: insert: %w", err)
 		}
-		if err := audit.Append(ctx, tx, audit.Event{Chain: r.ID, Kind: "request.submitted", Actor: caller.principal(), At: now,
-			Data: map[string]any{
-				"client_id": caller.ID, "rule": r.Rule, "evaluation_id": r.EvaluationID, "binding_hash": r.BindingHash,
-				"subject": r.Subject.Str("id"), "resource": r.Resource.Str("type") + ":" + r.Resource.Str("id"),
-				"action": r.Action.Str("name"), "expires_at": r.ExpiresAt, "idempotency_key_used": key != "",
-			}}); err != nil {
-			return err
+		if _, err := res.Exec(); err != nil {
+			res.Close()
+			return fmt.Errorf("requests: audit: %w", err)
+		}
+		if err := res.Close(); err != nil {
+			return fmt.Errorf("requests: create: %w", err)
 		}
 		if len(rule.Resolvers) > 0 {
 			if _, err := s.cfg.Jobs.InsertTx(ctx, tx, ResolveArgs{RequestID: r.ID}, nil); err != nil {
