@@ -194,13 +194,14 @@ func (b *Backend) build(ctx context.Context) error {
 		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}},
 		PeriodicJobs: b.requests.PeriodicJobs(),
 		JobTimeout:   cfg.JobTimeout,
-		// River fetches at most MaxWorkers jobs per fetch and waits
-		// FetchCooldown (default 100ms) between fetches, which caps a
-		// replica at Workers/FetchCooldown jobs a second: 200 with the
-		// defaults, when 100,000 requests can fall due at once
-		// (e2e TestScaleExpiry: 376 expiries/s with two replicas at 100ms,
-		// 765/s at 20ms, for 5,000 requests).
-		FetchCooldown: 20 * time.Millisecond,
+		// A callback delivery is a job, and its pickup delay is the
+		// approve-to-complete latency of every PEP: River's insert
+		// notifications are debounced and its default poll is 1 s, which
+		// left p99 near 800 ms (arapbench). A 50 ms poll costs a replica 20
+		// small queries a second. FetchCooldown (default 100 ms) spaces
+		// fetches and, with MaxWorkers per fetch, caps a replica's job rate.
+		FetchPollInterval: 50 * time.Millisecond,
+		FetchCooldown:     10 * time.Millisecond,
 		// A job whose worker died (kill -9) is retried after this.
 		RescueStuckJobsAfter: 2 * cfg.JobTimeout,
 	}); err != nil {
