@@ -21,7 +21,7 @@ func TestBenchRunsEveryOperation(t *testing.T) {
 	s, err := Start(ctx, Options{Callers: 50})
 	require.NoError(t, err)
 	t.Cleanup(s.Stop)
-	r, err := Run(ctx, s, Config{Concurrency: 4, Duration: 500 * time.Millisecond, Ops: AllOps, StatusRows: 2000, ApproveConcurrency: 2})
+	r, err := Run(ctx, s, Config{Concurrency: 4, Duration: 500 * time.Millisecond, Ops: AllOps, StatusRows: 2000, LatencyConcurrency: 2})
 	require.NoError(t, err)
 	require.Len(t, r.Rows, len(AllOps))
 	for _, row := range append(r.Rows, Row{Stats: r.Baselines["http"]}, Row{Stats: r.Baselines["insert"]}) {

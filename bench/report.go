@@ -19,9 +19,10 @@ type Config struct {
 	Ops []string
 	// StatusRows is the size arap.requests is filled to before status runs.
 	StatusRows int
-	// ApproveConcurrency is the concurrency of approve-to-complete (a
-	// latency measurement: a few approvals at a time).
-	ApproveConcurrency int
+	// LatencyConcurrency is the concurrency of the ops with a latency
+	// target (status, approve-to-complete): a p99 measured at saturation
+	// is queueing, not the service. Default 4.
+	LatencyConcurrency int
 	Log                io.Writer
 }
 
@@ -54,8 +55,8 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
-	if c.ApproveConcurrency == 0 {
-		c.ApproveConcurrency = 4
+	if c.LatencyConcurrency == 0 {
+		c.LatencyConcurrency = 4
 	}
 	r := &Report{Config: c, Baselines: map[string]Stats{}, PeakRSS: map[string]int64{}}
 	measure := func(name string, conc int, op Op) Stats {
@@ -127,11 +128,11 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 				}
 			}
 			_ = s.DB.QueryRow(ctx, `SELECT count(*) FROM arap.requests`).Scan(&r.Rows1M)
-			r.Rows = append(r.Rows, latencyRow(measure(op, c.Concurrency, s.Status(urls)), 10*time.Millisecond))
+			r.Rows = append(r.Rows, latencyRow(measure(op, c.LatencyConcurrency, s.Status(urls)), 10*time.Millisecond))
 		case "gate":
 			r.Rows = append(r.Rows, ratioRow(measure(op, c.Concurrency, s.Gate(&next)), "insert", 0.10))
 		case "approve-to-complete":
-			r.Rows = append(r.Rows, latencyRow(measure(op, c.ApproveConcurrency, s.ApproveToComplete(&next)), 250*time.Millisecond))
+			r.Rows = append(r.Rows, latencyRow(measure(op, c.LatencyConcurrency, s.ApproveToComplete(&next)), 250*time.Millisecond))
 		}
 	}
 	r.RSSMet = true
@@ -151,17 +152,17 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 // Print writes the report as a table.
 func (r *Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "operation\tok\terrors\tper second\tp50\tp99\tbaseline/s\tratio\ttarget\tmet\t")
+	fmt.Fprintln(tw, "operation\tworkers\tok\terrors\tper second\tp50\tp99\tbaseline/s\tratio\ttarget\tmet\t")
 	for _, name := range []string{"http", "insert"} {
 		b := r.Baselines[name]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t\t\t\t\t\n", b.Name, b.N, b.Errors, b.PerSecond, ms(b.P50), ms(b.P99))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%s\t%s\t\t\t\t\t\n", b.Name, b.Concurrency, b.N, b.Errors, b.PerSecond, ms(b.P50), ms(b.P99))
 	}
 	for _, row := range r.Rows {
 		base, ratio := "", ""
 		if row.Baseline != "" {
 			base, ratio = fmt.Sprintf("%.0f", row.BaselineRate), fmt.Sprintf("%.0f%%", row.Ratio*100)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", row.Name, row.N, row.Errors, row.PerSecond, ms(row.P50), ms(row.P99),
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", row.Name, row.Concurrency, row.N, row.Errors, row.PerSecond, ms(row.P50), ms(row.P99),
 			base, ratio, row.Target, yes(row.Met != nil && *row.Met))
 	}
 	tw.Flush()

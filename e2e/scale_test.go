@@ -328,13 +328,13 @@ func (f *failover) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // must get the recovered task. Then: every task ends, an approved one ran
 // exactly once, a denied one never, no backend request is orphaned or
 // duplicated, nothing failed. ARAP_SCALE_CALLS sets the number of calls
-// (default 120); the run lasts about 36 s whatever the number, with more
+// (default 120); the run lasts about 20 s whatever the number, with more
 // callers for more calls.
 func TestScaleKillOneOfEach(t *testing.T) {
 	calls := envInt(t, "ARAP_SCALE_CALLS", 120)
-	// Each caller makes a call every 3 s, 12 in all: under its limits of
+	// Each caller makes a call every 2.5 s, 8 in all: under its limits of
 	// 30 submissions a minute and 20 live tasks.
-	const perCaller, every = 12, 3 * time.Second
+	const perCaller, every = 8, 2500 * time.Millisecond
 	nCallers := (calls + perCaller - 1) / perCaller
 	dbURL := dbtest.URL(t)
 	env := []string{"DATABASE_URL=" + dbURL, "ARAP_MASTER_KEY=" + masterKey}

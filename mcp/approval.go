@@ -346,7 +346,11 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 		if err := g.tasks.ExtendTTLTx(ctx, tx, in.TaskID, tasks.TTLUntil(created, deadline.Add(g.cfg.ResultRetention))); err != nil {
 			return err
 		}
-		_, err = g.cfg.Jobs.InsertTx(ctx, tx, TrackArgs{TaskID: in.TaskID}, trackOpts(g.now().Add(g.undecidedPoll())))
+		first := g.now().Add(g.undecidedPoll())
+		if first.After(deadline.Add(time.Second)) {
+			first = deadline.Add(time.Second) // the deadline ends it, if nothing else does
+		}
+		_, err = g.cfg.Jobs.InsertTx(ctx, tx, TrackArgs{TaskID: in.TaskID}, trackOpts(first))
 		return err
 	})
 	if err != nil {

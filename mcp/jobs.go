@@ -48,6 +48,53 @@ func (w *TrackWorker) Timeout(*river.Job[TrackArgs]) time.Duration {
 	return w.Gate.cfg.ExecTimeout + 30*time.Second
 }
 
+// WakeArgs follows up on a task soon after a callback woke it (a grant
+// still provisioning says "look again in two seconds"), where the task's
+// tracking job, pacing itself for undecided requests, would look much later.
+// It stops once the next look is no sooner than the tracking job's.
+type WakeArgs struct {
+	TaskID string `json:"task_id"`
+}
+
+// Kind implements river.JobArgs.
+func (WakeArgs) Kind() string { return "pep.wake" }
+
+// WakeWorker runs WakeArgs.
+type WakeWorker struct {
+	river.WorkerDefaults[WakeArgs]
+	Gate *Gate
+}
+
+// Work advances the task and snoozes while the next look is near.
+func (w *WakeWorker) Work(ctx context.Context, job *river.Job[WakeArgs]) error {
+	next, err := w.Gate.Advance(ctx, job.Args.TaskID)
+	if err != nil {
+		return err
+	}
+	if soon(next) {
+		return river.JobSnooze(max(time.Until(next), 0))
+	}
+	return nil
+}
+
+// Timeout leaves room for one tool run.
+func (w *WakeWorker) Timeout(*river.Job[WakeArgs]) time.Duration {
+	return w.Gate.cfg.ExecTimeout + 30*time.Second
+}
+
+// soon reports whether next is a look sooner than the safety poll.
+func soon(next time.Time) bool { return !next.IsZero() && time.Until(next) < SafetyPoll }
+
+// FollowUp schedules a wake-up at next if it is sooner than the tracking
+// job would look (see WakeArgs).
+func (g *Gate) FollowUp(ctx context.Context, id string, next time.Time) error {
+	if !soon(next) {
+		return nil
+	}
+	_, err := g.cfg.Jobs.Insert(ctx, WakeArgs{TaskID: id}, &river.InsertOpts{Queue: Queue, ScheduledAt: next, MaxAttempts: 1000})
+	return err
+}
+
 // PurgeArgs is the periodic retention job.
 type PurgeArgs struct{}
 
@@ -69,6 +116,7 @@ func (w *PurgeWorker) Work(ctx context.Context, _ *river.Job[PurgeArgs]) error {
 // AddWorkers registers the front-end's workers.
 func (g *Gate) AddWorkers(w *river.Workers) {
 	river.AddWorker(w, &TrackWorker{Gate: g})
+	river.AddWorker(w, &WakeWorker{Gate: g})
 	river.AddWorker(w, &PurgeWorker{Gate: g})
 }
 

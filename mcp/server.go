@@ -276,7 +276,11 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 			defer func() { <-s.gate.advance }()
 			ctx, cancel := context.WithTimeout(context.Background(), s.gate.cfg.ExecTimeout+30*time.Second)
 			defer cancel()
-			if _, err := s.gate.Advance(ctx, body.State); err != nil {
+			next, err := s.gate.Advance(ctx, body.State)
+			if err == nil {
+				err = s.gate.FollowUp(ctx, body.State, next)
+			}
+			if err != nil {
 				s.log.Warn("advance after callback failed; the poll will retry", "task_id", body.State, "error", err)
 			}
 		}()

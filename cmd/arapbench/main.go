@@ -23,7 +23,8 @@ import (
 
 func main() {
 	fs := flag.NewFlagSet("arapbench", flag.ExitOnError)
-	conc := fs.Int("concurrency", 16, "concurrent workers")
+	conc := fs.Int("concurrency", 16, "concurrent workers for the throughput measurements")
+	latConc := fs.Int("latency-concurrency", 4, "concurrent workers for status and approve-to-complete, which have latency targets")
 	dur := fs.Duration("duration", 10*time.Second, "measured time per operation")
 	warm := fs.Duration("warmup", 2*time.Second, "unrecorded warm-up per operation")
 	ops := fs.String("ops", strings.Join(bench.AllOps, ","), "operations to measure")
@@ -42,7 +43,7 @@ func main() {
 		os.Exit(1)
 	}
 	defer s.Stop()
-	r, err := bench.Run(ctx, s, bench.Config{Concurrency: *conc, Duration: *dur, Warmup: *warm,
+	r, err := bench.Run(ctx, s, bench.Config{Concurrency: *conc, LatencyConcurrency: *latConc, Duration: *dur, Warmup: *warm,
 		Ops: strings.Split(*ops, ","), StatusRows: *rows, Log: os.Stderr})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "arapbench:", err)
