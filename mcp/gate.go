@@ -350,8 +350,10 @@ func sanitize(s string, max int) string {
 // the agent does not loop.
 func (g *Gate) limited(ctx context.Context, p Principal) string {
 	var recent, pending int
-	err := g.cfg.DB.QueryRow(ctx, `SELECT count(*) FILTER (WHERE created_at > $2),
-		count(*) FILTER (WHERE phase <> 'done') FROM pep.approval_tasks WHERE principal = $1`, p.Key(), g.now().Add(-time.Minute)).Scan(&recent, &pending)
+	// Two counts, each served by its own index (migrations/pep/0002).
+	err := g.cfg.DB.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND created_at > $2),
+		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND phase <> 'done')`, p.Key(), g.now().Add(-time.Minute)).Scan(&recent, &pending)
 	if err != nil {
 		return "The approval service is busy; the tool did not run. Try again later."
 	}
