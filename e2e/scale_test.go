@@ -273,8 +273,8 @@ func firstLinkHash(t *testing.T, chain string, at time.Time, kind, actor string,
 	return h[:]
 }
 
-// failover is a round-robin reverse proxy over backend replicas, as a load
-// balancer would be: a replica that refuses connections (killed) is skipped.
+// failover is a round-robin reverse proxy over replicas, as a load balancer
+// would be: a replica that refuses connections (killed) is skipped.
 type failover struct {
 	mu       sync.Mutex
 	next     int
@@ -360,9 +360,20 @@ func TestScaleKillOneOfEach(t *testing.T) {
 		lb.backends = append(lb.backends, u)
 	}
 	mcpEnv := []string{"DATABASE_URL=" + dbURL, "ARAP_PEP_MASTER_KEY=" + pepMasterKey, "ARAP_BACKEND_TOKEN=" + pepToken, "ARAP_WEBHOOK_SECRETS=" + secret}
-	mcpArgs := []string{"mcp", "--addr", "127.0.0.1:0", "--backend-url", front.URL,
+	// Both front-ends give the backend one callback address, a balancer over
+	// them, as a deployment should: a callback reaches a live front-end even
+	// for a task the killed one started.
+	mcpLB := &failover{}
+	mcpFront := httptest.NewServer(mcpLB)
+	t.Cleanup(mcpFront.Close)
+	mcpArgs := []string{"mcp", "--addr", "127.0.0.1:0", "--backend-url", front.URL, "--public-url", mcpFront.URL,
 		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s"}
 	fronts := []*proc{startArapd(t, mcpEnv, mcpArgs...), startArapd(t, mcpEnv, mcpArgs...)}
+	for _, f := range fronts {
+		u, err := url.Parse(f.url())
+		require.NoError(t, err)
+		mcpLB.backends = append(mcpLB.backends, u)
+	}
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
