@@ -125,23 +125,9 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	b.cfg.PublicURL = public
 
-	poolCfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("backend: database URL: %w", err)
-	}
-	if poolCfg.MaxConns < 20 {
-		poolCfg.MaxConns = 20
-	}
-	if b.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
-		return fmt.Errorf("backend: connect: %w", err)
-	}
-	if err := b.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("backend: connect to database: %w", err)
-	}
-	if cfg.Migrate {
-		if err := migrations.Up(ctx, b.pool, cfg.Log); err != nil {
-			return err
-		}
+	var err error
+	if b.pool, err = migrations.Open(ctx, cfg.DatabaseURL, cfg.Migrate, cfg.Log); err != nil {
+		return fmt.Errorf("backend: %w", err)
 	}
 	if b.keys, err = signing.Open(ctx, b.pool, signing.Options{MasterKey: cfg.MasterKey}); err != nil {
 		return err

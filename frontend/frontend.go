@@ -114,24 +114,8 @@ func (f *Frontend) build(ctx context.Context) error {
 	}
 	f.cfg.PublicURL = public
 	var err error
-	poolCfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("frontend: database URL: %w", err)
-	}
-	// pgx's default (4 on a 2-core machine) queues concurrent tools/calls
-	// behind each other's transactions; pool_max_conns in the URL still wins
-	// when it asks for more.
-	poolCfg.MaxConns = max(poolCfg.MaxConns, 20)
-	if f.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
-		return fmt.Errorf("frontend: connect: %w", err)
-	}
-	if err := f.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("frontend: connect to database: %w", err)
-	}
-	if cfg.Migrate {
-		if err := migrations.Up(ctx, f.pool, cfg.Log); err != nil {
-			return err
-		}
+	if f.pool, err = migrations.Open(ctx, cfg.DatabaseURL, cfg.Migrate, cfg.Log); err != nil {
+		return fmt.Errorf("frontend: %w", err)
 	}
 	riverLog := logs.Quiet(cfg.Log, slog.LevelWarn)
 	inserter, err := river.NewClient(riverpgxv5.New(f.pool), &river.Config{Schema: migrations.PEPRiverSchema, Logger: riverLog})

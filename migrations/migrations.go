@@ -148,3 +148,34 @@ func Up(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	}
 	return nil
 }
+
+// MinConns is the least a server process's pool holds: pgx's default (4 on
+// two cores) queued concurrent requests behind each other's transactions
+// (arapbench). pool_max_conns in the URL still wins when it asks for more.
+const MinConns = 20
+
+// Open connects a server process (arapd serve, arapd mcp) to its database:
+// a pool of at least MinConns, checked with a ping, migrated first if
+// migrate is set.
+func Open(ctx context.Context, databaseURL string, migrate bool, log *slog.Logger) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	cfg.MaxConns = max(cfg.MaxConns, MinConns)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	if migrate {
+		if err := Up(ctx, pool, log); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
+	return pool, nil
+}
