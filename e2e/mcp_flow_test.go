@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -90,7 +91,9 @@ func TestApprovalFlows(t *testing.T) {
 		d, _, err := alice.Get(ctx, r.Task.TaskID)
 		require.NoError(t, err)
 		require.Equal(t, tasks.Working, d.Status, "retry keeps the task working; never a denial")
-		d = s.waitTask(alice, r.Task.TaskID)
+		// The callback's follow-up looks again at the retry-after, well
+		// before the 30 s safety poll would.
+		d = s.waitTaskWithin(alice, r.Task.TaskID, mcp.SafetyPoll*2/3)
 		disp, _ := disposition(t, d)
 		require.Equal(t, "approved-executed", disp)
 		require.Equal(t, 1, s.ledger(r.Task.TaskID))

@@ -139,9 +139,16 @@ func (s *stack) ledger(taskID string) int {
 // waitTask polls until the task is terminal.
 func (s *stack) waitTask(c *tasks.Client, id string) *tasks.Detailed {
 	s.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	return s.waitTaskWithin(c, id, 60*time.Second)
+}
+
+// waitTaskWithin is waitTask with its own bound, for a task that must not
+// need a safety poll (mcp.SafetyPoll) to end.
+func (s *stack) waitTaskWithin(c *tasks.Client, id string, d time.Duration) *tasks.Detailed {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	d, err := c.Wait(ctx, id)
+	task, err := c.Wait(ctx, id)
 	require.NoError(s.t, err)
-	return d
+	return task
 }

@@ -16,10 +16,15 @@ import (
 // which may share the database, do not take from it.
 const Queue = "pep"
 
-// TrackArgs follows one approval task until it ends: it is enqueued when the
-// handle is bound and snoozes itself between status reads.
+// TrackArgs follows one approval task: it advances the task and snoozes
+// until the next look. The task's own tracking job is enqueued when the
+// handle is bound and lasts until the task ends. A follow-up (FollowUp: a
+// callback woke the task and the next look is soon, say a grant still
+// provisioning) is a second one with FollowUp set, which stops once the next
+// look is no sooner than the safety poll, where the first one takes over.
 type TrackArgs struct {
-	TaskID string `json:"task_id"`
+	TaskID   string `json:"task_id"`
+	FollowUp bool   `json:"follow_up,omitempty"`
 }
 
 // Kind implements river.JobArgs.
@@ -37,10 +42,10 @@ func (w *TrackWorker) Work(ctx context.Context, job *river.Job[TrackArgs]) error
 	if err != nil {
 		return err
 	}
-	if !next.IsZero() {
-		return river.JobSnooze(max(time.Until(next), 0))
+	if next.IsZero() || (job.Args.FollowUp && !soon(next)) {
+		return nil
 	}
-	return nil
+	return river.JobSnooze(max(time.Until(next), 0))
 }
 
 // Timeout leaves room for one tool run.
@@ -48,50 +53,16 @@ func (w *TrackWorker) Timeout(*river.Job[TrackArgs]) time.Duration {
 	return w.Gate.cfg.ExecTimeout + 30*time.Second
 }
 
-// WakeArgs follows up on a task soon after a callback woke it (a grant
-// still provisioning says "look again in two seconds"), where the task's
-// tracking job, pacing itself for undecided requests, would look much later.
-// It stops once the next look is no sooner than the tracking job's.
-type WakeArgs struct {
-	TaskID string `json:"task_id"`
-}
-
-// Kind implements river.JobArgs.
-func (WakeArgs) Kind() string { return "pep.wake" }
-
-// WakeWorker runs WakeArgs.
-type WakeWorker struct {
-	river.WorkerDefaults[WakeArgs]
-	Gate *Gate
-}
-
-// Work advances the task and snoozes while the next look is near.
-func (w *WakeWorker) Work(ctx context.Context, job *river.Job[WakeArgs]) error {
-	next, err := w.Gate.Advance(ctx, job.Args.TaskID)
-	if err != nil {
-		return err
-	}
-	if soon(next) {
-		return river.JobSnooze(max(time.Until(next), 0))
-	}
-	return nil
-}
-
-// Timeout leaves room for one tool run.
-func (w *WakeWorker) Timeout(*river.Job[WakeArgs]) time.Duration {
-	return w.Gate.cfg.ExecTimeout + 30*time.Second
-}
-
 // soon reports whether next is a look sooner than the safety poll.
 func soon(next time.Time) bool { return !next.IsZero() && time.Until(next) < SafetyPoll }
 
-// FollowUp schedules a wake-up at next if it is sooner than the tracking
-// job would look (see WakeArgs).
+// FollowUp schedules a follow-up look at next if it is sooner than the
+// tracking job would look.
 func (g *Gate) FollowUp(ctx context.Context, id string, next time.Time) error {
 	if !soon(next) {
 		return nil
 	}
-	_, err := g.cfg.Jobs.Insert(ctx, WakeArgs{TaskID: id}, &river.InsertOpts{Queue: Queue, ScheduledAt: next, MaxAttempts: 1000})
+	_, err := g.cfg.Jobs.Insert(ctx, TrackArgs{TaskID: id, FollowUp: true}, trackOpts(next))
 	return err
 }
 
@@ -116,7 +87,6 @@ func (w *PurgeWorker) Work(ctx context.Context, _ *river.Job[PurgeArgs]) error {
 // AddWorkers registers the front-end's workers.
 func (g *Gate) AddWorkers(w *river.Workers) {
 	river.AddWorker(w, &TrackWorker{Gate: g})
-	river.AddWorker(w, &WakeWorker{Gate: g})
 	river.AddWorker(w, &PurgeWorker{Gate: g})
 }
 
