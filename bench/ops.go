@@ -32,13 +32,20 @@ func nonce() string {
 	return hex.EncodeToString(b)
 }
 
-// post sends JSON and returns the status and body.
-func post(ctx context.Context, url, token string, body []byte, header ...string) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+// send makes one HTTP request (a JSON body when body is not nil) and
+// returns the status and the response body.
+func send(ctx context.Context, method, url, token string, body []byte, header ...string) (int, []byte, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
 		return 0, nil, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -54,19 +61,12 @@ func post(ctx context.Context, url, token string, body []byte, header ...string)
 	return resp.StatusCode, out, err
 }
 
+func post(ctx context.Context, url, token string, body []byte, header ...string) (int, []byte, error) {
+	return send(ctx, http.MethodPost, url, token, body, header...)
+}
+
 func get(ctx context.Context, url, token string) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := Client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, out, err
+	return send(ctx, http.MethodGet, url, token, nil)
 }
 
 // evaluation is the AuthZEN request the PEP makes for a gated

@@ -168,6 +168,26 @@ func (r *run) finished(ctx context.Context, id string) (*task, *toolResult, erro
 	return t, res, err
 }
 
+// approveCall opens a task for call, approves it through the resolver and
+// waits for it to complete (finishing within ctx).
+func (r *run) approveCall(ctx, finish context.Context, call Call) (*task, *toolResult, error) {
+	t, err := r.create(ctx, r.c, call)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := r.cfg.Resolver.Resolve(ctx, t.TaskID, call, true, "approved by the conformance run"); err != nil {
+		return nil, nil, err
+	}
+	return r.finished(finish, t.TaskID)
+}
+
+// skipScenario skips every check of the current scenario.
+func (r *run) skipScenario(why string) {
+	for _, id := range checksOf(r.scenario) {
+		r.skip(id, why)
+	}
+}
+
 func capability(ctx context.Context, r *run) error {
 	const id = "sep-2848-capability-declared"
 	resp, err := r.c.call(ctx, MethodDiscover, "", map[string]any{})
@@ -263,14 +283,7 @@ func approve(ctx context.Context, r *run) error {
 		return err
 	}
 	call := r.p.Gated.Fresh()
-	t, err := r.create(ctx, r.c, call)
-	if err != nil {
-		return err
-	}
-	if err := r.cfg.Resolver.Resolve(ctx, t.TaskID, call, true, "approved by the conformance run"); err != nil {
-		return err
-	}
-	done, res, err := r.finished(ctx, t.TaskID)
+	done, res, err := r.approveCall(ctx, ctx, call)
 	if err != nil {
 		return err
 	}
@@ -295,7 +308,7 @@ func approve(ctx context.Context, r *run) error {
 	if err := sleep(ctx, settle); err != nil {
 		return err
 	}
-	again, err := r.c.get(ctx, t.TaskID)
+	again, err := r.c.get(ctx, done.TaskID)
 	if err != nil {
 		return err
 	}
@@ -311,11 +324,11 @@ func approve(ctx context.Context, r *run) error {
 		r.expect("sep-2848-executes-once", same, "the task's result changed on a later tasks/get")
 	}
 	// Cancel after completion: a no-op.
-	resp, err := r.c.call(ctx, MethodCancel, t.TaskID, map[string]any{"taskId": t.TaskID})
+	resp, err := r.c.call(ctx, MethodCancel, done.TaskID, map[string]any{"taskId": done.TaskID})
 	if err != nil {
 		return err
 	}
-	after, err := r.c.get(ctx, t.TaskID)
+	after, err := r.c.get(ctx, done.TaskID)
 	if err != nil {
 		return err
 	}
@@ -331,12 +344,12 @@ func approve(ctx context.Context, r *run) error {
 		newID = nt.TaskID
 		defer r.drop(context.WithoutCancel(ctx), r.c, newID)
 	}
-	old, err := r.c.get(ctx, t.TaskID)
+	old, err := r.c.get(ctx, done.TaskID)
 	if err != nil {
 		return err
 	}
-	r.expect("sep-2848-terminal-not-reopened", newID != t.TaskID && old.Status == StatusCompleted && string(old.Result) == string(done.Result),
-		"the identical call returned task %q (the terminal one is %s), which is now %s", newID, t.TaskID, old.Status)
+	r.expect("sep-2848-terminal-not-reopened", newID != done.TaskID && old.Status == StatusCompleted && string(old.Result) == string(done.Result),
+		"the identical call returned task %q (the terminal one is %s), which is now %s", newID, done.TaskID, old.Status)
 	return nil
 }
 
@@ -389,20 +402,10 @@ func deny(ctx context.Context, r *run) error {
 
 func executionError(ctx context.Context, r *run) error {
 	if r.p.Failing == nil {
-		for _, id := range checksOf("execution-error") {
-			r.skip(id, "the profile has no failing call")
-		}
+		r.skipScenario("the profile has no failing call")
 		return nil
 	}
-	call := r.p.Failing.Fresh()
-	t, err := r.create(ctx, r.c, call)
-	if err != nil {
-		return err
-	}
-	if err := r.cfg.Resolver.Resolve(ctx, t.TaskID, call, true, "approved by the conformance run"); err != nil {
-		return err
-	}
-	done, res, err := r.finished(ctx, t.TaskID)
+	done, res, err := r.approveCall(ctx, ctx, r.p.Failing.Fresh())
 	if err != nil {
 		return err
 	}
@@ -422,17 +425,9 @@ func outcomeUnknown(ctx context.Context, r *run) error {
 		r.skip(id, "the profile has no stalling call")
 		return nil
 	}
-	call := r.p.Stalling.Fresh()
-	t, err := r.create(ctx, r.c, call)
-	if err != nil {
-		return err
-	}
-	if err := r.cfg.Resolver.Resolve(ctx, t.TaskID, call, true, "approved by the conformance run"); err != nil {
-		return err
-	}
 	wctx, cancel := context.WithTimeout(ctx, time.Duration(r.p.StallsFor)+time.Minute)
 	defer cancel()
-	done, res, err := r.finished(wctx, t.TaskID)
+	done, res, err := r.approveCall(ctx, wctx, r.p.Stalling.Fresh())
 	if err != nil {
 		return err
 	}
@@ -444,19 +439,12 @@ func outcomeUnknown(ctx context.Context, r *run) error {
 }
 
 func changedBinding(ctx context.Context, r *run) error {
-	before, have, err := r.probe(ctx)
+	_, have, err := r.probe(ctx)
 	if err != nil {
 		return err
 	}
-	call := r.p.Gated.Fresh()
-	t, err := r.create(ctx, r.c, call)
+	t, _, err := r.approveCall(ctx, ctx, r.p.Gated.Fresh())
 	if err != nil {
-		return err
-	}
-	if err := r.cfg.Resolver.Resolve(ctx, t.TaskID, call, true, "approved by the conformance run"); err != nil {
-		return err
-	}
-	if _, _, err := r.finished(ctx, t.TaskID); err != nil {
 		return err
 	}
 	mid, _, err := r.probe(ctx)
@@ -476,7 +464,6 @@ func changedBinding(ctx context.Context, r *run) error {
 			return err
 		}
 	}
-	_ = before
 	if r.cfg.OtherToken == "" {
 		r.skip("sep-2848-changed-principal-new-approval", "no second principal (--other-token)")
 		return nil
@@ -560,9 +547,7 @@ func cancel(ctx context.Context, r *run) error {
 
 func expiry(ctx context.Context, r *run) error {
 	if r.p.Expiring == nil {
-		for _, id := range checksOf("expiry") {
-			r.skip(id, "the profile has no expiring call")
-		}
+		r.skipScenario("the profile has no expiring call")
 		return nil
 	}
 	before, have, err := r.probe(ctx)
@@ -637,9 +622,7 @@ func (r *run) answers(reqs map[string]any) map[string]any {
 
 func input(ctx context.Context, r *run) error {
 	if r.p.Input == nil {
-		for _, id := range checksOf("input") {
-			r.skip(id, "the profile has no call that needs submission input")
-		}
+		r.skipScenario("the profile has no call that needs submission input")
 		return nil
 	}
 	call := r.p.Input.Fresh()
@@ -694,9 +677,7 @@ func input(ctx context.Context, r *run) error {
 
 func accessControl(ctx context.Context, r *run) error {
 	if r.cfg.OtherToken == "" {
-		for _, id := range checksOf("access-control") {
-			r.skip(id, "no second principal (--other-token)")
-		}
+		r.skipScenario("no second principal (--other-token)")
 		return nil
 	}
 	other := r.c.with(r.cfg.OtherToken, true)
