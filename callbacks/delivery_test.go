@@ -123,7 +123,13 @@ func TestDeliveryIsSignedAndVerifies(t *testing.T) {
 	require.Equal(t, 202, status, "%v", out)
 	id := out["task"].(map[string]any)["id"].(string)
 	approve(t, env, id)
-	require.Eventually(t, func() bool { return rc.count() == 1 }, 30*time.Second, 50*time.Millisecond)
+	// The receiver sees the request before the worker records the answer,
+	// so wait for the record, not only for the arrival.
+	require.Eventually(t, func() bool {
+		ds := deliveriesOf(t, env, id)
+		return len(ds) == 1 && ds[0].Status == "delivered"
+	}, 30*time.Second, 50*time.Millisecond)
+	require.Equal(t, 1, rc.count())
 
 	v, err := callbacks.NewVerifier(dev.PEPWebhookSecret)
 	require.NoError(t, err)
@@ -164,14 +170,18 @@ func TestDeliveryIsSignedAndVerifies(t *testing.T) {
 	}
 
 	var metrics string
-	{
+	scrape := func() string {
 		resp, err := http.Get(env.URL + "/metrics")
 		require.NoError(t, err)
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		metrics = string(b)
+		return metrics
 	}
-	require.Contains(t, metrics, `arap_callback_deliveries_total{outcome="delivered"}`)
+	// The counter moves just after the commit that the test waited for.
+	require.Eventually(t, func() bool {
+		return strings.Contains(scrape(), `arap_callback_deliveries_total{outcome="delivered"}`)
+	}, 30*time.Second, 50*time.Millisecond)
 	require.Contains(t, metrics, "arap_callback_attempt_duration_seconds_bucket")
 	require.Contains(t, metrics, "arap_callback_queue_depth")
 	// Another client sees nothing of it.
