@@ -21,6 +21,9 @@ type Principal struct {
 	SubjectType string
 	SubjectID   string
 	ActorID     string
+	// anonymous marks the principal of a request without credentials
+	// (conformance fixture mode): it may call fixtures, never the gate.
+	anonymous bool
 }
 
 // Key identifies the principal for task ownership: the same subject through

@@ -176,7 +176,9 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := r.Header.Get("Authorization")
 		if h == "" && s.anon != nil {
-			ctx := context.WithValue(r.Context(), principalKey{}, *s.anon)
+			anon := *s.anon
+			anon.anonymous = true
+			ctx := context.WithValue(r.Context(), principalKey{}, anon)
 			r = r.Clone(tasks.WithPrincipal(ctx, s.anon.Key()))
 			r.Header.Set("Authorization", "Bearer anonymous") // the SDK's relay wants one; the principal is already decided
 			relay.ServeHTTP(w, r)
@@ -238,6 +240,10 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 				return nil, &jsonrpc.Error{Code: tasks.CodeInvalidParams, Message: "unauthenticated"}
 			}
 			if _, known := s.gate.tools[ctr.Params.Name]; known {
+				if p.anonymous {
+					return nil, &jsonrpc.Error{Code: tasks.CodeInvalidParams,
+						Message: "unauthenticated: without a bearer token only the conformance fixtures can be called"}
+				}
 				res, err := s.gate.Call(ctx, p, ctr)
 				if cr, ok := res.(*sdk.CallToolResult); ok && err == nil {
 					return next(context.WithValue(ctx, resultKey{}, cr), method, req)

@@ -1,7 +1,9 @@
 package mcp_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -41,22 +43,34 @@ func server(t *testing.T, anon *mcp.Principal) string {
 
 // post sends tools/list with the given Authorization header ("" for none).
 func post(t *testing.T, url, authorization string) (int, string) {
+	return send(t, url, authorization, "tools/list", `{}`)
+}
+
+// send sends one JSON-RPC request; params gets the protocol _meta.
+func send(t *testing.T, url, authorization, method, params string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{
-		"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`))
+	var p map[string]any
+	require.NoError(t, json.Unmarshal([]byte(params), &p))
+	p["_meta"] = map[string]any{"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": map[string]any{}}
+	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": p})
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
-	req.Header.Set("Mcp-Method", "tools/list")
+	req.Header.Set("Mcp-Method", method)
+	if name, ok := p["name"].(string); ok {
+		req.Header.Set("Mcp-Name", name)
+	}
 	if authorization != "" {
 		req.Header.Set("Authorization", authorization)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(out)
 }
 
 // TestAuthenticationProductionAndFixtureMode: without an anonymous principal
@@ -85,6 +99,22 @@ func TestAuthenticationProductionAndFixtureMode(t *testing.T) {
 		require.Equal(t, http.StatusUnauthorized, status, "a wrong token is still refused")
 		status, _ = post(t, url, "Basic YWxpY2U6eA==")
 		require.Equal(t, http.StatusUnauthorized, status, "so is another scheme")
+		// The anonymous caller is for the fixtures: the real tools refuse it
+		// before any evaluation (a PDP that allows small transfers would
+		// otherwise let anyone who can reach the port make them).
+		for _, tool := range []string{"get_balance", "wire_transfer"} {
+			_, body = send(t, url, "", "tools/call", `{"name":"`+tool+`","arguments":{"to":"x","amount":10}}`)
+			require.Contains(t, body, "unauthenticated", "%s: %s", tool, body)
+		}
+	})
+	t.Run("fixture mode, with a token", func(t *testing.T) {
+		t.Parallel()
+		url := server(t, &mcp.Principal{Name: "conformance", SubjectType: "user", SubjectID: "anonymous"})
+		// A caller with a token reaches the gate (whose backend here is
+		// unreachable, so the evaluation fails: it was attempted).
+		_, body := send(t, url, "Bearer alice-token-0123", "tools/call", `{"name":"get_balance","arguments":{}}`)
+		require.NotContains(t, body, "unauthenticated")
+		require.Contains(t, body, "authorization service is unavailable", body)
 	})
 }
 
