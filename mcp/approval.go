@@ -243,22 +243,44 @@ var errUncertain = errors.New("submission outcome unknown")
 // created); anything else is uncertain and can only be settled by
 // resubmitting the same key.
 func (g *Gate) submit(ctx context.Context, in *intent) (authzen.TaskResponse, error) {
-	var lastErr error
+	var tr authzen.TaskResponse
+	err := retryTransient(ctx, func() (err error) {
+		tr, err = g.cfg.Backend.Submit(ctx, in.SubmitURL, in.Key, in.Body)
+		return err
+	})
+	if err != nil && !refused(err) {
+		return authzen.TaskResponse{}, fmt.Errorf("%w: %v", errUncertain, err)
+	}
+	return tr, err
+}
+
+// retryTransient runs op up to three times, a moment apart, until it
+// succeeds or the backend refuses: a replica dying under a call, or a
+// balancer without a healthy upstream for a moment, is not worth failing a
+// tool call for. Only for operations that are safe to repeat: an
+// evaluation, a submission under its Idempotency-Key.
+func retryTransient(ctx context.Context, op func() error) error {
+	var err error
 	for attempt := range 3 {
 		if attempt > 0 {
-			time.Sleep(time.Duration(attempt*200) * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				return errors.Join(err, ctx.Err())
+			case <-time.After(time.Duration(attempt*200) * time.Millisecond):
+			}
 		}
-		tr, err := g.cfg.Backend.Submit(ctx, in.SubmitURL, in.Key, in.Body)
-		if err == nil {
-			return tr, nil
+		if err = op(); err == nil || refused(err) {
+			return err
 		}
-		var pe *authzen.ProblemError
-		if errors.As(err, &pe) && pe.Status >= 400 && pe.Status < 500 && pe.Status != 429 {
-			return tr, err
-		}
-		lastErr = err
 	}
-	return authzen.TaskResponse{}, fmt.Errorf("%w: %v", errUncertain, lastErr)
+	return err
+}
+
+// refused reports whether err is the backend's definite answer: a 4xx
+// problem other than 429.
+func refused(err error) bool {
+	var pe *authzen.ProblemError
+	return errors.As(err, &pe) && pe.Status >= 400 && pe.Status < 500 && pe.Status != 429
 }
 
 // submitAndBind submits intent key and binds the handle to its task.
@@ -271,8 +293,7 @@ func (g *Gate) submitAndBind(ctx context.Context, key string) error {
 	fault.Point("pep.after-submit")
 	if err != nil {
 		g.cfg.Log.Warn("approval request not submitted", "task_id", in.TaskID, "error", err.Error())
-		refused := !errors.Is(err, errUncertain)
-		if ferr := g.failIntent(ctx, in, refused, err); ferr != nil {
+		if ferr := g.failIntent(ctx, in, !errors.Is(err, errUncertain), err); ferr != nil {
 			return ferr
 		}
 		return rpcError(tasks.CodeInternalError, "the approval request could not be submitted; the tool did not run")

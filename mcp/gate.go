@@ -213,7 +213,11 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		}
 	}
 
-	decision, err := g.cfg.Backend.Evaluate(ctx, evaluation(p, tool.Name, args))
+	var decision authzen.Decision
+	err = retryTransient(ctx, func() (err error) {
+		decision, err = g.cfg.Backend.Evaluate(ctx, evaluation(p, tool.Name, args))
+		return err
+	})
 	if err != nil {
 		g.cfg.Log.Error("evaluation failed", "tool", tool.Name, "error", err)
 		return nil, rpcError(tasks.CodeInternalError, "the authorization service is unavailable; try again later")
