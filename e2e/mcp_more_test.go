@@ -176,8 +176,15 @@ func TestTaskAccessAndProtocol(t *testing.T) {
 		require.NoError(t, s.pool.QueryRow(ctx, `SELECT body_sealed FROM pep.intents WHERE task_id = $1`, id).Scan(&bodies))
 		require.NotContains(t, string(bodies), "binding_token")
 		require.NotContains(t, string(bodies), "acct-secret-991")
+		// A tool that fails on an allowed call: its error is the client's,
+		// not the log's (a tool's message may quote its arguments).
+		res, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "closed-secret-992", "amount": 10}, nil)
+		require.NoError(t, err)
+		require.True(t, res.IsError, "%s", res.Raw)
 		logs := strings.Join(s.mcp.logLines(), "\n")
+		require.Contains(t, logs, `"msg":"tool failed"`)
 		require.NotContains(t, logs, "acct-secret-991")
+		require.NotContains(t, logs, "closed-secret-992")
 		require.NotContains(t, logs, s.alice)
 		require.NotContains(t, logs, s.pepToken)
 	})

@@ -283,7 +283,8 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 func (g *Gate) runDirect(ctx context.Context, p Principal, tool Tool, args map[string]any) (sdk.Result, error) {
 	out, err := tool.Run(ctx, Invocation{DB: g.cfg.DB, Principal: p, Args: args})
 	if err != nil {
-		g.cfg.Log.Warn("tool failed", "tool", tool.Name, "error", err)
+		// Not the error's text: a tool's message may quote its arguments.
+		g.cfg.Log.Warn("tool failed", "tool", tool.Name)
 		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "The tool failed: " + sanitize(err.Error(), 200)}}}, nil
 	}
 	res := &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: out.Text}}}
