@@ -16,11 +16,11 @@ import (
 
 // Canonical returns the RFC 8785 (JCS) serialization of v.
 //
-// Values shaped as encoding/json decodes them (objects, arrays, strings,
-// float64 and json.Number, bools, null) are written directly; it is the hot
-// path of every binding_hash. Anything else (structs, typed slices) goes
-// through json.Marshal and jcs.Transform, the reference the direct path is
-// tested against (TestCanonicalAgreesWithTransform).
+// Values shaped as encoding/json decodes them into an interface (objects,
+// arrays, strings, float64, bools, null) are written directly; it is the hot
+// path of every binding_hash. Anything else (json.Number, structs, typed
+// slices) goes through json.Marshal and jcs.Transform, the reference the
+// direct path is tested against (TestCanonicalAgreesWithTransform).
 func Canonical(v any) ([]byte, error) {
 	out, err := appendCanonical(make([]byte, 0, 256), v, 0)
 	if err != nil {
@@ -49,17 +49,20 @@ func appendCanonical(b []byte, v any, depth int) ([]byte, error) {
 		return appendCanonicalNumber(b, float64(x))
 	case int64:
 		return appendCanonicalNumber(b, float64(x))
-	case json.Number:
-		f, err := strconv.ParseFloat(string(x), 64)
-		if err != nil {
-			return nil, fmt.Errorf("number %q: %w", string(x), err)
-		}
-		return appendCanonicalNumber(b, f)
 	case map[string]any:
+		if x == nil {
+			return append(b, "null"...), nil
+		}
 		return appendCanonicalObject(b, x, depth)
 	case Object:
+		if x == nil {
+			return append(b, "null"...), nil
+		}
 		return appendCanonicalObject(b, x, depth)
 	case []any:
+		if x == nil {
+			return append(b, "null"...), nil
+		}
 		b = append(b, '[')
 		for i, e := range x {
 			if i > 0 {
@@ -71,23 +74,22 @@ func appendCanonical(b []byte, v any, depth int) ([]byte, error) {
 			}
 		}
 		return append(b, ']'), nil
-	case json.RawMessage:
-		c, err := jcs.Transform(x)
-		if err != nil {
-			return nil, fmt.Errorf("jcs: %w", err)
-		}
-		return append(b, c...), nil
-	default:
-		raw, err := json.Marshal(v)
-		if err != nil {
-			return nil, fmt.Errorf("marshal: %w", err)
-		}
-		c, err := jcs.Transform(raw)
-		if err != nil {
-			return nil, fmt.Errorf("jcs: %w", err)
-		}
-		return append(b, c...), nil
+	default: // json.Number, json.RawMessage, structs, typed slices: the library decides
+		return appendReference(b, v)
 	}
+}
+
+// appendReference is the library path: json.Marshal, then jcs.Transform.
+func appendReference(b []byte, v any) ([]byte, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("marshal: %w", err)
+	}
+	c, err := jcs.Transform(raw)
+	if err != nil {
+		return nil, fmt.Errorf("jcs: %w", err)
+	}
+	return append(b, c...), nil
 }
 
 func appendCanonicalNumber(b []byte, f float64) ([]byte, error) {
@@ -106,6 +108,11 @@ func appendCanonicalObject(b []byte, m map[string]any, depth int) ([]byte, error
 		for i := 0; ascii && i < len(k); i++ {
 			ascii = k[i] < utf8.RuneSelf
 		}
+	}
+	if !ascii && slices.ContainsFunc(keys, func(k string) bool { return !utf8.ValidString(k) }) {
+		// Never from a decoder; two such keys could become one after U+FFFD
+		// replacement, which the library refuses as a duplicate.
+		return appendReference(b, m)
 	}
 	if ascii {
 		slices.Sort(keys) // bytes and UTF-16 code units order ASCII alike

@@ -80,8 +80,19 @@ func randomValue(r *rand.Rand, depth int) any {
 		}
 		return f
 	case 4:
-		return json.Number([]string{"0", "-0", "1e3", "12345678901234567890", "0.000001", "1.5E-7"}[r.IntN(6)])
+		// Including forms strconv accepts and JSON does not.
+		return json.Number([]string{"0", "-0", "1e3", "12345678901234567890", "0.000001", "1.5E-7", "+1", ".5", "1_000", "0x10"}[r.IntN(10)])
 	case 5, 6:
+		switch r.IntN(12) {
+		case 0:
+			return map[string]any(nil)
+		case 1:
+			return authzen.Object(nil)
+		case 2:
+			return []any(nil)
+		case 3: // invalid UTF-8 keys that are one key after U+FFFD replacement
+			return map[string]any{"a\xff\xff": 1.0, "a\xc3\xff": 2.0}
+		}
 		m := map[string]any{}
 		for n := r.IntN(6); n > 0; n-- {
 			m[randomString(r)] = randomValue(r, depth+1)
