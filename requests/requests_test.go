@@ -353,6 +353,49 @@ func TestStateMachine(t *testing.T) {
 	}
 }
 
+// TestReadRacingTheSweep: a read after the deadline that meets the sweep
+// holding the row (its batch not yet committed) answers with the request as
+// the sweep ended it, not with the conflict its own expiry attempt ran into.
+func TestReadRacingTheSweep(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	res, err := f.svc.Submit(ctx, f.pep, "", f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000}))
+	require.NoError(t, err)
+	id := res.Request.ID
+	f.clock.Advance(24*time.Hour + time.Second)
+
+	sweep, err := f.db.Begin(ctx)
+	require.NoError(t, err)
+	defer sweep.Rollback(ctx)
+	_, err = sweep.Exec(ctx, `SELECT 1 FROM arap.requests WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
+
+	type answer struct {
+		r   *requests.Request
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		r, err := f.svc.Get(ctx, f.pep, id)
+		got <- answer{r, err}
+	}()
+	// The read's expiry waits on the sweep's row lock.
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE arap.requests%'`).Scan(&waiting))
+		return waiting == 1
+	}, 30*time.Second, 20*time.Millisecond)
+	_, err = sweep.Exec(ctx, `UPDATE arap.requests SET status = 'expired', status_reason = 'timeout', terminal_at = now(), updated_at = now()
+		WHERE id = $1`, id)
+	require.NoError(t, err)
+	require.NoError(t, sweep.Commit(ctx))
+
+	a := <-got
+	require.NoError(t, a.err)
+	require.Equal(t, requests.Expired, a.r.Status)
+}
+
 // TestExpiryJob runs real River workers: a request with a 2 s lifetime is
 // expired by the periodic sweep, once.
 func TestExpiryJob(t *testing.T) {

@@ -114,8 +114,8 @@ type Caller struct {
 func (c Caller) principal() string { return "client:" + c.Name }
 
 // Get returns request id if caller may see it. A pending request whose
-// deadline has passed is expired on the spot (the expiry job may not have run
-// yet), so a reader never sees "pending" after expires_at.
+// deadline has passed is expired on the spot (the sweep runs once a second),
+// so a reader never sees "pending" after expires_at.
 func (s *Service) Get(ctx context.Context, caller Caller, id string) (*Request, error) {
 	r, err := load(ctx, s.cfg.DB, id)
 	if err != nil {
@@ -126,7 +126,16 @@ func (s *Service) Get(ctx context.Context, caller Caller, id string) (*Request, 
 		return nil, errUnknownTask
 	}
 	if r.Status == Pending && !s.now().Before(r.ExpiresAt) {
-		if r, err = s.Expire(ctx, id); err != nil {
+		switch expired, err := s.Expire(ctx, id); {
+		case err == nil:
+			r = expired
+		case ErrorCode(err) == authzen.ProblemInvalidTaskState:
+			// Ended meanwhile (the sweep, or a decision just before the
+			// deadline): read what it ended as.
+			if r, err = load(ctx, s.cfg.DB, id); err != nil {
+				return nil, err
+			}
+		default:
 			return nil, err
 		}
 	}
