@@ -174,10 +174,13 @@ func (b *Backend) build(ctx context.Context) error {
 	b.requests.AddWorkers(workers)
 	b.callbacks.AddWorkers(workers)
 	if b.river, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{
-		Schema:       migrations.RiverSchema,
-		Logger:       riverLog,
-		Workers:      workers,
-		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}},
+		Schema:  migrations.RiverSchema,
+		Logger:  riverLog,
+		Workers: workers,
+		Queues: map[string]river.QueueConfig{
+			river.QueueDefault:        {MaxWorkers: cfg.Workers},
+			requests.QueueMaintenance: {MaxWorkers: requests.MaintenanceWorkers},
+		},
 		PeriodicJobs: b.requests.PeriodicJobs(),
 		JobTimeout:   cfg.JobTimeout,
 		// A callback delivery is a job, and its pickup delay is the

@@ -163,31 +163,44 @@ type Body struct {
 	Task  authzen.Task `json:"task"`
 }
 
-// OnTerminal enqueues the callback of request r, if it subscribed to r's new
-// state. It runs inside the transaction that ends the request
-// (requests.Config.OnTerminal), so the delivery exists if and only if the
-// state change does.
-func (s *Service) OnTerminal(ctx context.Context, tx pgx.Tx, r *requests.Request) error {
-	cb := r.Callback
-	if cb == nil {
+// OnTerminal enqueues the callbacks of the ended requests that subscribed to
+// their new state: the delivery rows in one INSERT, their jobs in one River
+// insert (an expiry sweep ends hundreds at once). It runs inside the
+// transaction that ends them (requests.Config.OnTerminal), so a delivery
+// exists if and only if its state change does, and, with the unique
+// (request_id, event), at most once.
+func (s *Service) OnTerminal(ctx context.Context, tx pgx.Tx, ended []*requests.Request) error {
+	var ids, requestIDs, clientIDs, endpoints, events, bodies []string
+	var jobs []river.InsertManyParams
+	for _, r := range ended {
+		cb := r.Callback
+		if cb == nil {
+			continue
+		}
+		event := string(r.Status)
+		if len(cb.Events) > 0 && !slices.Contains(cb.Events, event) {
+			continue
+		}
+		body, err := json.Marshal(Body{State: cb.State, Task: r.Handle(s.cfg.StatusEndpoint(r.ID)).Task})
+		if err != nil {
+			return err
+		}
+		id := "msg_" + rand.Text()
+		ids, requestIDs, clientIDs = append(ids, id), append(requestIDs, r.ID), append(clientIDs, r.ClientID)
+		endpoints, events, bodies = append(endpoints, cb.Endpoint), append(events, event), append(bodies, string(body))
+		jobs = append(jobs, river.InsertManyParams{Args: DeliverArgs{DeliveryID: id}})
+	}
+	if len(ids) == 0 {
 		return nil
 	}
-	event := string(r.Status)
-	if len(cb.Events) > 0 && !slices.Contains(cb.Events, event) {
-		return nil
-	}
-	body, err := json.Marshal(Body{State: cb.State, Task: r.Handle(s.cfg.StatusEndpoint(r.ID)).Task})
-	if err != nil {
-		return err
-	}
-	id := "msg_" + rand.Text()
-	now := s.cfg.Now()
 	if _, err := tx.Exec(ctx, `INSERT INTO arap.deliveries (id, request_id, client_id, endpoint, event, body, status, created_at, updated_at, next_attempt_at)
-		VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $7, $7)`, id, r.ID, r.ClientID, cb.Endpoint, event, string(body), now); err != nil {
-		return fmt.Errorf("callbacks: record delivery: %w", err)
+		SELECT id, request_id, client_id, endpoint, event, body, 'pending', $7, $7, $7
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS d(id, request_id, client_id, endpoint, event, body)`,
+		ids, requestIDs, clientIDs, endpoints, events, bodies, s.cfg.Now()); err != nil {
+		return fmt.Errorf("callbacks: record deliveries: %w", err)
 	}
-	if _, err := s.cfg.Jobs.InsertTx(ctx, tx, DeliverArgs{DeliveryID: id}, nil); err != nil {
-		return fmt.Errorf("callbacks: enqueue delivery: %w", err)
+	if _, err := s.cfg.Jobs.InsertManyTx(ctx, tx, jobs); err != nil {
+		return fmt.Errorf("callbacks: enqueue deliveries: %w", err)
 	}
 	return nil
 }

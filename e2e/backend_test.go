@@ -85,7 +85,8 @@ func setupDeployment(t *testing.T) (env []string, policyFile, token string, pool
 	env = []string{"DATABASE_URL=" + dbURL, "ARAP_MASTER_KEY=" + masterKey}
 	policyFile = filepath.Join(t.TempDir(), "policy.yaml")
 	require.NoError(t, os.WriteFile(policyFile, []byte(e2ePolicy), 0o600))
-	out := arapctl(t, env, "clients", "create", "--name", "pep", "--scope", "evaluate,request", "--actor", "agent:*")
+	out := arapctl(t, env, "clients", "create", "--name", "pep", "--scope", "evaluate,request", "--actor", "agent:*",
+		"--callback-prefix", "http://127.0.0.1:", "--callback-network", "loopback")
 	token = regexp.MustCompile(`token: (\S+)`).FindStringSubmatch(out)[1]
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	require.NoError(t, err)

@@ -144,6 +144,16 @@ func (p *proc) waitLog(msg string, timeout time.Duration) map[string]any {
 
 func (p *proc) url() string { return "http://" + p.addr }
 
+// alive is nil while the process runs.
+func (p *proc) alive() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("exited: %v", p.cmd.ProcessState)
+	default:
+		return nil
+	}
+}
+
 func (p *proc) signal(sig syscall.Signal) { require.NoError(p.t, p.cmd.Process.Signal(sig)) }
 
 // wait waits for the process to exit and returns its exit code.

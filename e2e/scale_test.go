@@ -58,8 +58,10 @@ func envInt(t *testing.T, name string, def int) int {
 // TestScaleExpiry: N pending requests (ARAP_SCALE_REQUESTS, default 5000;
 // 100000 is the scale run) reach their deadline at the same moment with two
 // `arapd serve` replicas on one database. Every request ends expired, with
-// exactly one request.expired audit event, within a minute of the deadline,
-// and every audit chain still verifies.
+// exactly one request.expired audit event and exactly one callback delivery
+// (each subscribed, as every request a PEP makes does), within a minute of
+// the deadline; every audit chain still verifies, and both replicas are
+// still running.
 //
 // The requests are written in bulk rather than through the API (100k
 // submissions would take longer than the expiry being measured), but they
@@ -78,6 +80,16 @@ func TestScaleExpiry(t *testing.T) {
 	b := startArapd(t, env, args...)
 	ctx := context.Background()
 
+	// Callbacks go to a receiver that takes them (the delivery itself is
+	// not what is measured here: that each expiry enqueues one is).
+	arapctl(t, env, "clients", "secret", "rotate", "pep")
+	var received atomic.Int64
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		received.Add(1)
+	}))
+	t.Cleanup(rc.Close)
+
 	// One real submission, the template of the others.
 	call := toolCall("scale", map[string]any{"i": "template"})
 	status, d := postJSON(t, a.url()+"/access/v1/evaluation", token, call)
@@ -85,6 +97,7 @@ func TestScaleExpiry(t *testing.T) {
 	hint := d["context"].(map[string]any)["access_request"].(map[string]any)
 	call["denial"] = map[string]any{"expires_at": hint["expires_at"], "binding_token": hint["binding_token"],
 		"evaluation_id": d["context"].(map[string]any)["evaluation_id"]}
+	call["callback"] = map[string]any{"endpoint": rc.URL + "/arap-callback", "state": "scale"}
 	status, r := postJSON(t, b.url()+"/access/v1/requests", token, call, "Idempotency-Key", "scale-template")
 	require.Equal(t, 202, status, "submit the template request: %v", r)
 	templateID := r["task"].(map[string]any)["id"].(string)
@@ -139,11 +152,18 @@ func TestScaleExpiry(t *testing.T) {
 		SELECT chain, count(*) AS c FROM arap.audit_events WHERE kind = 'request.expired' GROUP BY chain) x`).Scan(&chains, &wrong))
 	require.Equal(t, total, chains, "every request has a request.expired event")
 	require.Zero(t, wrong, "requests with more than one request.expired event")
+	var deliveries, requestsWithOne int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT request_id) FROM arap.deliveries WHERE event = 'expired'`).
+		Scan(&deliveries, &requestsWithOne))
+	require.Equal(t, total, requestsWithOne, "every expired request has its callback enqueued")
+	require.Equal(t, total, deliveries, "and only one")
+	require.NoError(t, a.alive(), "replica a still running")
+	require.NoError(t, b.alive(), "replica b still running")
 	rep, err := audit.Verify(ctx, pool)
 	require.NoError(t, err)
 	require.True(t, rep.OK(), "audit chains break: %v", rep.Breaks)
 	require.Equal(t, total+2, rep.Chains, "one chain per request, the template's and the system chain")
-	t.Logf("replica a expired %d, replica b %d", countLogged(a, "requests expired"), countLogged(b, "requests expired"))
+	t.Logf("replica a expired %d, replica b %d; %d callbacks delivered so far", countLogged(a, "requests expired"), countLogged(b, "requests expired"), received.Load())
 }
 
 // countLogged sums the count field of a process's log lines with msg.

@@ -63,6 +63,9 @@ type PurgeArgs struct{}
 // Kind implements river.JobArgs.
 func (PurgeArgs) Kind() string { return "requests.purge" }
 
+// InsertOpts puts the purge on the maintenance queue.
+func (PurgeArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{Queue: QueueMaintenance} }
+
 // PurgeWorker deletes idempotency keys of requests that ended more than the
 // idempotency retention ago, and spent jti values whose tokens have expired.
 type PurgeWorker struct {

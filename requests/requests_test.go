@@ -405,7 +405,8 @@ func TestExpiryJob(t *testing.T) {
 	f.svc.AddWorkers(workers)
 	worker, err := river.NewClient(riverpgxv5.New(f.db), &river.Config{
 		Schema: migrations.RiverSchema, Workers: workers,
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 5}},
+		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 5},
+			requests.QueueMaintenance: {MaxWorkers: requests.MaintenanceWorkers}},
 		PeriodicJobs:      f.svc.PeriodicJobs(),
 		FetchPollInterval: 100 * time.Millisecond,
 	})

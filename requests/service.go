@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +32,7 @@ import (
 // JobInserter enqueues River jobs inside a transaction.
 type JobInserter interface {
 	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
+	InsertManyTx(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) ([]*rivertype.JobInsertResult, error)
 }
 
 // PDP is what the service needs of the policy decision point: the policy in
@@ -62,10 +64,11 @@ type Config struct {
 	// CheckCallback decides whether client clientID may register cb; without
 	// it, submissions with a callback are refused.
 	CheckCallback func(ctx context.Context, clientID string, cb *authzen.Callback) error
-	// OnTerminal runs inside the transaction that ends a request (callback
+	// OnTerminal runs inside the transaction that ends requests, with every
+	// request it ended (one, or an expiry sweep's batch): callback
 	// deliveries are enqueued there, so they exist if and only if the change
-	// does).
-	OnTerminal func(ctx context.Context, tx pgx.Tx, r *Request) error
+	// does.
+	OnTerminal func(ctx context.Context, tx pgx.Tx, ended []*Request) error
 	Now        func() time.Time
 	Log        *slog.Logger
 }
@@ -162,10 +165,14 @@ func (s *Service) Cancel(ctx context.Context, caller Caller, id, reason, comment
 	})
 }
 
-// Expire moves request id to expired if it is pending and due. It is what the
-// expiry job runs; running it twice, or on two replicas, expires once.
+// expiry is the change a request's deadline makes.
+var expiry = Change{To: Expired, Reason: ReasonTimeout, Actor: "system"}
+
+// Expire moves request id to expired if it is pending and due (a read after
+// the deadline, ahead of the sweep); running it twice, or on two replicas,
+// expires once.
 func (s *Service) Expire(ctx context.Context, id string) (*Request, error) {
-	return s.Transition(ctx, id, Change{To: Expired, Reason: ReasonTimeout, Actor: "system"})
+	return s.Transition(ctx, id, expiry)
 }
 
 // errNotDue is the code of an expiry attempted before the deadline.
@@ -233,11 +240,7 @@ func (s *Service) TransitionTx(ctx context.Context, tx pgx.Tx, id string, c Chan
 	if err != nil {
 		return nil, fmt.Errorf("requests: transition %s to %s: %w", id, c.To, err)
 	}
-	data := map[string]any{"from": string(Pending), "to": string(c.To), "reason": c.Reason}
-	for k, v := range c.Data {
-		data[k] = v
-	}
-	if err := audit.Append(ctx, tx, audit.Event{Chain: id, Kind: "request." + string(c.To), Actor: c.Actor, At: now, Data: data}); err != nil {
+	if err := audit.Append(ctx, tx, c.event(id, now)); err != nil {
 		return nil, err
 	}
 	if c.Within != nil {
@@ -245,11 +248,28 @@ func (s *Service) TransitionTx(ctx context.Context, tx pgx.Tx, id string, c Chan
 			return nil, err
 		}
 	}
-	if s.cfg.OnTerminal != nil {
-		if err := s.cfg.OnTerminal(ctx, tx, r); err != nil {
-			return nil, err
+	if err := s.endedTx(ctx, tx, c.To, []*Request{r}); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// event is the audit record of change c to request id.
+func (c Change) event(id string, at time.Time) audit.Event {
+	data := map[string]any{"from": string(Pending), "to": string(c.To), "reason": c.Reason}
+	maps.Copy(data, c.Data)
+	return audit.Event{Chain: id, Kind: "request." + string(c.To), Actor: c.Actor, At: at, Data: data}
+}
+
+// endedTx is what every end of requests commits with it, whether one
+// (TransitionTx) or a sweep's batch (ExpireDue): the callbacks they
+// subscribed to, and the count.
+func (s *Service) endedTx(ctx context.Context, tx pgx.Tx, to Status, ended []*Request) error {
+	if s.cfg.OnTerminal != nil && len(ended) > 0 {
+		if err := s.cfg.OnTerminal(ctx, tx, ended); err != nil {
+			return err
 		}
 	}
-	transitions.WithLabelValues(string(c.To)).Inc()
-	return r, nil
+	transitions.WithLabelValues(string(to)).Add(float64(len(ended)))
+	return nil
 }
