@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"time"
 
@@ -70,7 +71,13 @@ func main() {
 	cfg := sep2848.Config{URL: *url, Token: *token, OtherToken: *other, Profile: p, Resolver: resolver,
 		BackendURL: *backendURL, Timeout: *timeout}
 	if *only != "" {
-		cfg.Scenarios = strings.Split(*only, ",")
+		for _, name := range strings.Split(*only, ",") {
+			name = strings.TrimSpace(name)
+			if !slices.Contains(sep2848.Scenarios(), name) {
+				usage("no scenario %q; the scenarios are: %s", name, strings.Join(sep2848.Scenarios(), ", "))
+			}
+			cfg.Scenarios = append(cfg.Scenarios, name)
+		}
 	}
 	if !*asJSON {
 		cfg.Log = os.Stdout

@@ -85,8 +85,12 @@ func TestSEP2848Conformance(t *testing.T) {
 		cfg.Profile.Stalling = &cfg.Profile.Gated
 		cfg.Profile.StallsFor = sep2848.Duration(10 * time.Second)
 		cfg.Scenarios = []string{"outcome-unknown"}
-		done := make(chan []sep2848.Result)
-		go func() { done <- sep2848.Run(context.Background(), cfg) }()
+		// If an assertion below stops the subtest, the run is cancelled and
+		// waited for, so it never logs to a finished test.
+		ctx, cancel := context.WithCancel(context.Background())
+		done, finished := make(chan []sep2848.Result, 1), make(chan struct{})
+		go func() { defer close(finished); done <- sep2848.Run(ctx, cfg) }()
+		t.Cleanup(func() { cancel(); <-finished })
 		require.Equal(t, -1, s.mcp.wait(60*time.Second), "killed at the claim")
 		s.mcp = s.startMCP()
 		results := <-done
@@ -116,6 +120,7 @@ func TestSEP2848CatchesBrokenBuild(t *testing.T) {
 	t.Logf("failed against the broken build: %v", failed)
 	for _, id := range []string{"sep-2848-requestable-denial-not-executed", "sep-2848-denial-not-executed", "sep-2848-cancelled-never-executes"} {
 		require.Contains(t, failed, id, "the suite must catch execution on a requestable denial")
+		require.Contains(t, failed[id], "the tool ran", "%s must fail because it saw the tool run, not for another reason", id)
 	}
 }
 

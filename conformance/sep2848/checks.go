@@ -45,10 +45,10 @@ var Checks = []Check{
 	{"sep-2848-expired-denied", "expiry", "MUST", "a request that expires unresolved completes denied-not-executed, body noting it did not run"},
 	{"sep-2848-expired-never-executes", "expiry", "MUST", "an approval after expiry does not run the tool"},
 
-	{"sep-2848-input-before-submission", "input", "MUST", "submission input is asked for on the tools/call itself (resultType input_required, inputRequests, requestState), not by a standalone request"},
+	{"sep-2848-input-before-submission", "input", "SHOULD", "submission input is asked for on the tools/call itself (resultType input_required, inputRequests, requestState), not by a standalone request"},
 	{"sep-2848-mrtr-binding-enforced", "input", "MUST", "an MRTR retry with changed arguments is rejected"},
 	{"sep-2848-mrtr-caller-enforced", "input", "MUST", "an MRTR retry by another principal is rejected"},
-	{"sep-2848-input-retry-creates-task", "input", "MUST", "the MRTR retry with answers returns the CreateTaskResult"},
+	{"sep-2848-input-retry-creates-task", "input", "SHOULD", "the MRTR retry with answers returns the CreateTaskResult"},
 
 	{"sep-2848-task-access-get", "access-control", "MUST", "another principal's tasks/get is refused"},
 	{"sep-2848-task-access-update", "access-control", "MUST", "another principal's tasks/update is refused and changes nothing"},

@@ -57,3 +57,13 @@ func TestDevProfileParses(t *testing.T) {
 	_, err := ParseProfile([]byte(`{"gated":{"name":"x"},"changed":{"name":"x"},"typo":1}`))
 	require.Error(t, err, "unknown profile fields are refused")
 }
+
+// TestJSONMessages: the artifact scan reads plain JSON, pretty-printed JSON
+// and event streams whose data spans several lines; anything else yields
+// nothing (and the check fails rather than pass unscanned).
+func TestJSONMessages(t *testing.T) {
+	require.Len(t, jsonMessages([]byte("{\n  \"a\": 1\n}\n")), 1)
+	sse := "event: message\ndata: {\"a\":\ndata: 1}\n\ndata: {\"b\":2}\n\n"
+	require.Equal(t, []any{map[string]any{"a": 1.0}, map[string]any{"b": 2.0}}, jsonMessages([]byte(sse)))
+	require.Empty(t, jsonMessages([]byte("<html>oops</html>")))
+}

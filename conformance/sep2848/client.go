@@ -55,7 +55,6 @@ func (e *rpcError) Error() string { return fmt.Sprintf("JSON-RPC error %d: %s", 
 
 // response is one JSON-RPC response.
 type response struct {
-	status int
 	result map[string]any
 	raw    json.RawMessage // the result, as sent
 	err    *rpcError
@@ -118,7 +117,7 @@ func (c *client) send(ctx context.Context, msg map[string]any, method, name stri
 		return nil, fmt.Errorf("%s: read response: %w", method, err)
 	}
 	c.seen.add(raw)
-	out := &response{status: resp.StatusCode}
+	out := &response{}
 	if _, isReq := msg["id"]; !isReq {
 		return out, nil
 	}
@@ -172,7 +171,6 @@ type task struct {
 	TTLMs          *int64          `json:"ttlMs"`
 	PollIntervalMs int             `json:"pollIntervalMs"`
 	Result         json.RawMessage `json:"result"`
-	Error          *rpcError       `json:"error"`
 	Meta           map[string]any  `json:"_meta"`
 	hasTTL         bool
 }

@@ -19,10 +19,17 @@ type Call struct {
 }
 
 // Fresh returns the call with {nonce} replaced by a new random value.
-func (c Call) Fresh() Call {
+func (c Call) Fresh() Call { return c.With(newNonce()) }
+
+func newNonce() string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
-	nonce := hex.EncodeToString(b)
+	return hex.EncodeToString(b)
+}
+
+// With returns the call with {nonce} replaced by nonce: two calls made with
+// one nonce differ only where the profile wrote them differently.
+func (c Call) With(nonce string) Call {
 	var fill func(v any) any
 	fill = func(v any) any {
 		switch x := v.(type) {

@@ -12,8 +12,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 )
@@ -76,7 +74,9 @@ func Run(ctx context.Context, cfg Config) []Result {
 		}
 		r.scenario = s.name
 		start := time.Now()
-		sctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+		// The bound is on the server's promptness, beyond the waits the
+		// profile itself declares (an expiry, a stall).
+		sctx, cancel := context.WithTimeout(ctx, cfg.Timeout+time.Duration(r.p.ExpiresWithin)+time.Duration(r.p.StallsFor))
 		err := s.run(sctx, r)
 		cancel()
 		for _, id := range checksOf(s.name) {
@@ -197,15 +197,3 @@ func Scenarios() []string {
 	}
 	return names
 }
-
-// CheckIDs lists every registered check id, sorted.
-func CheckIDs() []string {
-	var ids []string
-	for _, c := range Checks {
-		ids = append(ids, c.ID)
-	}
-	sort.Strings(ids)
-	return ids
-}
-
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -1,6 +1,7 @@
 package sep2848
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -299,6 +300,8 @@ func approve(ctx context.Context, r *run) error {
 		r.fail("sep-2848-ttl-covers-retention", "ttlMs is missing")
 	case done.TTLMs == nil:
 		r.pass("sep-2848-ttl-covers-retention")
+	case done.CreatedAt.IsZero() || done.LastUpdatedAt.IsZero():
+		r.fail("sep-2848-ttl-covers-retention", "createdAt or lastUpdatedAt is missing, so ttlMs cannot be checked against the end")
 	default:
 		end := done.CreatedAt.Add(time.Duration(*done.TTLMs) * time.Millisecond)
 		r.expect("sep-2848-ttl-covers-retention", end.After(done.LastUpdatedAt),
@@ -320,8 +323,10 @@ func approve(ctx context.Context, r *run) error {
 		}
 		n := r.executions(before, after)
 		r.expect("sep-2848-executes-once", n == 1 && same, "the tool ran %v times (%s %v to %v); result unchanged: %v", n, r.p.Probe.Field, before, after, same)
+	} else if !same {
+		r.fail("sep-2848-executes-once", "the task's result changed on a later tasks/get")
 	} else {
-		r.expect("sep-2848-executes-once", same, "the task's result changed on a later tasks/get")
+		r.skip("sep-2848-executes-once", "the profile has no probe, so how often the tool ran cannot be observed")
 	}
 	// Cancel after completion: a no-op.
 	resp, err := r.c.call(ctx, MethodCancel, done.TaskID, map[string]any{"taskId": done.TaskID})
@@ -425,6 +430,10 @@ func outcomeUnknown(ctx context.Context, r *run) error {
 		r.skip(id, "the profile has no stalling call")
 		return nil
 	}
+	before, have, err := r.probe(ctx)
+	if err != nil {
+		return err
+	}
 	wctx, cancel := context.WithTimeout(ctx, time.Duration(r.p.StallsFor)+time.Minute)
 	defer cancel()
 	done, res, err := r.approveCall(ctx, wctx, r.p.Stalling.Fresh())
@@ -433,8 +442,18 @@ func outcomeUnknown(ctx context.Context, r *run) error {
 	}
 	_, inTask := envelopeOf(done.Meta)
 	_, inResult := envelopeOf(res.Meta)
-	r.expect(id, res.IsError && disposition(res) == OutcomeUnknown && !inTask && !inResult && saysMayRun.MatchString(res.text()),
-		"isError %v, disposition %q, envelope %v/%v, body %q", res.IsError, disposition(res), inTask, inResult, res.text())
+	if !r.expect(id, res.IsError && disposition(res) == OutcomeUnknown && !inTask && !inResult && saysMayRun.MatchString(res.text()),
+		"isError %v, disposition %q, envelope %v/%v, body %q", res.IsError, disposition(res), inTask, inResult, res.text()) || !have {
+		return nil
+	}
+	// Outcome unknown is never a licence to run it again: at most once.
+	after, _, err := r.probe(ctx)
+	if err != nil {
+		return err
+	}
+	if n := r.executions(before, after); !(n <= 1) {
+		r.fail(id, "the tool ran %v times across the crash (%s %v to %v)", n, r.p.Probe.Field, before, after)
+	}
 	return nil
 }
 
@@ -443,7 +462,10 @@ func changedBinding(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	t, _, err := r.approveCall(ctx, ctx, r.p.Gated.Fresh())
+	// The same nonce: the changed call differs from the approved one only
+	// in what the profile changed (the amount, not the beneficiary).
+	nonce := newNonce()
+	t, _, err := r.approveCall(ctx, ctx, r.p.Gated.With(nonce))
 	if err != nil {
 		return err
 	}
@@ -451,7 +473,7 @@ func changedBinding(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	changed := r.p.Changed.Fresh()
+	changed := r.p.Changed.With(nonce)
 	t2, err := r.create(ctx, r.c, changed)
 	if t2 == nil {
 		r.fail("sep-2848-changed-arguments-new-approval", "the changed call did not answer with a task: %v", err)
@@ -690,9 +712,16 @@ func accessControl(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	r.expect("sep-2848-task-access-get", g.err != nil && !strings.Contains(string(g.raw)+g.err.Message, t.StatusMessage),
+	r.expect("sep-2848-task-access-get", g.err != nil && (t.StatusMessage == "" || !strings.Contains(string(g.raw)+g.err.Message, t.StatusMessage)),
 		"another principal read the task: %.300s", g.raw)
-	u, err := other.call(ctx, MethodUpdate, t.TaskID, map[string]any{"taskId": t.TaskID, "inputResponses": map[string]any{}})
+	// The same update from the owner first: if the server takes it from the
+	// owner, a refusal to the other principal is about who asked.
+	update := map[string]any{"taskId": t.TaskID, "inputResponses": map[string]any{}}
+	own, err := r.c.call(ctx, MethodUpdate, t.TaskID, update)
+	if err != nil {
+		return err
+	}
+	u, err := other.call(ctx, MethodUpdate, t.TaskID, update)
 	if err != nil {
 		return err
 	}
@@ -704,7 +733,11 @@ func accessControl(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	r.expect("sep-2848-task-access-update", u.err != nil && after.Status == StatusWorking, "another principal's tasks/update: error %v, task now %s", u.err, after.Status)
+	if own.err != nil {
+		r.skip("sep-2848-task-access-update", fmt.Sprintf("inconclusive: the server refuses this tasks/update from the owner too (%s)", own.err.Message))
+	} else {
+		r.expect("sep-2848-task-access-update", u.err != nil && after.Status == StatusWorking, "another principal's tasks/update: error %v, task now %s", u.err, after.Status)
+	}
 	r.expect("sep-2848-task-access-cancel", c.err != nil && after.Status == StatusWorking, "another principal's tasks/cancel: error %v, task now %s", c.err, after.Status)
 	t2, err := r.create(ctx, r.c, r.p.Gated.Fresh())
 	if err != nil {
@@ -817,20 +850,11 @@ func plainDenial(ctx context.Context, r *run) error {
 		return err
 	}
 	_, isTask := resp.result["taskId"]
-	if !r.expect(id, resp.err == nil && resp.result["isError"] == true && !isTask && resp.result["resultType"] != ResultTask,
-		"a plain denial answered %v %.300s", resp.err, resp.raw) {
+	if resp.err != nil || resp.result["isError"] != true || isTask || resp.result["resultType"] == ResultTask {
+		r.fail(id, "a plain denial answered %v %.300s", resp.err, resp.raw)
 		return nil
 	}
-	if have {
-		after, _, err := r.probe(ctx)
-		if err != nil {
-			return err
-		}
-		if after != before {
-			r.fail(id, "the denied tool ran: %s went from %v to %v", r.p.Probe.Field, before, after)
-		}
-	}
-	return nil
+	return r.notRun(ctx, id, before, have)
 }
 
 // artifacts scans every response of the run for backend artifacts: member
@@ -839,12 +863,12 @@ func artifacts(_ context.Context, r *run) error {
 	const id = "sep-2848-no-backend-artifacts"
 	bodies := r.c.seen.all()
 	for _, b := range bodies {
-		for _, line := range strings.Split(string(b), "\n") {
-			line = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "data:"))
-			var v any
-			if json.Unmarshal([]byte(line), &v) != nil {
-				continue
-			}
+		msgs := jsonMessages(b)
+		if len(msgs) == 0 && len(bytes.TrimSpace(b)) > 0 {
+			r.fail(id, "a response is neither JSON nor an event stream of JSON, so it cannot be scanned: %.200q", b)
+			return nil
+		}
+		for _, v := range msgs {
 			if where := findArtifact(v, "$", r.cfg.BackendURL); where != "" {
 				r.fail(id, "%s", where)
 				return nil
@@ -853,6 +877,34 @@ func artifacts(_ context.Context, r *run) error {
 	}
 	r.expect(id, len(bodies) > 0, "the run saw no responses to scan")
 	return nil
+}
+
+// jsonMessages reads a response body as one JSON value or, failing that, as
+// an event stream: each event's data lines joined (an event's JSON may span
+// several).
+func jsonMessages(b []byte) []any {
+	var v any
+	if json.Unmarshal(b, &v) == nil {
+		return []any{v}
+	}
+	var out []any
+	var data []string
+	flush := func() {
+		if len(data) > 0 && json.Unmarshal([]byte(strings.Join(data, "\n")), &v) == nil {
+			out = append(out, v)
+		}
+		data = data[:0]
+	}
+	for _, line := range strings.Split(strings.ReplaceAll(string(b), "\r\n", "\n"), "\n") {
+		switch {
+		case line == "":
+			flush()
+		case strings.HasPrefix(line, "data:"):
+			data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
+		}
+	}
+	flush()
+	return out
 }
 
 func findArtifact(v any, path, backendURL string) string {
