@@ -593,27 +593,28 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approved
 		}
 	}
 	res.Meta = sdk.Meta{MetaDisposition: disposition}
-	return g.finish(ctx, a.TaskID, []string{phaseClaimed}, res, disposition, "The tool ran after approval.")
+	return g.finish(ctx, a, []string{phaseClaimed}, res, disposition, "The tool ran after approval.")
 }
 
 // preClaim are the phases from which a task can still be denied, failed or
 // cancelled: before the execution claim.
 var preClaim = []string{phaseSubmitting, phasePending, phaseInput}
 
-// finish completes an approval task with res, if it is still in one of the
-// phases from.
-func (g *Gate) finish(ctx context.Context, id string, from []string, res *sdk.CallToolResult, disposition, msg string) error {
+// finish completes approval task a with res, if it is still in one of the
+// phases from and at the generation a was read at: a decision about an
+// earlier request never ends the task after it has moved on to a new one.
+func (g *Gate) finish(ctx context.Context, a *approvalTask, from []string, res *sdk.CallToolResult, disposition, msg string) error {
 	raw, err := json.Marshal(res)
 	if err != nil {
 		return err
 	}
 	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'done', disposition = $3, updated_at = now() WHERE task_id = $1 AND phase = ANY($2)`,
-			id, from, disposition)
+		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'done', disposition = $3, updated_at = now()
+			WHERE task_id = $1 AND phase = ANY($2) AND generation = $4`, a.TaskID, from, disposition, a.Generation)
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
-		_, err = g.tasks.TransitionTx(ctx, tx, id, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, TTLMs: g.retainFrom(ctx, tx, id)})
+		_, err = g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, TTLMs: g.retainFrom(ctx, tx, a.TaskID)})
 		return err
 	})
 }
@@ -623,14 +624,15 @@ func (g *Gate) finish(ctx context.Context, id string, from []string, res *sdk.Ca
 func (g *Gate) deny(ctx context.Context, a *approvalTask, text string) error {
 	res := &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: text}},
 		Meta: sdk.Meta{MetaDisposition: DeniedNotExecuted, MetaAuthorization: envelope(RemediationUnavailable, false)}}
-	return g.finish(ctx, a.TaskID, preClaim, res, DeniedNotExecuted, "Not approved; the tool did not run.")
+	return g.finish(ctx, a, preClaim, res, DeniedNotExecuted, "Not approved; the tool did not run.")
 }
 
 // fail ends a task before any claim with a JSON-RPC error (failed is only
 // ever used before the claim, so a possible side effect is never hidden).
 func (g *Gate) fail(ctx context.Context, a *approvalTask, why string) error {
 	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'done', updated_at = now() WHERE task_id = $1 AND phase = ANY($2)`, a.TaskID, preClaim)
+		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'done', updated_at = now()
+			WHERE task_id = $1 AND phase = ANY($2) AND generation = $3`, a.TaskID, preClaim, a.Generation)
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
@@ -679,7 +681,7 @@ func (g *Gate) reapClaim(ctx context.Context, a *approvalTask) (time.Time, error
 	res := &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
 		Text: "The tool may have run: it was started after approval, but its outcome could not be confirmed. Do not retry automatically; check whether it took effect."}},
 		Meta: sdk.Meta{MetaDisposition: OutcomeUnknown}}
-	return time.Time{}, g.finish(ctx, a.TaskID, []string{phaseClaimed}, res, OutcomeUnknown, "Outcome unknown: the tool may have run.")
+	return time.Time{}, g.finish(ctx, a, []string{phaseClaimed}, res, OutcomeUnknown, "Outcome unknown: the tool may have run.")
 }
 
 // chain opens a new request for the same call when re-evaluation says the
