@@ -6,4 +6,4 @@ package mcp
 // suite's own test (e2e.TestSEP2848CatchesBrokenBuild): it executes the
 // tool on a requestable denial, the first thing the extension forbids. Only
 // `go build -tags arapbroken` compiles it.
-func init() { brokenExecutesOnRequestableDenial = true }
+const brokenExecutesOnRequestableDenial = true

@@ -187,11 +187,6 @@ func evaluation(p Principal, tool string, args map[string]any) authzen.Evaluatio
 // rpcError is a JSON-RPC error result.
 func rpcError(code int64, msg string) *jsonrpc.Error { return &jsonrpc.Error{Code: code, Message: msg} }
 
-// brokenExecutesOnRequestableDenial is set only in the deliberately broken
-// build (go build -tags arapbroken, broken.go) that the SEP-2848
-// conformance suite must catch; release builds never set it.
-var brokenExecutesOnRequestableDenial bool
-
 // Call handles tools/call for principal p. It returns a CallToolResult, a
 // CreateTaskResult, an input_required result, or a JSON-RPC error.
 func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) (sdk.Result, error) {
