@@ -316,33 +316,23 @@ func (s *Service) approveTx(ctx context.Context, tx pgx.Tx, r *Request, votes []
 		Data: map[string]any{"approval_id": approvalID, "approved_until": until}})
 }
 
-func votesTx(ctx context.Context, q interface {
+// querier runs a query, in a transaction or on the pool.
+type querier interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, id string) ([]Vote, error) {
-	rows, err := q.Query(ctx, `SELECT voter, voter_kind, decision, reason, approved_until, at FROM arap.votes WHERE request_id = $1 ORDER BY at, voter`, id)
+}
+
+func votesTx(ctx context.Context, q querier, id string) ([]Vote, error) {
+	votes, err := votesOf(ctx, q, []string{id})
 	if err != nil {
-		return nil, fmt.Errorf("requests: votes: %w", err)
+		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Vote, error) {
-		var v Vote
-		err := r.Scan(&v.Voter, &v.Kind, &v.Decision, &v.Reason, &v.ApprovedUntil, &v.At)
-		return v, err
-	})
+	return append([]Vote{}, votes[id]...), nil // [] rather than null when there are none
 }
 
-// Votes returns the votes on request id, oldest first.
-func (s *Service) Votes(ctx context.Context, id string) ([]Vote, error) {
-	return votesTx(ctx, s.cfg.DB, id)
-}
-
-// VotesOf returns the votes on each of the requests, oldest first, in one
-// query (for lists).
-func (s *Service) VotesOf(ctx context.Context, list []*Request) (map[string][]Vote, error) {
-	ids := make([]string, len(list))
-	for i, r := range list {
-		ids[i] = r.ID
-	}
-	rows, err := s.cfg.DB.Query(ctx, `SELECT request_id, voter, voter_kind, decision, reason, approved_until, at
+// votesOf reads the votes on each of the requests ids, oldest first, in one
+// query.
+func votesOf(ctx context.Context, q querier, ids []string) (map[string][]Vote, error) {
+	rows, err := q.Query(ctx, `SELECT request_id, voter, voter_kind, decision, reason, approved_until, at
 		FROM arap.votes WHERE request_id = ANY($1) ORDER BY at, voter`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("requests: votes: %w", err)
@@ -357,5 +347,23 @@ func (s *Service) VotesOf(ctx context.Context, list []*Request) (map[string][]Vo
 		}
 		out[id] = append(out[id], v)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("requests: votes: %w", err)
+	}
+	return out, nil
+}
+
+// Votes returns the votes on request id, oldest first.
+func (s *Service) Votes(ctx context.Context, id string) ([]Vote, error) {
+	return votesTx(ctx, s.cfg.DB, id)
+}
+
+// VotesOf returns the votes on each of the requests, oldest first, in one
+// query (for lists).
+func (s *Service) VotesOf(ctx context.Context, list []*Request) (map[string][]Vote, error) {
+	ids := make([]string, len(list))
+	for i, r := range list {
+		ids[i] = r.ID
+	}
+	return votesOf(ctx, s.cfg.DB, ids)
 }
