@@ -214,6 +214,41 @@ func TestSubmissionErrors(t *testing.T) {
 	require.Zero(t, count(t, f, "arap.binding_jtis"), "refused submissions do not spend the token")
 }
 
+// TestConcurrentReplayCreatesOne: the same binding_token submitted at once
+// under different Idempotency-Keys passes every check before the first
+// commits; the spent-jti row in the creating batch lets exactly one through,
+// and the others leave nothing behind.
+func TestConcurrentReplayCreatesOne(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	raw := f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000})
+	const n = 8
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	for i := range n {
+		go func() {
+			<-start
+			_, err := f.svc.Submit(ctx, f.pep, fmt.Sprintf("race-%d", i), raw)
+			errs <- err
+		}()
+	}
+	close(start)
+	created := 0
+	for range n {
+		err := <-errs
+		if err == nil {
+			created++
+			continue
+		}
+		require.Equal(t, authzen.ProblemInvalidDenialBinding, requests.ErrorCode(err), "%v", err)
+	}
+	require.Equal(t, 1, created)
+	require.Equal(t, 1, count(t, f, "arap.requests"))
+	require.Equal(t, 1, count(t, f, "arap.idempotency_keys"))
+	require.Equal(t, 1, count(t, f, "arap.binding_jtis"))
+	require.Equal(t, 1, count(t, f, "arap.audit_events WHERE kind = 'request.submitted'"))
+}
+
 func TestBindingTokenReplayAndExpiry(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
@@ -224,6 +259,9 @@ func TestBindingTokenReplayAndExpiry(t *testing.T) {
 	_, err = f.svc.Submit(ctx, f.pep, "k2", raw)
 	require.Equal(t, authzen.ProblemInvalidDenialBinding, requests.ErrorCode(err))
 	require.Contains(t, err.Error(), "jti replay")
+	require.Equal(t, 1, count(t, f, "arap.requests"), "the refused replay wrote nothing")
+	require.Equal(t, 1, count(t, f, "arap.idempotency_keys"))
+	require.Equal(t, 1, count(t, f, "arap.audit_events WHERE kind = 'request.submitted'"))
 
 	// A denial past its expiry (10 minutes by default, plus 30s of skew).
 	stale := f.fresh("wire_transfer", map[string]any{"to": "b", "amount": 50000})
