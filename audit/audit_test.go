@@ -129,3 +129,31 @@ func TestAppendManyExtendsChains(t *testing.T) {
 		return audit.AppendMany(ctx, tx, []audit.Event{{Chain: "arq_c", Kind: "x"}})
 	}), "an event without an actor is refused")
 }
+
+// QueueFirst starts a chain in the caller's batch; on a chain that exists
+// after all it fails rather than fork it, and the chain is left as it was.
+func TestQueueFirstNeverForksAChain(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.New(t)
+	send := func(chain string) error {
+		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			if err := audit.QueueFirst(b, audit.Event{Chain: chain, Kind: "request.submitted", Actor: "client:x"}); err != nil {
+				return err
+			}
+			return tx.SendBatch(ctx, b).Close()
+		})
+	}
+	require.NoError(t, send("arq_new"))
+	appendEvents(t, db, "arq_new", 1)
+	appendEvents(t, db, "arq_old", 2)
+	require.Error(t, send("arq_old"), "seq 1 exists")
+	old, err := audit.Chain(ctx, db, "arq_old")
+	require.NoError(t, err)
+	require.Len(t, old, 2)
+	require.Equal(t, "test.event", old[0].Kind)
+	rep, err := audit.Verify(ctx, db)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "%v", rep.Breaks)
+	require.Equal(t, 4, rep.Events)
+}
