@@ -129,6 +129,7 @@ func TestOfficialConformanceSuite(t *testing.T) {
 			line += fmt.Sprintf("%s/%s checks passed, %s failed", m[1], m[2], m[3])
 		default:
 			line += "no totals in the suite's output"
+			failed = append(failed, scenario) // a changed output format must not pass silently
 		}
 		if runErr != nil {
 			line += fmt.Sprintf(" (exit: %v)", runErr)
@@ -140,6 +141,7 @@ func TestOfficialConformanceSuite(t *testing.T) {
 	}
 	t.Logf("official MCP conformance suite against %s, %d scenarios, %d/%d checks passed (expected failures: %s):\n  %s",
 		url, len(officialScenarios), passed, total, filepath.Base(baseline), strings.Join(summary, "\n  "))
+	require.Positive(t, total, "the suite ran no checks")
 	if len(failed) > 0 {
 		t.Errorf("scenarios with unexpected results (a failure not in %s, a listed failure that now passes, or a scenario that did not run): %s",
 			filepath.Base(baseline), strings.Join(failed, ", "))
