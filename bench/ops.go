@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/mcp/tasks"
 )
 
 // Client is the load generator's HTTP client: keep-alive, enough idle
@@ -234,31 +236,9 @@ func (s *System) Fill(ctx context.Context, n int) error {
 	return err
 }
 
-// mcpCall is a JSON-RPC request to the MCP endpoint (2026-07-28, stateless).
-func mcpCall(method, name string, params map[string]any) []byte {
-	params["_meta"] = map[string]any{
-		"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
-		"io.modelcontextprotocol/clientCapabilities": map[string]any{"extensions": map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}},
-		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "arapbench", "version": "1"},
-	}
-	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-	return b
-}
-
-func (s *System) mcp(ctx context.Context, token, method, name string, params map[string]any) (map[string]any, error) {
-	code, body, err := post(ctx, s.MCPURL, token, mcpCall(method, name, params),
-		"Accept", "application/json, text/event-stream", "Mcp-Protocol-Version", "2026-07-28", "Mcp-Method", method, "Mcp-Name", name)
-	if err != nil {
-		return nil, err
-	}
-	var r struct {
-		Result map[string]any `json:"result"`
-		Error  any            `json:"error"`
-	}
-	if code != http.StatusOK || json.Unmarshal(body, &r) != nil || r.Error != nil {
-		return nil, fmt.Errorf("%s: HTTP %d %.200s", method, code, body)
-	}
-	return r.Result, nil
+// mcpClient is the MCP client the e2e tests use, as token.
+func (s *System) mcpClient(token string) *tasks.Client {
+	return &tasks.Client{URL: s.MCPURL, Token: token, HTTP: Client}
 }
 
 // Gate is an MCP tools/call that gets a requestable denial and answers
@@ -273,16 +253,14 @@ func (s *System) Gate(next *atomic.Int64) Op {
 }
 
 func (s *System) task(ctx context.Context, token string) (string, error) {
-	r, err := s.mcp(ctx, token, "tools/call", "wire_transfer", map[string]any{"name": "wire_transfer",
-		"arguments": map[string]any{"to": "acct-" + nonce(), "amount": 50000}})
+	r, err := s.mcpClient(token).CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-" + nonce(), "amount": 50000}, nil)
 	if err != nil {
 		return "", err
 	}
-	id, _ := r["taskId"].(string)
-	if r["resultType"] != "task" || id == "" {
-		return "", fmt.Errorf("gate: not a task: %v", r)
+	if r.ResultType != tasks.ResultTypeTask || r.Task.TaskID == "" {
+		return "", fmt.Errorf("gate: not a task: %.200s", r.Raw)
 	}
-	return id, nil
+	return r.Task.TaskID, nil
 }
 
 // ApproveToComplete opens a task (not timed), then times the decision API
@@ -307,17 +285,18 @@ func (s *System) ApproveToComplete(next *atomic.Int64) Op {
 		if code != http.StatusOK {
 			return 0, fmt.Errorf("approve: HTTP %d %.200s", code, body)
 		}
+		mcp := s.mcpClient(token)
 		for {
-			r, err := s.mcp(ctx, token, "tasks/get", id, map[string]any{"taskId": id})
+			t, _, err := mcp.Get(ctx, id)
 			if err != nil {
 				return 0, err
 			}
-			switch r["status"] {
-			case "completed":
+			switch t.Status {
+			case tasks.Completed:
 				return time.Since(t0), nil
-			case "working":
+			case tasks.Working:
 			default:
-				return 0, fmt.Errorf("approve: task %s ended %v", id, r["status"])
+				return 0, fmt.Errorf("approve: task %s ended %s", id, t.Status)
 			}
 			select {
 			case <-ctx.Done():

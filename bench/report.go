@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"text/tabwriter"
@@ -12,18 +13,18 @@ import (
 
 // Config is one benchmark run.
 type Config struct {
-	Concurrency int
-	Duration    time.Duration
-	Warmup      time.Duration
+	Concurrency int           `json:"concurrency"`
+	Duration    time.Duration `json:"duration_ns"`
+	Warmup      time.Duration `json:"warmup_ns"`
 	// Ops to run, from AllOps; status needs submit's requests.
-	Ops []string
+	Ops []string `json:"ops"`
 	// StatusRows is the size arap.requests is filled to before status runs.
-	StatusRows int
+	StatusRows int `json:"status_rows"`
 	// LatencyConcurrency is the concurrency of the ops with a latency
 	// target (status, approve-to-complete): a p99 measured at saturation
 	// is queueing, not the service. Default 4.
-	LatencyConcurrency int
-	Log                io.Writer
+	LatencyConcurrency int       `json:"latency_concurrency"`
+	Log                io.Writer `json:"-"`
 }
 
 // AllOps are the operations, in run order.
@@ -32,22 +33,21 @@ var AllOps = []string{"evaluate", "submit", "status", "gate", "approve-to-comple
 // Row is one line of the report.
 type Row struct {
 	Stats
-	Baseline      string  `json:"baseline,omitempty"`
-	BaselineRate  float64 `json:"baseline_per_second,omitempty"`
-	Ratio         float64 `json:"ratio,omitempty"`
-	Target        string  `json:"target,omitempty"`
-	Met           *bool   `json:"met,omitempty"`
-	BottleneckFor string  `json:"-"`
+	Baseline     string  `json:"baseline,omitempty"`
+	BaselineRate float64 `json:"baseline_per_second,omitempty"`
+	Ratio        float64 `json:"ratio,omitempty"`
+	Target       string  `json:"target,omitempty"`
+	Met          *bool   `json:"met,omitempty"`
 }
 
 // Report is a whole run.
 type Report struct {
-	Config    Config           `json:"-"`
-	Rows      []Row            `json:"rows"`
-	Baselines map[string]Stats `json:"baselines"`
-	PeakRSS   map[string]int64 `json:"peak_rss_bytes"`
-	RSSMet    bool             `json:"rss_met"`
-	Rows1M    int              `json:"status_table_rows"`
+	Config     Config           `json:"config"`
+	Rows       []Row            `json:"rows"`
+	Baselines  map[string]Stats `json:"baselines"`
+	PeakRSS    map[string]int64 `json:"peak_rss_bytes"`
+	RSSMet     bool             `json:"rss_met"`
+	StatusRows int              `json:"status_table_rows"` // rows in arap.requests when status was measured
 }
 
 // Run measures the baselines and then each op against s.
@@ -127,13 +127,16 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 					return nil, err
 				}
 			}
-			_ = s.DB.QueryRow(ctx, `SELECT count(*) FROM arap.requests`).Scan(&r.Rows1M)
+			_ = s.DB.QueryRow(ctx, `SELECT count(*) FROM arap.requests`).Scan(&r.StatusRows)
 			r.Rows = append(r.Rows, latencyRow(measure(op, c.LatencyConcurrency, s.Status(urls)), 10*time.Millisecond))
 		case "gate":
 			r.Rows = append(r.Rows, ratioRow(measure(op, c.Concurrency, s.Gate(&next)), "insert", 0.10))
 		case "approve-to-complete":
 			r.Rows = append(r.Rows, latencyRow(measure(op, c.LatencyConcurrency, s.ApproveToComplete(&next)), 250*time.Millisecond))
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("bench: interrupted: %w", err) // not a report of zeros
 	}
 	r.RSSMet = true
 	for name, p := range map[string]*Process{"arapd serve": s.Serve, "arapd mcp": s.MCP} {
@@ -166,10 +169,10 @@ func (r *Report) Print(w io.Writer) {
 			base, ratio, row.Target, yes(row.Met != nil && *row.Met))
 	}
 	tw.Flush()
-	for name, rss := range r.PeakRSS {
-		fmt.Fprintf(w, "peak RSS %s: %.0f MB\n", name, float64(rss)/(1<<20))
+	for _, name := range slices.Sorted(maps.Keys(r.PeakRSS)) {
+		fmt.Fprintf(w, "peak RSS %s: %.0f MB\n", name, float64(r.PeakRSS[name])/(1<<20))
 	}
-	fmt.Fprintf(w, "RSS under 200 MB: %s; status read with %d rows in arap.requests\n", yes(r.RSSMet), r.Rows1M)
+	fmt.Fprintf(w, "RSS under 200 MB: %s; status read with %d rows in arap.requests\n", yes(r.RSSMet), r.StatusRows)
 	for _, row := range r.Rows {
 		if row.FirstError != "" {
 			fmt.Fprintf(w, "first error of %s: %s\n", row.Name, row.FirstError)
