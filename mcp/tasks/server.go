@@ -60,8 +60,14 @@ func HasExtension(meta map[string]any) bool {
 
 // MissingCapability is the -32021 error naming the tasks extension.
 func MissingCapability() *jsonrpc.Error {
-	return &jsonrpc.Error{Code: CodeMissingRequiredCapabilities, Message: "Missing required client capability",
-		Data: json.RawMessage(`{"requiredCapabilities":{"extensions":{"` + ExtensionID + `":{}}}}`)}
+	return MissingCapabilities(map[string]any{"extensions": map[string]any{ExtensionID: map[string]any{}}})
+}
+
+// MissingCapabilities is the -32021 error naming the client capabilities a
+// request needs (a ClientCapabilities object).
+func MissingCapabilities(caps map[string]any) *jsonrpc.Error {
+	data, _ := json.Marshal(map[string]any{"requiredCapabilities": caps})
+	return &jsonrpc.Error{Code: CodeMissingRequiredCapabilities, Message: "Missing required client capability", Data: data}
 }
 
 func notFound() *jsonrpc.Error {
