@@ -209,8 +209,11 @@ func startProcess(bin string, env []string, args ...string) (*Process, error) {
 	p := &Process{Addr: addr, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	deadline := time.Now().Add(60 * time.Second)
+	// The servers log at warn (bench load would drown in info lines), so
+	// readiness is /healthz, each probe bounded.
+	probe := &http.Client{Timeout: 2 * time.Second}
 	for {
-		resp, err := http.Get("http://" + addr + "/healthz")
+		resp, err := probe.Get("http://" + addr + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
