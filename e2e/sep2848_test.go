@@ -180,10 +180,12 @@ func TestForgedCallbackCannotExecute(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusNoContent, send(real, "msg_authentic"), "authentic: accepted as a wake-up")
 	require.Equal(t, http.StatusConflict, send(real, "msg_authentic"), "replayed")
-	// Give the woken task time to act on the callback if it wrongly would.
-	time.Sleep(2 * time.Second)
-	d, _, err := alice.Get(ctx, id)
-	require.NoError(t, err)
-	require.Equal(t, tasks.Working, d.Status, "the status endpoint still says pending")
-	require.Zero(t, s.ledger(id))
+	// The woken task re-reads the status endpoint, which still says
+	// pending: it must not act. A pending task writes nothing when it is
+	// right (its next poll is the 30 s safety poll), so there is no event to
+	// wait for; the window is watched instead, failing as soon as it acts.
+	require.Never(t, func() bool {
+		d, _, err := alice.Get(ctx, id)
+		return err != nil || d.Status != tasks.Working || s.ledger(id) != 0
+	}, 3*time.Second, 100*time.Millisecond, "the task acted on a callback while its request is pending")
 }
