@@ -46,18 +46,22 @@ func (ExpireDueArgs) Kind() string { return "requests.expire_due" }
 // InsertOpts puts the sweep on the maintenance queue.
 func (ExpireDueArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{Queue: QueueMaintenance} }
 
-// ExpireDueWorker runs the sweep until nothing is due (or its time is up).
+// ExpireDueWorker runs the sweep until nothing is due.
 type ExpireDueWorker struct {
 	river.WorkerDefaults[ExpireDueArgs]
 	Service *Service
 }
 
-// Work expires batches until a batch comes back short.
+// Work expires batches until a batch comes back short. A batch that fails is
+// expired one request at a time instead, so one request that cannot be
+// ended (a row that no longer reads, a callback that cannot be recorded)
+// stops only itself, not every expiry behind it.
 func (w *ExpireDueWorker) Work(ctx context.Context, _ *river.Job[ExpireDueArgs]) error {
 	for ctx.Err() == nil {
 		n, err := w.Service.ExpireDue(ctx, ExpireBatch)
 		if err != nil {
-			return err
+			w.Service.cfg.Log.Error("expiry batch failed; expiring one by one", "error", err)
+			return w.Service.expireEach(ctx, ExpireBatch)
 		}
 		if n < ExpireBatch {
 			return nil
@@ -102,6 +106,26 @@ func (s *Service) ExpireDue(ctx context.Context, limit int) (int, error) {
 		s.cfg.Log.Info("requests expired", "count", len(ended))
 	}
 	return len(ended), nil
+}
+
+// expireEach expires up to limit due requests one transaction each, logging
+// the ones that fail and going on.
+func (s *Service) expireEach(ctx context.Context, limit int) error {
+	rows, err := s.cfg.DB.Query(ctx, `SELECT id FROM arap.requests WHERE status = 'pending' AND expires_at <= $1
+		ORDER BY expires_at LIMIT $2`, s.now(), limit)
+	if err != nil {
+		return fmt.Errorf("requests: due requests: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("requests: due requests: %w", err)
+	}
+	for _, id := range ids {
+		if _, err := s.Expire(ctx, id); err != nil && ErrorCode(err) == "" {
+			s.cfg.Log.Error("request could not be expired", "request_id", id, "error", err)
+		}
+	}
+	return ctx.Err()
 }
 
 // expirySweep is the periodic job that runs ExpireDue.

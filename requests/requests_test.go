@@ -572,3 +572,34 @@ func TestExpireDueSweeps(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rep.OK(), "%v", rep.Breaks)
 }
+
+// TestBadRowStopsOnlyItself: a due request whose row no longer reads fails
+// its sweep batch; the sweep then expires the batch one by one, so the
+// others still expire and only the bad one stays (logged) for an operator.
+func TestBadRowStopsOnlyItself(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	var ids []string
+	for i := range 3 {
+		res, err := f.svc.Submit(ctx, f.pep, "", f.fresh("quick", map[string]any{"i": i}))
+		require.NoError(t, err)
+		ids = append(ids, res.Request.ID)
+	}
+	_, err := f.db.Exec(ctx, `UPDATE arap.requests SET callback = '{"events": 5}' WHERE id = $1`, ids[1])
+	require.NoError(t, err)
+	f.clock.Advance(time.Minute)
+	defer f.clock.Advance(-time.Minute)
+
+	_, err = f.svc.ExpireDue(ctx, requests.ExpireBatch)
+	require.Error(t, err, "the batch with the bad row fails")
+	require.NoError(t, (&requests.ExpireDueWorker{Service: f.svc}).Work(ctx, nil))
+	for i, id := range ids {
+		var status string
+		require.NoError(t, f.db.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, id).Scan(&status))
+		if i == 1 {
+			require.Equal(t, "pending", status, "the bad row cannot be ended")
+		} else {
+			require.Equal(t, "expired", status, "request %d expired despite the bad row", i)
+		}
+	}
+}
