@@ -374,15 +374,29 @@ func TestEveryProblemType(t *testing.T) {
 	pep.do("GET", "/access/v1/requests/"+id, nil).problem(t, 410, authzen.ProblemTaskExpired)
 }
 
+// TestRateLimit: a client's budget and the budget of refused
+// authentications per address are shared by every replica on the database
+// (here two), counted exactly, and answered 429 with Retry-After.
 func TestRateLimit(t *testing.T) {
-	env := backendtest.Start(t, backendtest.Options{Limits: arap.Limits{RequestsPerMinute: 3}})
-	pep := api{t: t, base: env.URL, token: dev.PEPToken}
-	for range 3 {
-		require.Equal(t, 404, pep.do("GET", "/access/v1/requests/arq_x", nil).status)
+	limits := arap.Limits{RequestsPerMinute: 3, UnauthenticatedPerMinute: 2}
+	env := backendtest.Start(t, backendtest.Options{Limits: limits})
+	other := backendtest.Start(t, backendtest.Options{Limits: limits, Join: env})
+	replicas := []api{{t: t, base: env.URL, token: dev.PEPToken}, {t: t, base: other.URL, token: dev.PEPToken}}
+	for i := range 3 {
+		require.Equal(t, 404, replicas[i%2].do("GET", "/access/v1/requests/arq_x", nil).status)
 	}
-	r := pep.do("GET", "/access/v1/requests/arq_x", nil)
+	for _, pep := range replicas {
+		r := pep.do("GET", "/access/v1/requests/arq_x", nil)
+		r.problem(t, 429, authzen.ProblemRateLimited)
+		require.NotEmpty(t, r.header.Get("Retry-After"))
+	}
+	// Another client has its own budget (it lacks the scope, but is not limited).
+	require.Equal(t, 403, api{t: t, base: other.URL, token: dev.ITSMToken}.do("GET", "/access/v1/requests/arq_x", nil).status)
+
+	// Wrong tokens: two refusals per address, whichever replica answers.
+	require.Equal(t, 401, api{t: t, base: env.URL, token: "wrong"}.do("GET", "/access/v1/requests/arq_x", nil).status)
+	require.Equal(t, 401, api{t: t, base: other.URL, token: "wrong"}.do("GET", "/access/v1/requests/arq_x", nil).status)
+	r := api{t: t, base: env.URL, token: "wrong"}.do("GET", "/access/v1/requests/arq_x", nil)
 	r.problem(t, 429, authzen.ProblemRateLimited)
 	require.NotEmpty(t, r.header.Get("Retry-After"))
-	// Another client has its own budget (it lacks the scope, but is not limited).
-	require.Equal(t, 403, api{t: t, base: env.URL, token: dev.ITSMToken}.do("GET", "/access/v1/requests/arq_x", nil).status)
 }

@@ -13,12 +13,12 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/httprate"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/internal/ratelimit"
 )
 
 var (
@@ -148,10 +148,9 @@ func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
 	}
 }
 
-// authenticate requires a valid bearer token (RFC 6750).
+// authenticate requires a valid bearer token (RFC 6750). Refusals are
+// limited per address, so guessing tokens is slow.
 func (s *Server) authenticate(next http.Handler) http.Handler {
-	byIP := httprate.NewRateLimiter(s.d.Limits.UnauthenticatedPerMinute, time.Minute,
-		httprate.WithKeyFuncs(httprate.KeyByIP), httprate.WithLimitHandler(tooMany))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, ok := bearer(r)
 		var c *clients.Client
@@ -160,8 +159,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			c, err = s.d.Clients.Authenticate(r.Context(), token)
 		}
 		if !ok || errors.Is(err, clients.ErrUnauthenticated) {
-			key, _ := httprate.KeyByIP(r)
-			if byIP.RespondOnLimit(w, r, key) {
+			if !s.perIP.Serve(w, r, ratelimit.ClientIP(r), tooMany, s.internal) {
 				return
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="arap"`)
@@ -196,17 +194,15 @@ func bearer(r *http.Request) (string, bool) {
 	return token, token != ""
 }
 
-// rateLimit applies each client's request budget.
+// rateLimit applies each client's request budget, shared by all replicas
+// (one statement per request; see internal/ratelimit). A request that
+// cannot be counted is refused as an internal error: the limit fails closed.
 func (s *Server) rateLimit(next http.Handler) http.Handler {
-	return httprate.Limit(s.d.Limits.RequestsPerMinute, time.Minute,
-		httprate.WithKeyFuncs(func(r *http.Request) (string, error) { return clientFrom(r).ID, nil }),
-		httprate.WithLimitHandler(tooMany))(next)
+	return s.perClient.Middleware(func(r *http.Request) string { return clientFrom(r).ID }, tooMany, s.internal)(next)
 }
 
+// tooMany answers a refused request; the limiter has set Retry-After.
 func tooMany(w http.ResponseWriter, r *http.Request) {
-	if w.Header().Get("Retry-After") == "" {
-		w.Header().Set("Retry-After", "60")
-	}
 	writeProblem(w, r, authzen.ProblemRateLimited, "too many requests; retry after the number of seconds in Retry-After", nil)
 }
 

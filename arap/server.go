@@ -15,6 +15,7 @@ import (
 	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/requests"
 	"github.com/omcp/arap/signing"
 )
@@ -28,7 +29,8 @@ type Limits struct {
 	// MaxBatchItems bounds the number of evaluations in one batch.
 	MaxBatchItems int
 	// RequestsPerMinute is each API client's rate limit; UnauthenticatedPerMinute
-	// limits callers (by IP address) whose token is missing or wrong.
+	// limits callers (by IP address) whose token is missing or wrong. Both
+	// are counted in Deps.Counters, so they hold for all replicas together.
 	RequestsPerMinute        int
 	UnauthenticatedPerMinute int
 }
@@ -52,8 +54,10 @@ type Deps struct {
 	Requests  *requests.Service
 	Keys      *signing.Keys
 	Callbacks *callbacks.Service
-	Limits    Limits
-	Log       *slog.Logger
+	// Counters count the rate limits (arap.rate_counters).
+	Counters *ratelimit.Counters
+	Limits   Limits
+	Log      *slog.Logger
 	// Ready reports whether the service can take traffic (database, workers).
 	Ready func(ctx context.Context) error
 	// UI, when set, is the approvers' web interface, served under /ui/.
@@ -62,14 +66,16 @@ type Deps struct {
 
 // Server is the backend's http.Handler.
 type Server struct {
-	d       Deps
-	handler http.Handler
+	d         Deps
+	perClient *ratelimit.Limiter // authenticated requests, by client
+	perIP     *ratelimit.Limiter // refused authentications, by address
+	handler   http.Handler
 }
 
 // New builds the handler.
 func New(d Deps) (*Server, error) {
-	if d.PublicURL == "" || d.Clients == nil || d.Engine == nil || d.Requests == nil || d.Keys == nil || d.Callbacks == nil {
-		return nil, errors.New("arap: PublicURL, Clients, Engine, Requests, Keys and Callbacks are required")
+	if d.PublicURL == "" || d.Clients == nil || d.Engine == nil || d.Requests == nil || d.Keys == nil || d.Callbacks == nil || d.Counters == nil {
+		return nil, errors.New("arap: PublicURL, Clients, Engine, Requests, Keys, Callbacks and Counters are required")
 	}
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
@@ -94,6 +100,13 @@ func New(d Deps) (*Server, error) {
 		l.UnauthenticatedPerMinute = DefaultLimits.UnauthenticatedPerMinute
 	}
 	s := &Server{d: d}
+	var err error
+	if s.perClient, err = d.Counters.NewLimiter("client", l.RequestsPerMinute, time.Minute); err != nil {
+		return nil, err
+	}
+	if s.perIP, err = d.Counters.NewLimiter("unauthenticated", l.UnauthenticatedPerMinute, time.Minute); err != nil {
+		return nil, err
+	}
 	s.handler = s.routes()
 	return s, nil
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/internal/logs"
+	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/requests"
 	"github.com/omcp/arap/signing"
@@ -59,6 +60,9 @@ type Config struct {
 	// JobTimeout bounds a background job (default 1 minute); a job still
 	// marked running after twice that (its worker died: kill -9) is retried.
 	JobTimeout time.Duration
+	// RateLimitClock, if set, is the rate limits' clock (tests pin it, so
+	// that no window ends in the middle of a test).
+	RateLimitClock func() time.Time
 }
 
 // Backend is a running (or ready to run) backend.
@@ -169,10 +173,13 @@ func (b *Backend) build(ctx context.Context) error {
 		return err
 	}
 	b.clients = clients.NewStore(b.pool)
+	counters := ratelimit.NewCounters(b.pool, pgx.Identifier{"arap", "rate_counters"})
+	counters.Now = cfg.RateLimitClock
 
 	workers := river.NewWorkers()
 	b.requests.AddWorkers(workers)
 	b.callbacks.AddWorkers(workers)
+	counters.AddWorker(workers)
 	if b.river, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{
 		Schema:  migrations.RiverSchema,
 		Logger:  riverLog,
@@ -181,7 +188,7 @@ func (b *Backend) build(ctx context.Context) error {
 			river.QueueDefault:        {MaxWorkers: cfg.Workers},
 			requests.QueueMaintenance: {MaxWorkers: requests.MaintenanceWorkers},
 		},
-		PeriodicJobs: b.requests.PeriodicJobs(),
+		PeriodicJobs: append(b.requests.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: requests.QueueMaintenance})),
 		JobTimeout:   cfg.JobTimeout,
 		// A callback delivery is a job, and its pickup delay is the
 		// approve-to-complete latency of every PEP: River's insert
@@ -199,7 +206,7 @@ func (b *Backend) build(ctx context.Context) error {
 
 	origin, _ := url.Parse(public)
 	ui, err := webui.New(webui.Deps{
-		DB: b.pool, Requests: b.requests, Directory: b.people,
+		DB: b.pool, Requests: b.requests, Directory: b.people, Counters: counters,
 		Secure: origin.Scheme == "https", Log: cfg.Log,
 	})
 	if err != nil {
@@ -207,7 +214,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
-		Limits: cfg.Limits, Log: cfg.Log, Ready: b.ready, UI: ui,
+		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.ready, UI: ui,
 	})
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package callbacks
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"errors"
 	"fmt"
@@ -14,9 +15,9 @@ import (
 )
 
 // Verifier checks incoming callbacks: signature (any of the secrets),
-// timestamp within the tolerance, and no replay of a webhook-id already
-// accepted. A PEP wraps its callback handler with Middleware, or calls
-// Verify and then Accept.
+// timestamp within the tolerance, and no second handling of a webhook-id. A
+// PEP wraps its callback handler with Middleware, or calls Verify, Claim
+// and, if its handling fails, Release.
 type Verifier struct {
 	keys [][]byte
 	// Tolerance bounds how far webhook-timestamp may be from now (default
@@ -26,17 +27,31 @@ type Verifier struct {
 	MaxBody int64
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
-
-	mu   sync.Mutex
-	seen map[string]time.Time // accepted webhook-ids, until they age out
+	// Replay remembers claimed webhook-ids. NewVerifier sets one in this
+	// process's memory; replicas of a receiver share one store instead (a
+	// database table), or a copy delivered to each of two replicas would be
+	// handled twice.
+	Replay ReplayStore
 }
 
-// NewVerifier returns a Verifier for one or more whsec_ secrets.
+// ReplayStore remembers claimed webhook-ids. Claim records id until the
+// given time and reports true, or reports false and records nothing when id
+// is already claimed until a time still to come; it must be atomic, so that
+// of two concurrent claims of one id exactly one is true. Release forgets a
+// claim, so that a retry after a failed handling is not taken for a replay.
+type ReplayStore interface {
+	Claim(ctx context.Context, id string, until time.Time) (bool, error)
+	Release(ctx context.Context, id string) error
+}
+
+// NewVerifier returns a Verifier for one or more whsec_ secrets, remembering
+// webhook-ids in memory.
 func NewVerifier(secrets ...string) (*Verifier, error) {
 	if len(secrets) == 0 {
 		return nil, errors.New("callbacks: a verifier needs at least one secret")
 	}
-	v := &Verifier{Tolerance: 5 * time.Minute, MaxBody: 1 << 20, seen: map[string]time.Time{}}
+	v := &Verifier{Tolerance: 5 * time.Minute, MaxBody: 1 << 20}
+	v.Replay = &memoryReplay{now: v.now, until: map[string]time.Time{}}
 	for _, s := range secrets {
 		k, err := ParseSecret(s)
 		if err != nil {
@@ -52,7 +67,7 @@ var (
 	ErrMissingHeaders = errors.New("callbacks: webhook-id, webhook-timestamp and webhook-signature are required")
 	ErrTimestamp      = errors.New("callbacks: webhook-timestamp is outside the tolerance")
 	ErrSignature      = errors.New("callbacks: no signature matches")
-	ErrReplay         = errors.New("callbacks: this webhook-id was already accepted")
+	ErrReplay         = errors.New("callbacks: this webhook-id was already claimed")
 )
 
 func (v *Verifier) now() time.Time {
@@ -63,8 +78,8 @@ func (v *Verifier) now() time.Time {
 }
 
 // Verify checks a callback's headers against its body and returns its
-// webhook-id. It does not remember the id: call Accept once the callback has
-// been handled, so a retry after a failed handling is not taken for a replay.
+// webhook-id. It does not look at the replay memory: Claim the id before
+// handling the callback.
 func (v *Verifier) Verify(h http.Header, body []byte) (string, error) {
 	id, ts, sigs := h.Get(HeaderID), h.Get(HeaderTimestamp), h.Get(HeaderSignature)
 	if id == "" || ts == "" || sigs == "" {
@@ -74,53 +89,53 @@ func (v *Verifier) Verify(h http.Header, body []byte) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: not a number", ErrTimestamp)
 	}
-	now := v.now()
-	if d := now.Sub(time.Unix(sec, 0)); d > v.Tolerance || d < -v.Tolerance {
+	if d := v.now().Sub(time.Unix(sec, 0)); d > v.Tolerance || d < -v.Tolerance {
 		return "", ErrTimestamp
 	}
-	ok := false
 	for _, k := range v.keys {
 		want := []byte(Sign(k, id, sec, body))
 		for _, got := range strings.Fields(sigs) {
 			if hmac.Equal([]byte(got), want) {
-				ok = true
+				return id, nil
 			}
 		}
 	}
+	return "", ErrSignature
+}
+
+// Claim takes id for handling, once for every receiver sharing the replay
+// store: ErrReplay if it is already taken. The claim lasts twice the
+// tolerance, past which the timestamp check refuses any copy of a message
+// signed before the claim.
+func (v *Verifier) Claim(ctx context.Context, id string) error {
+	if v.Replay == nil {
+		return errors.New("callbacks: the verifier has no replay store")
+	}
+	ok, err := v.Replay.Claim(ctx, id, v.now().Add(2*v.Tolerance))
+	if err != nil {
+		return fmt.Errorf("callbacks: claim webhook-id: %w", err)
+	}
 	if !ok {
-		return "", ErrSignature
+		return ErrReplay
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.expire(now)
-	if _, dup := v.seen[id]; dup {
-		return "", ErrReplay
-	}
-	return id, nil
+	return nil
 }
 
-// Accept remembers id until it is older than twice the tolerance, after
-// which its timestamp check would refuse a replay anyway.
-func (v *Verifier) Accept(id string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.seen[id] = v.now().Add(2 * v.Tolerance)
+// Release gives up the claim of id after a failed handling, so that the
+// sender's retry is handled.
+func (v *Verifier) Release(ctx context.Context, id string) error {
+	if err := v.Replay.Release(ctx, id); err != nil {
+		return fmt.Errorf("callbacks: release webhook-id: %w", err)
+	}
+	return nil
 }
 
-func (v *Verifier) expire(now time.Time) {
-	if len(v.seen) < 1024 {
-		return
-	}
-	for id, until := range v.seen {
-		if now.After(until) {
-			delete(v.seen, id)
-		}
-	}
-}
-
-// Middleware verifies each request before next sees it: 401 for a bad
-// signature or timestamp, 409 for a replay; the id is remembered only when
-// next answers 2xx. next reads the body as usual.
+// Middleware verifies each request and claims its webhook-id before next
+// sees it: 401 for a bad signature or timestamp, 409 for an id already
+// claimed (a replay, or a copy being handled right now), 503 when the replay
+// store cannot answer (the sender retries). The claim is released when next
+// does not answer 2xx (or panics), so the retry gets through. next reads the
+// body as usual.
 func (v *Verifier) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, v.MaxBody))
@@ -129,21 +144,63 @@ func (v *Verifier) Middleware(next http.Handler) http.Handler {
 			return
 		}
 		id, err := v.Verify(r.Header, body)
-		switch {
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		switch err := v.Claim(r.Context(), id); {
 		case errors.Is(err, ErrReplay):
 			http.Error(w, err.Error(), http.StatusConflict)
 			return
 		case err != nil:
-			http.Error(w, err.Error(), http.StatusUnauthorized)
+			http.Error(w, "callback replay check unavailable; retry later", http.StatusServiceUnavailable)
 			return
 		}
+		handled := false
+		defer func() {
+			if !handled {
+				// Best effort: if it fails, the claim simply lasts until it
+				// expires, and the sender's later retries get through then.
+				_ = v.Release(context.WithoutCancel(r.Context()), id)
+			}
+		}()
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		rec := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(rec, r)
-		if rec.status >= 200 && rec.status < 300 {
-			v.Accept(id)
-		}
+		handled = rec.status >= 200 && rec.status < 300
 	})
+}
+
+// memoryReplay is a ReplayStore in one process's memory.
+type memoryReplay struct {
+	now   func() time.Time
+	mu    sync.Mutex
+	until map[string]time.Time
+}
+
+func (m *memoryReplay) Claim(_ context.Context, id string, until time.Time) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	if u, ok := m.until[id]; ok && u.After(now) {
+		return false, nil
+	}
+	if len(m.until) >= 1024 {
+		for id, u := range m.until {
+			if !u.After(now) {
+				delete(m.until, id)
+			}
+		}
+	}
+	m.until[id] = until
+	return true, nil
+}
+
+func (m *memoryReplay) Release(_ context.Context, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.until, id)
+	return nil
 }
 
 type statusWriter struct {

@@ -1,13 +1,17 @@
 package callbacks_test
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,13 +97,89 @@ func TestVerifier(t *testing.T) {
 	require.Equal(t, 401, serve(signed(t, secret, "msg_6", now.Add(6*time.Minute), `{}`)))
 	require.Equal(t, 200, serve(signed(t, secret, "msg_7", now.Add(-4*time.Minute), `{}`)))
 
-	// A delivery the handler failed is not remembered: its retry gets through.
+	// A delivery the handler failed is released: its retry gets through,
+	// and is then remembered.
 	status = http.StatusInternalServerError
 	require.Equal(t, 500, serve(signed(t, secret, "msg_8", now, `{}`)))
 	status = http.StatusOK
 	require.Equal(t, 200, serve(signed(t, secret, "msg_8", now.Add(5*time.Second), `{}`)))
+	require.Equal(t, 409, serve(signed(t, secret, "msg_8", now.Add(6*time.Second), `{}`)))
 	require.Equal(t, 5, calls, "the handler sees only verified callbacks")
+
+	// The memory lasts twice the tolerance; after that the id is new again
+	// (a redelivery by hand), and any old copy fails the timestamp check.
+	later := now.Add(10*time.Minute + time.Second)
+	v.Now = func() time.Time { return later }
+	require.Equal(t, 200, serve(signed(t, secret, "msg_1", later, `{"a":1}`)))
 
 	_, err = callbacks.NewVerifier()
 	require.Error(t, err)
+}
+
+// TestVerifierClaimsBeforeHandling: of simultaneous copies of one signed
+// delivery, exactly one reaches the handler, however long it takes; the
+// others are refused at once (409) rather than handled after it.
+func TestVerifierClaimsBeforeHandling(t *testing.T) {
+	secret := callbacks.NewSecret()
+	v, err := callbacks.NewVerifier(secret)
+	require.NoError(t, err)
+	var calls atomic.Int32
+	proceed := make(chan struct{})
+	srv := httptest.NewServer(v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		select {
+		case <-proceed:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})))
+	defer srv.Close()
+	codes := sendCopies(t, srv.URL, secret, "msg_twin", 6, proceed)
+	require.Equal(t, []int{204, 409, 409, 409, 409, 409}, codes)
+	require.EqualValues(t, 1, calls.Load())
+}
+
+// sendCopies posts n copies of one signed delivery at once, and closes
+// proceed once n-1 answers are in (the handler holds the winner until then).
+// It returns the status codes, sorted.
+func sendCopies(t *testing.T, url, secret, id string, n int, proceed chan struct{}) []int {
+	t.Helper()
+	key, err := callbacks.ParseSecret(secret)
+	require.NoError(t, err)
+	ts := time.Now().Unix()
+	body := []byte(`{"state":"s"}`)
+	sig := callbacks.Sign(key, id, ts, body)
+	results := make(chan int, n)
+	for range n {
+		go func() {
+			req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
+			req.Header.Set(callbacks.HeaderID, id)
+			req.Header.Set(callbacks.HeaderTimestamp, strconv.FormatInt(ts, 10))
+			req.Header.Set(callbacks.HeaderSignature, sig)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				results <- 0
+				return
+			}
+			resp.Body.Close()
+			results <- resp.StatusCode
+		}()
+	}
+	var codes []int
+	release := sync.OnceFunc(func() { close(proceed) })
+	defer release()
+	timeout := time.After(30 * time.Second)
+	for len(codes) < n {
+		if len(codes) == n-1 {
+			release()
+		}
+		select {
+		case c := <-results:
+			codes = append(codes, c)
+		case <-timeout:
+			t.Fatalf("only %d of %d copies answered: more than one reached the handler (%v)", len(codes), n, codes)
+		}
+	}
+	sort.Ints(codes)
+	return codes
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/logs"
+	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
@@ -136,12 +137,14 @@ func (f *Frontend) build(ctx context.Context) error {
 	if jobTimeout == 0 {
 		jobTimeout = max(cfg.ExecTimeout, 30*time.Second) + 30*time.Second
 	}
+	counters := ratelimit.NewCounters(f.pool, mcp.RateCounters)
 	workers := river.NewWorkers()
 	f.gate.AddWorkers(workers)
+	counters.AddWorker(workers)
 	if f.river, err = river.NewClient(riverpgxv5.New(f.pool), &river.Config{
 		Schema: migrations.PEPRiverSchema, Logger: riverLog, Workers: workers,
 		Queues:               map[string]river.QueueConfig{mcp.Queue: {MaxWorkers: 20}},
-		PeriodicJobs:         f.gate.PeriodicJobs(),
+		PeriodicJobs:         append(f.gate.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: mcp.Queue})),
 		JobTimeout:           jobTimeout,
 		RescueStuckJobsAfter: 2 * jobTimeout,
 		FetchPollInterval:    200 * time.Millisecond,
@@ -149,7 +152,7 @@ func (f *Frontend) build(ctx context.Context) error {
 		return fmt.Errorf("frontend: river: %w", err)
 	}
 	srv, err := mcp.NewServer(f.gate, mcp.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
-		Extra: cfg.Extra, Anonymous: cfg.Anonymous, Log: cfg.Log})
+		Counters: counters, Replay: &mcp.WebhookIDs{DB: f.pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Log: cfg.Log})
 	if err != nil {
 		return err
 	}

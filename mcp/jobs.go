@@ -229,12 +229,15 @@ func (g *Gate) Reconcile(ctx context.Context) error {
 }
 
 // Purge deletes terminal tasks past their TTL (with their sealed arguments
-// and submission bodies) and spent MRTR nonces.
+// and submission bodies), spent MRTR nonces and expired webhook-id claims.
 func (g *Gate) Purge(ctx context.Context) (int64, error) {
 	n, err := g.tasks.Purge(ctx)
 	if err != nil {
 		return 0, err
 	}
-	_, err = g.cfg.DB.Exec(ctx, `DELETE FROM pep.used_states WHERE expires_at < $1`, g.now())
+	if _, err = g.cfg.DB.Exec(ctx, `DELETE FROM pep.used_states WHERE expires_at < $1`, g.now()); err != nil {
+		return n, err
+	}
+	_, err = (&WebhookIDs{DB: g.cfg.DB, Now: g.now}).Purge(ctx)
 	return n, err
 }

@@ -11,13 +11,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-chi/httprate"
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/internal/logs"
+	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -33,8 +33,15 @@ type ServerOptions struct {
 	// WebhookSecrets verify the backend's callbacks; without any, the
 	// callback endpoint is off and tasks are tracked by polling alone.
 	WebhookSecrets []string
-	// RequestsPerMinute bounds each caller's MCP requests (default 1200).
+	// RequestsPerMinute bounds each caller's MCP requests (default 1200),
+	// counted in Counters for all replicas together.
 	RequestsPerMinute int
+	// Counters count the rate limits; default: pep.rate_counters in the
+	// gate's database.
+	Counters *ratelimit.Counters
+	// Replay remembers the callbacks' webhook ids for every replica;
+	// default: pep.webhook_ids in the gate's database.
+	Replay callbacks.ReplayStore
 	// Extra registers additional tools or methods on the SDK server (the
 	// conformance fixtures).
 	Extra func(s *sdk.Server, ts *tasks.Server) error
@@ -66,6 +73,16 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	if o.RequestsPerMinute == 0 {
 		o.RequestsPerMinute = 1200
 	}
+	if o.Counters == nil {
+		o.Counters = ratelimit.NewCounters(g.cfg.DB, RateCounters)
+	}
+	if o.Replay == nil {
+		o.Replay = &WebhookIDs{DB: g.cfg.DB}
+	}
+	perCaller, err := o.Counters.NewLimiter("caller", o.RequestsPerMinute, time.Minute)
+	if err != nil {
+		return nil, err
+	}
 	sdkLog := logs.Quiet(o.Log, slog.LevelWarn) // the SDK logs every stateless session at info
 	s := sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{
 		Logger: sdkLog,
@@ -93,8 +110,11 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	mcpHandler := byProgress(
 		sdk.NewStreamableHTTPHandler(getServer, &sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true, Logger: sdkLog}),
 		sdk.NewStreamableHTTPHandler(getServer, &sdk.StreamableHTTPOptions{Stateless: true, Logger: sdkLog}))
-	limit := httprate.Limit(o.RequestsPerMinute, time.Minute,
-		httprate.WithKeyFuncs(func(r *http.Request) (string, error) { return tasks.PrincipalFrom(r.Context()), nil }))
+	limit := perCaller.Middleware(func(r *http.Request) string { return tasks.PrincipalFrom(r.Context()) }, tooMany,
+		func(w http.ResponseWriter, _ *http.Request, err error) {
+			o.Log.Error("rate limit unavailable; refusing the request", "error", err)
+			http.Error(w, "internal error", http.StatusInternalServerError)
+		})
 	mux := http.NewServeMux()
 	mux.Handle(PathMCP, srv.authenticate(limit(ts.Wrap(mcpHandler))))
 	if len(o.WebhookSecrets) > 0 {
@@ -102,6 +122,7 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
+		v.Replay = o.Replay
 		mux.Handle("POST "+PathCallback, v.Middleware(http.HandlerFunc(srv.callback)))
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -202,6 +223,15 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		ctx := context.WithValue(r.Context(), principalKey{}, p)
 		relay.ServeHTTP(w, r.WithContext(tasks.WithPrincipal(ctx, p.Key())))
 	})
+}
+
+// tooMany answers a caller over its budget (HTTP 429; the limiter has set
+// Retry-After).
+func tooMany(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusTooManyRequests)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": "rate_limited",
+		"error_description": "too many requests; retry after the number of seconds in Retry-After"})
 }
 
 func unauthorized(w http.ResponseWriter, challenge, msg string) {

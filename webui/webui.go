@@ -24,11 +24,11 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/httprate"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/requests"
 )
 
@@ -43,6 +43,9 @@ type Deps struct {
 	DB        *pgxpool.Pool
 	Requests  *requests.Service
 	Directory *directory.Store
+	// Counters count the sign-in attempts per address (arap.rate_counters),
+	// for all replicas together.
+	Counters *ratelimit.Counters
 	// Secure marks cookies Secure (the public URL is https).
 	Secure bool
 	Now    func() time.Time
@@ -53,13 +56,14 @@ type Deps struct {
 type UI struct {
 	d       Deps
 	pages   map[string]*template.Template
+	logins  *ratelimit.Limiter
 	handler http.Handler
 }
 
 // New builds the UI.
 func New(d Deps) (*UI, error) {
-	if d.DB == nil || d.Requests == nil || d.Directory == nil {
-		return nil, errors.New("webui: DB, Requests and Directory are required")
+	if d.DB == nil || d.Requests == nil || d.Directory == nil || d.Counters == nil {
+		return nil, errors.New("webui: DB, Requests, Directory and Counters are required")
 	}
 	if d.Now == nil {
 		d.Now = time.Now
@@ -68,6 +72,10 @@ func New(d Deps) (*UI, error) {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
 	u := &UI{d: d, pages: map[string]*template.Template{}}
+	var err error
+	if u.logins, err = d.Counters.NewLimiter("ui-login", LoginsPerMinute, time.Minute); err != nil {
+		return nil, err
+	}
 	for _, page := range []string{"login", "queue", "request", "history"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
@@ -93,7 +101,7 @@ func (u *UI) routes() http.Handler {
 	assets, _ := fs.Sub(assetFS, "assets")
 	r.Handle("/ui/assets/*", http.StripPrefix("/ui/assets/", http.FileServer(http.FS(assets))))
 	r.Get("/ui/login", u.loginPage)
-	r.With(httprate.LimitByIP(30, time.Minute)).Post("/ui/login", u.login)
+	r.With(u.logins.Middleware(ratelimit.ClientIP, tooManyLogins, u.fail)).Post("/ui/login", u.login)
 	r.Group(func(r chi.Router) {
 		r.Use(u.requireSession)
 		r.Get("/ui/", u.queue)
@@ -104,6 +112,14 @@ func (u *UI) routes() http.Handler {
 	})
 	r.Get("/ui", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusFound) })
 	return r
+}
+
+// LoginsPerMinute bounds sign-in attempts from one address (an IPv4
+// address or an IPv6 /64), across all replicas.
+const LoginsPerMinute = 30
+
+func tooManyLogins(w http.ResponseWriter, _ *http.Request) {
+	http.Error(w, "Too many sign-in attempts from this address; try again in "+w.Header().Get("Retry-After")+" seconds.", http.StatusTooManyRequests)
 }
 
 // maxForm bounds a form post; the largest is a decision with its reason.

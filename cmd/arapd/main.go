@@ -132,7 +132,7 @@ func serve(args []string) error {
 	keyFile := fs.String("master-key-file", env("ARAP_MASTER_KEY_FILE", ""), "file holding the base64 32-byte master key (ARAP_MASTER_KEY_FILE, or the key itself in ARAP_MASTER_KEY)")
 	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
 	jobTimeout := fs.Duration("job-timeout", envDuration("ARAP_JOB_TIMEOUT", time.Minute), "bound on a background job; a job whose worker died is retried after twice this (ARAP_JOB_TIMEOUT)")
-	rate := fs.Int("rate-limit", arap.DefaultLimits.RequestsPerMinute, "requests per minute each API client may make (per replica)")
+	rate := fs.Int("rate-limit", arap.DefaultLimits.RequestsPerMinute, "requests per minute each API client may make (all replicas together)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
 	log := logger(*level)

@@ -41,14 +41,28 @@ type Options struct {
 	RequestRetention time.Duration
 	// CallbackSchedule overrides the callback retry schedule.
 	CallbackSchedule []time.Duration
+	// RateLimitClock is the rate limits' clock; by default a fixed time, so
+	// that a test's requests all fall in one window.
+	RateLimitClock func() time.Time
+	// Join, when set, starts another replica on Join's database (already
+	// seeded) instead of a fresh one.
+	Join *Env
 }
+
+// fixedClock is ten seconds into a minute in 2030.
+func fixedClock() time.Time { return time.Date(2030, 1, 1, 0, 0, 10, 0, time.UTC) }
 
 // Start runs a backend for the test, seeded with the dev clients and tokens,
 // and stops it when the test ends.
 func Start(t testing.TB, o Options) *Env {
 	t.Helper()
 	ctx := context.Background()
-	dbURL := dbtest.URL(t)
+	var dbURL string
+	if o.Join != nil {
+		dbURL = o.Join.DBURL
+	} else {
+		dbURL = dbtest.URL(t)
+	}
 	policy := o.Policy
 	if policy == nil {
 		policy = dev.SeedPolicy()
@@ -57,18 +71,24 @@ func Start(t testing.TB, o Options) *Env {
 	if err := os.WriteFile(file, policy, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	clock := o.RateLimitClock
+	if clock == nil {
+		clock = fixedClock
+	}
 	// Clients reach the backend through a proxy that checks every response
 	// against openapi/arap.yaml; the proxy's URL is the public URL.
 	front := httptest.NewUnstartedServer(nil)
 	b, err := backend.New(ctx, backend.Config{
 		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
-		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule,
+		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dev.Seed(ctx, b.Clients(), b.Directory(), b.Callbacks()); err != nil {
-		t.Fatal(err)
+	if o.Join == nil {
+		if err := dev.Seed(ctx, b.Clients(), b.Directory(), b.Callbacks()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := b.Start(ctx); err != nil {
 		t.Fatal(err)
