@@ -183,3 +183,24 @@ func sendCopies(t *testing.T, url, secret, id string, n int, proceed chan struct
 	sort.Ints(codes)
 	return codes
 }
+
+// TestVerifierReleasesWhenHandlerPanics: a handler that panics has not
+// handled the callback, so the sender's retry is not refused as a replay.
+func TestVerifierReleasesWhenHandlerPanics(t *testing.T) {
+	secret := callbacks.NewSecret()
+	v, err := callbacks.NewVerifier(secret)
+	require.NoError(t, err)
+	panics := true
+	h := v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if panics {
+			panic("handler failed")
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	now := time.Now()
+	require.Panics(t, func() { h.ServeHTTP(httptest.NewRecorder(), signed(t, secret, "msg_p", now, `{}`)) })
+	panics = false
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, signed(t, secret, "msg_p", now.Add(time.Second), `{}`))
+	require.Equal(t, http.StatusNoContent, rec.Code)
+}

@@ -171,6 +171,37 @@ func TestWebhookReplayAcrossReplicas(t *testing.T) {
 	require.EqualValues(t, 2, after.Load())
 }
 
+// TestWebhookIDsClaimIsAtomic: claims of one id released at once from two
+// pools (two replicas) are won exactly once, round after round.
+func TestWebhookIDsClaimIsAtomic(t *testing.T) {
+	url := dbtest.URL(t)
+	stores := []*mcp.WebhookIDs{{DB: connect(t, url)}, {DB: connect(t, url)}}
+	const rounds, claimers = 30, 16
+	for round := range rounds {
+		id := "msg_round_" + strconv.Itoa(round)
+		var won atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range claimers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				ok, err := stores[i%2].Claim(context.Background(), id, time.Now().Add(time.Minute))
+				if err != nil {
+					t.Error(err)
+				}
+				if ok {
+					won.Add(1)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		require.EqualValues(t, 1, won.Load(), "round %d", round)
+	}
+}
+
 // TestWebhookIDsExpireAndPurge: a claim lasts until its time; then the id
 // can be claimed again (a redelivery by hand, days later) and the purge
 // deletes it.
