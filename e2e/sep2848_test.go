@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,6 +181,12 @@ func TestForgedCallbackCannotExecute(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusNoContent, send(real, "msg_authentic"), "authentic: accepted as a wake-up")
 	require.Equal(t, http.StatusConflict, send(real, "msg_authentic"), "replayed")
+	// The replay memory is the database's, not the process's: a restarted
+	// front-end still refuses the id.
+	s.mcp.signal(syscall.SIGTERM)
+	require.Equal(t, 0, s.mcp.wait(30*time.Second))
+	s.mcp = s.startMCP()
+	require.Equal(t, http.StatusConflict, send(real, "msg_authentic"), "replayed after a restart")
 	// The woken task re-reads the status endpoint, which still says
 	// pending: it must not act. A pending task writes nothing when it is
 	// right (its next poll is the 30 s safety poll), so there is no event to
