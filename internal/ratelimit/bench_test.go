@@ -23,6 +23,7 @@ func BenchmarkTake(b *testing.B) {
 		name string
 		key  func(i int64) string
 	}{
+		{"select-1", nil}, // the floor: one round trip that does nothing
 		{"one-key", func(int64) string { return "pep" }},
 		{"many-keys", func(i int64) string { return strconv.FormatInt(i%1000, 10) }},
 	} {
@@ -37,6 +38,19 @@ func BenchmarkTake(b *testing.B) {
 			require.NoError(b, err)
 			var n atomic.Int64
 			b.SetParallelism(8)
+			if tc.name == "select-1" {
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						var one int
+						if err := p.QueryRow(context.Background(), "SELECT 1").Scan(&one); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+				return
+			}
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
