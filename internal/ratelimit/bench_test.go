@@ -16,16 +16,20 @@ import (
 
 // BenchmarkTake measures one Take against real PostgreSQL, from parallel
 // goroutines as a busy replica would: all on one key (one API client, one
-// hot row: the evaluation path), or each on its own key. The pool is sized
-// like a server's (migrations.MinConns).
+// hot row: the evaluation path) or each on its own key, with a statement per
+// request (batch 1, as for limits below 200) or in batches of 100 (limits
+// of 10,000 and more). select-1 is the floor: a round trip that does
+// nothing. The pool is sized like a server's (migrations.MinConns).
 func BenchmarkTake(b *testing.B) {
 	for _, tc := range []struct {
-		name string
-		key  func(i int64) string
+		name  string
+		batch int
+		key   func(i int64) string
 	}{
-		{"select-1", nil}, // the floor: one round trip that does nothing
-		{"one-key", func(int64) string { return "pep" }},
-		{"many-keys", func(i int64) string { return strconv.FormatInt(i%1000, 10) }},
+		{"select-1", 0, nil},
+		{"one-key/batch-1", 1, func(int64) string { return "pep" }},
+		{"many-keys/batch-1", 1, func(i int64) string { return strconv.FormatInt(i%1000, 10) }},
+		{"one-key/batch-100", 100, func(int64) string { return "pep" }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			cfg, err := pgxpool.ParseConfig(dbtest.URL(b))
@@ -34,11 +38,8 @@ func BenchmarkTake(b *testing.B) {
 			p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 			require.NoError(b, err)
 			defer p.Close()
-			l, err := ratelimit.NewCounters(p, table).NewLimiter("bench", 1<<30, time.Hour)
-			require.NoError(b, err)
-			var n atomic.Int64
 			b.SetParallelism(8)
-			if tc.name == "select-1" {
+			if tc.key == nil {
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {
@@ -51,6 +52,10 @@ func BenchmarkTake(b *testing.B) {
 				})
 				return
 			}
+			l, err := ratelimit.NewCounters(p, table).NewLimiter("bench", 1<<30, time.Hour)
+			require.NoError(b, err)
+			ratelimit.SetBatch(l, tc.batch)
+			var n atomic.Int64
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {

@@ -4,6 +4,7 @@ CREATE UNLOGGED TABLE pep.rate_counters (
     key        text        NOT NULL,
     window_end timestamptz NOT NULL,
     n          integer     NOT NULL CHECK (n > 0),
+    granted    integer     NOT NULL,
     PRIMARY KEY (key, window_end)
 ) WITH (fillfactor = 50);
 
