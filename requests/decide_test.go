@@ -12,16 +12,25 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/identity"
 	"github.com/omcp/arap/requests"
 )
 
 var (
-	bob   = requests.UserVoter("bob", []string{"bob", "bob@example.com"}, []string{"treasury"})
-	carol = requests.UserVoter("carol", []string{"carol"}, []string{"treasury"})
-	dave  = requests.UserVoter("dave", []string{"dave"}, []string{"platform"})
-	erin  = requests.UserVoter("erin", []string{"erin"}, []string{"platform"})
-	alice = requests.UserVoter("alice", []string{"alice", "alice@example.com"}, []string{"treasury"})
+	bob   = requests.UserVoter("bob", names("bob", "bob@example.com"), []string{"treasury"})
+	carol = requests.UserVoter("carol", names("carol"), []string{"treasury"})
+	dave  = requests.UserVoter("dave", names("dave"), []string{"platform"})
+	erin  = requests.UserVoter("erin", names("erin"), []string{"platform"})
+	alice = requests.UserVoter("alice", names("alice", "alice@example.com"), []string{"treasury"})
 )
+
+func names(ss ...string) []identity.ID {
+	var out []identity.ID
+	for _, s := range ss {
+		out = append(out, identity.Name(s))
+	}
+	return out
+}
 
 func (f *fixture) clientVoter(name, kind string) requests.Voter {
 	c, _, err := clients.NewStore(f.db).Create(context.Background(), clients.New{Name: name, Scopes: []string{"decide"}, Kind: kind}, "test")
@@ -53,7 +62,7 @@ func TestEligibility(t *testing.T) {
 	}{
 		{"the subject approving their own request", "alice", alice, `on their behalf or through them ("alice")`},
 		{"matched by email, case-insensitively", "BOB@example.com", bob, "on their behalf"},
-		{"the actor the request was made through", "alice", requests.UserVoter("agent:demo", []string{"agent:demo"}, []string{"treasury"}), `("agent:demo")`},
+		{"the actor the request was made through", "alice", requests.UserVoter("agent:demo", names("agent:demo"), []string{"treasury"}), `("agent:demo")`},
 		{"the client that submitted it", "alice", pepVoter, "submitted this request"},
 		{"someone outside the approver groups", "alice", dave, "not among the deciders"},
 		{"a client kind the rule does not name", "alice", requests.ClientVoter("cli_x", "x", "agent"), "not among the deciders"},
