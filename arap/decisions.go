@@ -20,13 +20,13 @@ import (
 // has got. Unlike the PEP's task handle it shows arguments and votes, and
 // never the approval's signed state.
 type RequestView struct {
-	ID              string                    `json:"id"`
-	Status          string                    `json:"status"`
-	StatusReason    string                    `json:"status_reason,omitempty"`
-	Rule            string                    `json:"rule"`
-	Subject         authzen.Object            `json:"subject"`
-	Action          authzen.Object            `json:"action"`
-	Resource        authzen.Object            `json:"resource"`
+	ID           string         `json:"id"`
+	Status       string         `json:"status"`
+	StatusReason string         `json:"status_reason,omitempty"`
+	Rule         string         `json:"rule"`
+	Subject      authzen.Object `json:"subject"`
+	Action       authzen.Object `json:"action"`
+	Resource     authzen.Object `json:"resource"`
 	// Context holds the context members the rule declared (asked for in its
 	// request_schema, or bound by context_members); ExtraContext the others
 	// the requester added: not asked for and not checked. Both are the
