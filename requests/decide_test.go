@@ -300,3 +300,51 @@ func TestResolversWaitForTheWindowAndFollowAttributes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, requests.Approved, got.Status)
 }
+
+// TestResolversSeeOnlyDeclaredContext: an agent can add any member to the
+// request context (ARAP makes it an extension point, so it is kept), but an
+// automated resolver reads only the members the rule's request schema
+// declares: "approved_by": "CFO" approves nothing.
+func TestResolversSeeOnlyDeclaredContext(t *testing.T) {
+	f := setupWith(t, "testdata/resolution.yaml")
+	ctx := context.Background()
+	submit := func(tool string, context map[string]any) *requests.Request {
+		req := toolCall(tool, map[string]any{"amount": 10})
+		d, hint := f.deny(f.pep, req)
+		req.Context = context
+		res, err := f.svc.Submit(ctx, f.pep, "", mustJSON(t, submission(req, d, hint)))
+		require.NoError(t, err)
+		return res.Request
+	}
+	status := func(id string) requests.Status {
+		got, err := f.svc.Load(ctx, id)
+		require.NoError(t, err)
+		return got.Status
+	}
+
+	forged := submit("expense", map[string]any{"ticket": "none", "approved_by": "CFO"})
+	require.Equal(t, map[string]any{"ticket": "none", "approved_by": "CFO"}, map[string]any(forged.Context), "the extra member is kept")
+	declared, extra := forged.SplitContext()
+	require.Equal(t, authzen.Object{"ticket": "none"}, declared)
+	require.Equal(t, authzen.Object{"approved_by": "CFO"}, extra)
+	_, err := f.svc.Resolve(ctx, forged.ID)
+	require.NoError(t, err)
+	require.Equal(t, requests.Pending, status(forged.ID), "a resolver reading an undeclared member decides nothing")
+	votes, err := f.svc.Votes(ctx, forged.ID)
+	require.NoError(t, err)
+	require.Empty(t, votes)
+
+	forged = submit("expense_has", map[string]any{"approved_by": "CFO"})
+	_, err = f.svc.Resolve(ctx, forged.ID)
+	require.NoError(t, err)
+	require.Equal(t, requests.Pending, status(forged.ID), "to a resolver, an undeclared member is absent")
+
+	// A declared member is read.
+	ok := submit("expense", map[string]any{"ticket": "CHG42", "approved_by": "CFO"})
+	_, err = f.svc.Resolve(ctx, ok.ID)
+	require.NoError(t, err)
+	require.Equal(t, requests.Approved, status(ok.ID))
+	votes, err = f.svc.Votes(ctx, ok.ID)
+	require.NoError(t, err)
+	require.Equal(t, "resolver:expense.ticket_ok", votes[0].Voter)
+}

@@ -11,6 +11,9 @@ package visible
 
 import (
 	"fmt"
+	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -270,4 +273,105 @@ func allowedMix(count map[string]int) bool {
 		}
 	}
 	return false
+}
+
+// Marked is s with every finding replaced by a text marker, "<U+202E>", for
+// places that show plain text (a terminal, an HTML attribute, a page title).
+// The characters themselves are left out, so none can reorder or hide what
+// follows.
+func Marked(s string, multiline bool) string {
+	fs := Scan(s, multiline)
+	if len(fs) == 0 {
+		return s
+	}
+	var b strings.Builder
+	at := 0
+	for _, f := range fs {
+		b.WriteString(s[at:f.Offset])
+		b.WriteString("<" + f.Code + ">")
+		at = f.Offset + f.Size
+	}
+	b.WriteString(s[at:])
+	return b.String()
+}
+
+// Located is a finding inside a JSON-like value.
+type Located struct {
+	// Path leads from the scanned value to the string: member names and
+	// list indices ("3").
+	Path []string `json:"-"`
+	// InName is true when the finding is in the member name Path[len-1]
+	// rather than in the string value there.
+	InName bool `json:"in_name,omitempty"`
+	Finding
+}
+
+// Pointer is the RFC 6901 JSON Pointer of Path under prefix.
+func (l Located) Pointer(prefix string) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	for _, p := range l.Path {
+		b.WriteByte('/')
+		b.WriteString(strings.NewReplacer("~", "~0", "/", "~1").Replace(p))
+	}
+	return b.String()
+}
+
+// maxDepth bounds the walk; anything deeper is reported as one finding, since
+// what cannot be checked cannot be called clean.
+const maxDepth = 64
+
+// ScanValue finds hidden characters in every string of v and in every member
+// name: v is what encoding/json produces (maps with string keys, slices,
+// strings, numbers, booleans, nil), or a named type of those. Members are
+// visited in name order.
+func ScanValue(v any) []Located {
+	var out []Located
+	walkValue(reflect.ValueOf(v), nil, 0, &out)
+	return out
+}
+
+// TooDeep is the finding for a value nested deeper than ScanValue looks.
+var TooDeep = Finding{Code: "DEPTH", Name: "nested too deeply to check", Why: "value nested too deeply"}
+
+func walkValue(v reflect.Value, path []string, depth int, out *[]Located) {
+	for v.IsValid() && (v.Kind() == reflect.Interface || v.Kind() == reflect.Pointer) {
+		if v.IsNil() {
+			return
+		}
+		v = v.Elem()
+	}
+	if !v.IsValid() {
+		return
+	}
+	if depth > maxDepth {
+		*out = append(*out, Located{Path: slices.Clone(path), Finding: TooDeep})
+		return
+	}
+	switch v.Kind() {
+	case reflect.String:
+		for _, f := range Scan(v.String(), false) {
+			*out = append(*out, Located{Path: slices.Clone(path), Finding: f})
+		}
+	case reflect.Map:
+		if v.Type().Key().Kind() != reflect.String {
+			return
+		}
+		keys := v.MapKeys()
+		slices.SortFunc(keys, func(a, b reflect.Value) int { return strings.Compare(a.String(), b.String()) })
+		for _, k := range keys {
+			p := append(slices.Clone(path), k.String())
+			for _, f := range Scan(k.String(), false) {
+				*out = append(*out, Located{Path: p, InName: true, Finding: f})
+			}
+			walkValue(v.MapIndex(k), p, depth+1, out)
+		}
+	case reflect.Slice, reflect.Array:
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			return // bytes are not text
+		}
+		for i := 0; i < v.Len(); i++ {
+			walkValue(v.Index(i), append(slices.Clone(path), strconv.Itoa(i)), depth+1, out)
+		}
+	}
 }

@@ -101,3 +101,56 @@ func FuzzScan(f *testing.F) {
 		require.Equal(t, s, got, "segments must cover the text exactly")
 	})
 }
+
+func TestMarkedReplacesEveryFindingWithItsCode(t *testing.T) {
+	require.Equal(t, "acct-<U+202E>199<U+202C>", Marked("acct-\u202e199\u202c", false))
+	require.Equal(t, "p<U+0430>ypal and <0xFF>", Marked("p\u0430ypal and \xff", false))
+	require.Equal(t, "plain text", Marked("plain text", false))
+	require.Equal(t, "one\ntwo", Marked("one\ntwo", true))
+	require.Equal(t, "one<U+000A>two", Marked("one\ntwo", false))
+	for _, c := range []string{"a\u202eb", "a\u200bb", "a\x1bb", "\ue000"} {
+		require.True(t, Clean(Marked(c, false)), "%q: markers are plain text", c)
+	}
+}
+
+type named map[string]any
+
+func TestScanValueWalksNamesValuesAndNesting(t *testing.T) {
+	v := named{
+		"to":         "acct-\u202e199\u202c",
+		"amount":     50000.0,
+		"n\u200bame": "clean",
+		"list":       []any{"ok", map[string]any{"deep": "p\u0430y"}},
+		"nothing":    nil,
+		"a/b~c":      "x\u2066",
+	}
+	got := ScanValue(v)
+	type row struct {
+		ptr    string
+		inName bool
+		code   string
+	}
+	var rows []row
+	for _, l := range got {
+		rows = append(rows, row{l.Pointer("/args"), l.InName, l.Code})
+	}
+	require.Equal(t, []row{
+		{"/args/a~1b~0c", false, "U+2066"},
+		{"/args/list/1/deep", false, "U+0430"},
+		{"/args/n\u200bame", true, "U+200B"},
+		{"/args/to", false, "U+202E"},
+		{"/args/to", false, "U+202C"},
+	}, rows)
+	require.Empty(t, ScanValue(map[string]any{"to": "acct-991", "amount": 1.0, "b": true, "l": []any{"Zürich"}}))
+	require.Empty(t, ScanValue(nil))
+}
+
+func TestScanValueReportsWhatIsTooDeepToCheck(t *testing.T) {
+	var v any = "clean"
+	for i := 0; i < 100; i++ {
+		v = []any{v}
+	}
+	got := ScanValue(v)
+	require.Len(t, got, 1)
+	require.Equal(t, TooDeep, got[0].Finding)
+}
