@@ -1,6 +1,7 @@
 package arap
 
 import (
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/visible"
 	"github.com/omcp/arap/requests"
 )
 
@@ -18,14 +20,19 @@ import (
 // has got. Unlike the PEP's task handle it shows arguments and votes, and
 // never the approval's signed state.
 type RequestView struct {
-	ID              string                    `json:"id"`
-	Status          string                    `json:"status"`
-	StatusReason    string                    `json:"status_reason,omitempty"`
-	Rule            string                    `json:"rule"`
-	Subject         authzen.Object            `json:"subject"`
-	Action          authzen.Object            `json:"action"`
-	Resource        authzen.Object            `json:"resource"`
+	ID           string         `json:"id"`
+	Status       string         `json:"status"`
+	StatusReason string         `json:"status_reason,omitempty"`
+	Rule         string         `json:"rule"`
+	Subject      authzen.Object `json:"subject"`
+	Action       authzen.Object `json:"action"`
+	Resource     authzen.Object `json:"resource"`
+	// Context holds the context members the rule declared (asked for in its
+	// request_schema, or bound by context_members); ExtraContext the others
+	// the requester added: not asked for and not checked. Both are the
+	// requester's statements, not facts.
 	Context         authzen.Object            `json:"context,omitempty"`
+	ExtraContext    authzen.Object            `json:"extra_context,omitempty"`
 	RequestedAccess authzen.Object            `json:"requested_access,omitempty"`
 	Client          *authzen.ClientInfo       `json:"client,omitempty"`
 	SubmittedBy     string                    `json:"submitted_by"`
@@ -40,6 +47,59 @@ type RequestView struct {
 	// YouMayDecide says whether the caller may vote now, and Why not.
 	YouMayDecide bool   `json:"you_may_decide"`
 	Why          string `json:"why_not,omitempty"`
+	// HiddenCharacters lists every character of the view above that a
+	// person could not see or could mistake (at most MaxHiddenListed;
+	// HiddenOmitted counts the rest), so an ITSM system or a console can
+	// show markers instead of the characters.
+	HiddenCharacters []HiddenCharacter `json:"hidden_characters,omitempty"`
+	HiddenOmitted    int               `json:"hidden_characters_omitted,omitempty"`
+}
+
+// HiddenCharacter is one character of a request view that a person could
+// not see (a control, bidirectional formatting, a zero-width or other
+// default-ignorable character, a private-use or unassigned code point, a
+// space other than U+0020, a byte that is not UTF-8) or could mistake (a
+// letter of another script inside a word).
+type HiddenCharacter struct {
+	// Pointer is the JSON Pointer (RFC 6901) of the string in the view.
+	Pointer string `json:"pointer"`
+	// InName is true when the character is in the member name that
+	// Pointer ends with, not in its value.
+	InName bool `json:"in_name,omitempty"`
+	// Offset and Size locate it in that string, in bytes of UTF-8.
+	Offset int `json:"offset"`
+	Size   int `json:"size"`
+	// Code is "U+202E" ("0xFF" for a byte that is not UTF-8); Name the
+	// Unicode name; Why the class.
+	Code string `json:"code"`
+	Name string `json:"name"`
+	Why  string `json:"why"`
+}
+
+// MaxHiddenListed bounds HiddenCharacters in one view.
+const MaxHiddenListed = 100
+
+// findHidden lists the hidden characters of a view, found in its JSON form
+// so that the pointers are exactly the view's.
+func findHidden(v RequestView) ([]HiddenCharacter, int) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, 0
+	}
+	var doc any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, 0
+	}
+	found := visible.ScanValue(doc)
+	var out []HiddenCharacter
+	for _, l := range found {
+		if len(out) == MaxHiddenListed {
+			break
+		}
+		out = append(out, HiddenCharacter{Pointer: l.Pointer(""), InName: l.InName, Offset: l.Offset, Size: l.Size,
+			Code: l.Code, Name: l.Name, Why: l.Why})
+	}
+	return out, len(found) - len(out)
 }
 
 // Progress counts approvals toward the quorum.
@@ -77,7 +137,7 @@ func voter(c *clients.Client) requests.Voter { return requests.ClientVoter(c.ID,
 func View(r *requests.Request, votes []requests.Vote, v *requests.Voter, now time.Time) RequestView {
 	out := RequestView{
 		ID: r.ID, Status: string(r.Status), StatusReason: r.StatusReason, Rule: r.Rule, Subject: r.Subject, Action: r.Action,
-		Resource: r.Resource, Context: r.Context, RequestedAccess: r.RequestedAccess, Client: r.ClientInfo, SubmittedBy: r.ClientID,
+		Resource: r.Resource, RequestedAccess: r.RequestedAccess, Client: r.ClientInfo, SubmittedBy: r.ClientID,
 		Display: r.Display, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, EndedAt: r.TerminalAt, ApprovalPolicy: r.ApprovalPolicy,
 		Votes: votes, Progress: Progress{Quorum: r.ApprovalPolicy.Quorum, RequireHumans: r.ApprovalPolicy.RequireHumans},
 	}
@@ -99,6 +159,8 @@ func View(r *requests.Request, votes []requests.Vote, v *requests.Voter, now tim
 	if v != nil {
 		out.YouMayDecide, out.Why = requests.MayDecide(*v, r, votes, now)
 	}
+	out.Context, out.ExtraContext = r.SplitContext()
+	out.HiddenCharacters, out.HiddenOmitted = findHidden(out)
 	return out
 }
 

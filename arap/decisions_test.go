@@ -1,6 +1,7 @@
 package arap_test
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -119,4 +120,60 @@ rules:
 	require.Eventually(t, func() bool {
 		return pep.do("GET", "/access/v1/requests/"+id, nil).json(t)["task"].(map[string]any)["status"] == "approved"
 	}, 30*time.Second, 100*time.Millisecond)
+}
+
+const displayPolicy = `version: 1
+rules:
+  - name: expense
+    match: {resource_id: expense}
+    effect: request
+    approval: {kinds: [itsm]}
+    request_schema:
+      type: object
+      properties:
+        context:
+          type: object
+          properties:
+            ticket: {type: string}
+`
+
+// TestRequestViewMarksHiddenCharactersAndExtraContext: the decision API
+// lists every character a person could not see or could mistake, where it
+// is, and keeps the context members the rule did not ask for apart from
+// the ones it did.
+func TestRequestViewMarksHiddenCharactersAndExtraContext(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{Policy: []byte(displayPolicy)})
+	pep := api{t: t, base: env.URL, token: dev.PEPToken}
+	itsm := api{t: t, base: env.URL, token: dev.ITSMToken}
+	call := wireCall(0)
+	call["resource"] = map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{
+		"to": "acct-\u202e199\u202c", "p\u0430yee": "ok", "amount": 10}}}
+	body := submission(t, call, pep.do("POST", "/access/v1/evaluation", call).json(t))
+	body["context"] = map[string]any{"ticket": "CHG1", "approved_by": "CFO"}
+	r := pep.do("POST", "/access/v1/requests", body)
+	require.Equal(t, 202, r.status, "%s", r.body)
+	id := r.json(t)["task"].(map[string]any)["id"].(string)
+
+	view := itsm.do("GET", "/v1/requests/"+id, nil).json(t)
+	require.Equal(t, map[string]any{"ticket": "CHG1"}, view["context"], "only what the rule asked for")
+	require.Equal(t, map[string]any{"approved_by": "CFO"}, view["extra_context"], "the rest, apart")
+	var got []string
+	for _, h := range view["hidden_characters"].([]any) {
+		h := h.(map[string]any)
+		got = append(got, h["pointer"].(string)+" "+h["code"].(string)+" "+h["name"].(string)+
+			" at "+strconv.Itoa(int(h["offset"].(float64)))+map[bool]string{true: " in name", false: ""}[h["in_name"] == true])
+	}
+	require.Equal(t, []string{
+		"/resource/properties/arguments/p\u0430yee U+0430 CYRILLIC SMALL LETTER A (Cyrillic in a Latin word) at 1 in name",
+		"/resource/properties/arguments/to U+202E RIGHT-TO-LEFT OVERRIDE at 5",
+		"/resource/properties/arguments/to U+202C POP DIRECTIONAL FORMATTING at 11",
+	}, got)
+
+	// A clean request has no list at all.
+	call["resource"] = map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{"to": "acct-991"}}}
+	r = pep.do("POST", "/access/v1/requests", submission(t, call, pep.do("POST", "/access/v1/evaluation", call).json(t)))
+	require.Equal(t, 202, r.status, "%s", r.body)
+	view = itsm.do("GET", "/v1/requests/"+r.json(t)["task"].(map[string]any)["id"].(string), nil).json(t)
+	require.NotContains(t, view, "hidden_characters")
+	require.NotContains(t, view, "extra_context")
 }

@@ -88,7 +88,7 @@ func (s *Server) evaluate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if v := evaluation.ValidateRequest(req); len(v) > 0 {
-		writeProblem(w, r, authzen.ProblemInvalidRequest, "the evaluation request does not match the AuthZEN schema", v)
+		writeProblem(w, r, authzen.ProblemInvalidRequest, "the evaluation request is malformed or names a non-canonical identity", v)
 		return
 	}
 	out, err := s.d.Engine.Evaluate(r.Context(), clientFrom(r).ID, req)
@@ -116,7 +116,7 @@ func (s *Server) evaluateBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if v := evaluation.ValidateBatch(req); len(v) > 0 {
-		writeProblem(w, r, authzen.ProblemInvalidRequest, "the evaluations request does not match the AuthZEN schema", v)
+		writeProblem(w, r, authzen.ProblemInvalidRequest, "the evaluations request is malformed or names a non-canonical identity", v)
 		return
 	}
 	outs, err := s.d.Engine.EvaluateBatch(r.Context(), clientFrom(r).ID, req)

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/identity"
 )
 
 // User is a person.
@@ -30,12 +31,13 @@ type User struct {
 	DisabledAt  *time.Time `json:"disabled_at,omitempty"`
 }
 
-// Identities are the subject ids this user is known by: name and email.
-// Eligibility compares them with a request's subject and actor chain.
-func (u *User) Identities() []string {
-	ids := []string{u.Name}
+// Identities are who this user is: name and e-mail address, both in
+// case-insensitive id spaces. Eligibility compares them with a request's
+// subject and actor chain.
+func (u *User) Identities() []identity.ID {
+	ids := []identity.ID{identity.Name(u.Name)}
 	if u.Email != "" {
-		ids = append(ids, u.Email)
+		ids = append(ids, identity.Name(u.Email))
 	}
 	return ids
 }

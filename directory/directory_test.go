@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/identity"
 	"github.com/omcp/arap/internal/dbtest"
 )
 
@@ -24,7 +25,7 @@ func TestUsersGroupsPasswords(t *testing.T) {
 	u, err := s.CheckPassword(ctx, "BOB", "dev-password")
 	require.NoError(t, err)
 	require.Equal(t, "bob", u.Name)
-	require.Equal(t, []string{"bob", "bob@example.com"}, u.Identities())
+	require.Equal(t, []identity.ID{identity.Name("bob"), identity.Name("bob@example.com")}, u.Identities())
 	_, err = s.CheckPassword(ctx, "bob", "wrong-password")
 	require.ErrorIs(t, err, directory.ErrBadPassword)
 	_, err = s.CheckPassword(ctx, "ghost", "dev-password")

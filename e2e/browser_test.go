@@ -18,8 +18,14 @@ import (
 	"github.com/omcp/arap/internal/dbtest"
 )
 
-// artifactsDir receives the screenshots the browser tests take.
-const artifactsDir = "artifacts"
+// artifactsDir receives the screenshots the browser tests take:
+// $ARAP_ARTIFACT_DIR, or .artifacts at the top of the repository.
+func artifactsDir() string {
+	if d := os.Getenv("ARAP_ARTIFACT_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join("..", ".artifacts")
+}
 
 // chromium finds the browser, or skips the test when the machine has none
 // (CI installs Debian's chromium and sets ARAP_REQUIRE_BROWSER, so there a
@@ -76,8 +82,8 @@ func do(t *testing.T, ctx context.Context, what string, actions ...chromedp.Acti
 		where, _ := chromedp.Run(diag, chromedp.Location())
 		text, _ := chromedp.Run(diag, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
 		if png, err := chromedp.Run(diag, chromedp.FullScreenshot(100)); err == nil {
-			_ = os.MkdirAll(artifactsDir, 0o755)
-			_ = os.WriteFile(filepath.Join(artifactsDir, "failed-"+strings.ReplaceAll(t.Name(), "/", "_")+".png"), png, 0o644)
+			_ = os.MkdirAll(artifactsDir(), 0o755)
+			_ = os.WriteFile(filepath.Join(artifactsDir(), "failed-"+strings.ReplaceAll(t.Name(), "/", "_")+".png"), png, 0o644)
 		}
 		t.Fatalf("browser step %q failed: %v\nat %s:\n%s", what, err, where, text)
 	}
@@ -114,7 +120,7 @@ func signOut(t *testing.T, ctx context.Context) {
 // opens it and decides it with a reason.
 func decideInBrowser(t *testing.T, ctx context.Context, base, tool, contains, decision, reason string) {
 	t.Helper()
-	item := `//li[contains(@class,"item")][.//span[@class="tool" and text()="` + tool + `"]]`
+	item := `//li[contains(@class,"item")][.//span[@class="tool" and .="` + tool + `"]]`
 	do(t, ctx, "open the "+tool+" request",
 		chromedp.Navigate(base+"/ui/"),
 		chromedp.WaitVisible(item),
@@ -131,13 +137,29 @@ func decideInBrowser(t *testing.T, ctx context.Context, base, tool, contains, de
 
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-	require.NoError(t, err)
-	require.NoError(t, os.MkdirAll(artifactsDir, 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(artifactsDir, name), png, 0o644))
+	png := saveArtifactPNG(t, ctx, name)
 	if os.Getenv("ARAP_UPDATE_DOCS") != "" && name == "request.png" {
 		require.NoError(t, os.WriteFile(filepath.Join("..", "docs", "img", "request.png"), png, 0o644))
 	}
+}
+
+// saveArtifact saves a full-page screenshot in the artifacts directory and
+// returns its path.
+func saveArtifact(t *testing.T, ctx context.Context, name string) string {
+	t.Helper()
+	saveArtifactPNG(t, ctx, name)
+	p, err := filepath.Abs(filepath.Join(artifactsDir(), name))
+	require.NoError(t, err)
+	return p
+}
+
+func saveArtifactPNG(t *testing.T, ctx context.Context, name string) []byte {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(artifactsDir(), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(artifactsDir(), name), png, 0o644))
+	return png
 }
 
 // checkPage asserts what every page must hold: each form control has a
@@ -266,7 +288,7 @@ func TestBrowserApproval(t *testing.T) {
 	require.True(t, strings.HasPrefix(taskID, "tsk_"), out)
 
 	// The queue shows it without a reload (the page refreshes itself).
-	item := `//li[contains(@class,"item")][.//span[@class="tool" and text()="wire_transfer"]]`
+	item := `//li[contains(@class,"item")][.//span[@class="tool" and .="wire_transfer"]]`
 	do(t, ctx, "see the request arrive in the queue", chromedp.WaitVisible(item))
 	screenshot(t, ctx, "queue.png")
 	checkPage(t, ctx, "queue")

@@ -46,6 +46,13 @@ type ApprovalPolicy struct {
 	GrantDelay time.Duration `json:"grant_delay,omitempty"`
 	// Automated is true when the rule has automated resolvers.
 	Automated bool `json:"automated,omitempty"`
+	// DeclaredContext lists the context members the rule asks for (the
+	// properties its request_schema gives context) or binds (context_members).
+	// Any other member is the requester's extra: shown to people folded away
+	// as not asked for and not checked, and never seen by automated resolvers
+	// (context is an ARAP extension point, so such members are kept, not
+	// refused).
+	DeclaredContext []string `json:"declared_context,omitempty"`
 }
 
 // MachinesMayApprove reports whether non-human deciders may approve.

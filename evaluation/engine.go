@@ -32,6 +32,7 @@ import (
 	"golang.org/x/text/message"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/identity"
 	"github.com/omcp/arap/signing"
 )
 
@@ -121,6 +122,10 @@ type BindingClaims struct {
 	DenialExpiresAt       string   `json:"denial_expires_at"`
 	BindingContextMembers []string `json:"binding_context_members"`
 	BindingHash           string   `json:"binding_hash"`
+	// ActorHash binds the delegation chain (authzen.ActorHash), which
+	// binding_hash leaves out: a submission through another agent, or none,
+	// does not match the denial.
+	ActorHash string `json:"actor_hash"`
 	// Template names the rule that made the denial requestable. The ARS routes
 	// on this signed value, never on the PEP's echo of access_request.template.
 	Template string `json:"template"`
@@ -253,6 +258,10 @@ func (e *Engine) requestableHint(ctx context.Context, callerID string, r *Rule, 
 	if err != nil {
 		return authzen.AccessRequestHint{}, fmt.Errorf("evaluation: binding hash: %w", err)
 	}
+	actorHash, err := authzen.ActorHash(req.Subject)
+	if err != nil {
+		return authzen.AccessRequestHint{}, fmt.Errorf("evaluation: actor hash: %w", err)
+	}
 	jti := make([]byte, 16)
 	_, _ = rand.Read(jti)
 	claims := BindingClaims{
@@ -267,6 +276,7 @@ func (e *Engine) requestableHint(ctx context.Context, callerID string, r *Rule, 
 		DenialExpiresAt:       expires.Format(time.RFC3339),
 		BindingContextMembers: r.ContextMembers,
 		BindingHash:           hash,
+		ActorHash:             actorHash,
 		Template:              r.Template,
 		AuthorizedParty:       callerID,
 	}
@@ -328,8 +338,8 @@ var requestSchema = func() *jsonschema.Schema {
 	return c.MustCompile(url)
 }()
 
-// ValidateRequest checks req against the AuthZEN 1.0 request schema and
-// returns the violations.
+// ValidateRequest checks req against the AuthZEN 1.0 request schema, and
+// its subject's identifiers and actor chain, and returns the violations.
 func ValidateRequest(req authzen.EvaluationRequest) []string {
 	inst := map[string]any{}
 	for k, v := range map[string]authzen.Object{"subject": req.Subject, "resource": req.Resource, "action": req.Action, "context": req.Context} {
@@ -337,7 +347,34 @@ func ValidateRequest(req authzen.EvaluationRequest) []string {
 			inst[k] = map[string]any(v)
 		}
 	}
-	return Violations(requestSchema.Validate(inst))
+	return append(Violations(requestSchema.Validate(inst)), identityViolations(req.Subject)...)
+}
+
+// identityViolations refuses a subject whose id, type or actor ids are not
+// canonical (identity.Check), and an actor chain that cannot be walked whole:
+// separation of duties compares these as identities, and a spelling that
+// is not canonical would be a way to pass as someone else.
+func identityViolations(subject authzen.Object) []string {
+	var out []string
+	for _, k := range []string{"type", "id"} {
+		if s, ok := subject[k].(string); ok {
+			if err := identity.Check(s); err != nil {
+				out = append(out, fmt.Sprintf("/subject/%s: the identifier %v", k, err))
+			}
+		}
+	}
+	actors, err := authzen.SubjectActors(subject)
+	if err != nil {
+		return append(out, err.Error())
+	}
+	where := "/subject/properties/act"
+	for _, id := range actors {
+		if err := identity.Check(id); err != nil {
+			out = append(out, fmt.Sprintf("%s/sub: the actor identifier %v", where, err))
+		}
+		where += "/act"
+	}
+	return out
 }
 
 var printer = message.NewPrinter(language.English)

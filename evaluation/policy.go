@@ -369,7 +369,40 @@ func compileRule(env *cel.Env, d Defaults, rs ruleSpec) (*Rule, []Problem) {
 			r.RequestSchema = jsonCompatible(r.RequestSchema).(map[string]any)
 		}
 	}
+	if r.Effect == EffectRequest {
+		r.Approval.DeclaredContext = declaredContext(r.RequestSchema, r.ContextMembers)
+	}
 	return r, ps
+}
+
+// declaredContext is the sorted set of context members a rule names: the
+// properties (and required names) of its request_schema's context, and its
+// binding context_members. A schema that names members only indirectly
+// ($ref, allOf, patternProperties) declares nothing by them: such members
+// are then treated as extra, which hides them from automated resolvers
+// rather than trusting them.
+func declaredContext(schema map[string]any, bound []string) []string {
+	out := slices.Clone(bound)
+	props, _ := schema["properties"].(map[string]any)
+	ctx, _ := props["context"].(map[string]any)
+	if names, ok := ctx["properties"].(map[string]any); ok {
+		for n := range names {
+			out = append(out, n)
+		}
+	}
+	if req, ok := ctx["required"].([]any); ok {
+		for _, n := range req {
+			if s, ok := n.(string); ok {
+				out = append(out, s)
+			}
+		}
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 var machineryMembers = []string{"access_request", "evaluation_id", "evaluated_at", "reason", "approval"}
@@ -406,7 +439,7 @@ func jsonCompatible(v any) any {
 const celCostLimit = 100000
 
 func newCELEnv() (*cel.Env, error) {
-	return cel.NewEnv(
+	return cel.NewEnv(append(functions(),
 		cel.Variable("subject", cel.MapType(cel.StringType, cel.DynType)),
 		cel.Variable("resource", cel.MapType(cel.StringType, cel.DynType)),
 		cel.Variable("action", cel.MapType(cel.StringType, cel.DynType)),
@@ -417,5 +450,5 @@ func newCELEnv() (*cel.Env, error) {
 		cel.CrossTypeNumericComparisons(true),
 		cel.OptionalTypes(),
 		ext.Strings(),
-	)
+	)...)
 }

@@ -25,6 +25,9 @@ type ApprovalClaims struct {
 	RequestID             string   `json:"request_id"`
 	BindingHash           string   `json:"binding_hash"`
 	BindingContextMembers []string `json:"binding_context_members"`
+	// ActorHash binds the delegation chain of the approved call
+	// (authzen.ActorHash): the approval covers it through that agent only.
+	ActorHash string `json:"actor_hash"`
 	// Rule is the policy rule the approval satisfies.
 	Rule string `json:"rule"`
 	// Scope is "exact": the approval covers exactly the bound subject,
@@ -54,10 +57,12 @@ type ApprovalRecord struct {
 	// BindingContextMembers is the context member set the approval covers;
 	// scope is checked with this set, not the current rule's.
 	BindingContextMembers []string
-	Status                string
-	ApprovedAt            time.Time
-	ApprovedUntil         time.Time
-	GrantReadyAt          time.Time
+	// ActorHash is the approved call's delegation chain (authzen.ActorHash).
+	ActorHash     string
+	Status        string
+	ApprovedAt    time.Time
+	ApprovedUntil time.Time
+	GrantReadyAt  time.Time
 }
 
 // Approvals looks up approvals and records their use, for re-evaluation.
@@ -140,7 +145,12 @@ func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req
 	if err != nil {
 		return Outcome{}, err
 	}
-	if subtle.ConstantTimeCompare([]byte(hash), []byte(rec.BindingHash)) != 1 || rule.Name != rec.Rule {
+	actors, err := authzen.ActorHash(req.Subject)
+	if err != nil {
+		return Outcome{}, err
+	}
+	if subtle.ConstantTimeCompare([]byte(hash), []byte(rec.BindingHash)) != 1 || rule.Name != rec.Rule ||
+		rec.ActorHash == "" || subtle.ConstantTimeCompare([]byte(actors), []byte(rec.ActorHash)) != 1 {
 		return reRequest(authzen.ReasonOutOfScope)
 	}
 	if now.Before(rec.GrantReadyAt) {
@@ -197,7 +207,8 @@ func (e *Engine) verifyApproval(ctx context.Context, callerID string, raw any, n
 		e.opts.Log.Error("approval lookup failed", "error", err)
 		return nil, "approval could not be looked up"
 	}
-	if rec == nil || rec.ClientID != callerID || rec.BindingHash != c.BindingHash || !slices.Equal(rec.BindingContextMembers, c.BindingContextMembers) {
+	if rec == nil || rec.ClientID != callerID || rec.BindingHash != c.BindingHash || rec.ActorHash != c.ActorHash ||
+		!slices.Equal(rec.BindingContextMembers, c.BindingContextMembers) {
 		return nil, "unknown approval"
 	}
 	return rec, ""

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/identity"
 )
 
 // Principal is an authenticated MCP caller: the subject it acts for and the
@@ -54,6 +55,16 @@ func (c *Callers) Create(ctx context.Context, name, token string, p Principal) e
 	}
 	if p.SubjectType == "" {
 		p.SubjectType = "user"
+	}
+	// The backend refuses non-canonical identities at evaluation; a caller
+	// made with one could never get a decision, so refuse it here, by name.
+	for what, id := range map[string]string{"subject type": p.SubjectType, "subject": p.SubjectID, "actor": p.ActorID} {
+		if id == "" && what == "actor" {
+			continue
+		}
+		if err := identity.Check(id); err != nil {
+			return fmt.Errorf("mcp: the caller's %s %q %v", what, id, err)
+		}
 	}
 	h := sha256.Sum256([]byte(token))
 	_, err := c.DB.Exec(ctx, `INSERT INTO pep.callers (token_hash, name, subject_type, subject_id, actor_id, created_at) VALUES ($1, $2, $3, $4, $5, now())`,

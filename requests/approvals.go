@@ -24,11 +24,11 @@ type ApprovalStore struct {
 
 var _ evaluation.Approvals = (*ApprovalStore)(nil)
 
-const approvalColumns = `id, request_id, client_id, rule, binding_hash, binding_context_members, status, approved_at, approved_until, grant_ready_at`
+const approvalColumns = `id, request_id, client_id, rule, binding_hash, binding_context_members, actor_hash, status, approved_at, approved_until, grant_ready_at`
 
 func scanApproval(row pgx.Row) (*evaluation.ApprovalRecord, error) {
 	var a evaluation.ApprovalRecord
-	err := row.Scan(&a.ID, &a.RequestID, &a.ClientID, &a.Rule, &a.BindingHash, &a.BindingContextMembers, &a.Status,
+	err := row.Scan(&a.ID, &a.RequestID, &a.ClientID, &a.Rule, &a.BindingHash, &a.BindingContextMembers, &a.ActorHash, &a.Status,
 		&a.ApprovedAt, &a.ApprovedUntil, &a.GrantReadyAt)
 	return &a, err
 }

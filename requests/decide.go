@@ -15,6 +15,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/identity"
 	"github.com/omcp/arap/internal/fault"
 	"github.com/omcp/arap/signing"
 )
@@ -34,23 +35,24 @@ type Voter struct {
 	Groups []string
 	// ClientID is set for API clients.
 	ClientID string
-	// Identities are the subject and actor ids the voter is known by; nobody
-	// decides a request made for them or through them.
-	Identities []string
+	// Identities are who the voter is; nobody decides a request made for
+	// them or through them, whichever way the request spells them.
+	Identities []identity.ID
 	// Resolver marks the rule's own automated resolver.
 	Resolver bool
 }
 
-// UserVoter is a person deciding.
-func UserVoter(name string, identities, groups []string) Voter {
-	return Voter{ID: "user:" + name, Kind: "human", Name: name, Groups: groups, Identities: identities}
+// UserVoter is a person deciding, known by the given identities (user name,
+// e-mail address, and later the ids an identity provider gives).
+func UserVoter(name string, identities []identity.ID, groups []string) Voter {
+	return Voter{ID: "user:" + name, Kind: "human", Name: name, Groups: groups, Identities: append([]identity.ID{identity.Name(name)}, identities...)}
 }
 
 // ClientVoter is an API client deciding through the decision API. It is
-// known by its name and id, with and without the "client:" prefix.
+// known by its name and id ("client:<name>" names it too).
 func ClientVoter(id, name, kind string) Voter {
 	return Voter{ID: "client:" + name, Kind: kind, Name: name, ClientID: id,
-		Identities: []string{name, id, "client:" + name}}
+		Identities: []identity.ID{identity.Name(name), identity.Name(id)}}
 }
 
 func resolverVoter(rule string, r *evaluation.Resolver) Voter {
@@ -100,8 +102,14 @@ func Eligible(v Voter, r *Request, now time.Time) error {
 	if !Names(v, r) {
 		return refuse(authzen.ProblemIneligibleApprover, "%s is not among the deciders of this request (%s)", v.ID, describeDeciders(r.ApprovalPolicy))
 	}
-	for _, id := range r.involved() {
-		if slices.ContainsFunc(v.Identities, func(x string) bool { return strings.EqualFold(x, id) }) {
+	involved, err := r.involvedIDs()
+	if err != nil {
+		// Stored before chains were checked whole: nobody can be shown
+		// not to be in it, so nobody decides it.
+		return refuse(authzen.ProblemIneligibleApprover, "the request's actor chain cannot be read whole (%v), so nobody may decide it", err)
+	}
+	for _, id := range involved {
+		if identity.Any(v.Identities, id) {
 			return refuse(authzen.ProblemIneligibleApprover, "%s cannot decide a request made on their behalf or through them (%q)", v.ID, id)
 		}
 	}
@@ -131,29 +139,34 @@ func MayDecide(v Voter, r *Request, votes []Vote, now time.Time) (bool, string) 
 
 // Involved lists the ids a request is for or through: its subject and every
 // actor in its chains.
-func (r *Request) Involved() []string { return r.involved() }
+func (r *Request) Involved() []string {
+	ids, _ := r.involvedIDs()
+	return ids
+}
 
-// involved lists the ids a request is for or through, each once, in order:
-// the subject and every actor in subject.properties.act and client.actor
-// (the same agent usually appears in both).
-func (r *Request) involved() []string {
+// involvedIDs lists the ids a request is for or through, each once, in
+// order: the subject and every actor in subject.properties.act and
+// client.actor (the same agent usually appears in both), walked by
+// authzen.ActorChain as the submission's actor check walked them.
+func (r *Request) involvedIDs() ([]string, error) {
 	ids := []string{r.Subject.Str("id")}
-	walk := func(act map[string]any, key string) {
-		for depth := 0; act != nil && depth < 16; depth++ {
-			if id, _ := act[key].(string); id != "" && !slices.Contains(ids, id) {
-				ids = append(ids, id)
-			}
-			act, _ = act["act"].(map[string]any)
-			key = "sub"
-		}
-	}
-	if act, ok := r.Subject.Obj("properties")["act"].(map[string]any); ok {
-		walk(act, "sub")
+	chain, err := authzen.SubjectActors(r.Subject)
+	if err != nil {
+		return ids, err
 	}
 	if r.ClientInfo != nil && r.ClientInfo.Actor != nil {
-		walk(r.ClientInfo.Actor, "id")
+		client, err := authzen.ActorChain(r.ClientInfo.Actor, "id", "/client/actor")
+		if err != nil {
+			return ids, err
+		}
+		chain = append(chain, client...)
 	}
-	return ids
+	for _, id := range chain {
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
 }
 
 func describeDeciders(p evaluation.ApprovalPolicy) string {
@@ -287,13 +300,19 @@ func (s *Service) approveTx(ctx context.Context, tx pgx.Tx, r *Request, votes []
 	}
 	until = until.Truncate(time.Second)
 	approvalID := "apr_" + rand.Text()
+	// The submission was checked against the binding_token's actor_hash, so
+	// the stored subject carries the evaluated chain.
+	actors, err := authzen.ActorHash(r.Subject)
+	if err != nil {
+		return nil, fmt.Errorf("requests: actor hash: %w", err)
+	}
 	if _, err := tx.Exec(ctx, `UPDATE arap.approvals SET status = 'superseded', revoked_at = $3, revoked_by = $4, revoke_reason = 'superseded'
-		WHERE client_id = $1 AND binding_hash = $2 AND status = 'active'`, r.ClientID, r.BindingHash, now, "request:"+r.ID); err != nil {
+		WHERE client_id = $1 AND binding_hash = $2 AND actor_hash = $5 AND status = 'active'`, r.ClientID, r.BindingHash, now, "request:"+r.ID, actors); err != nil {
 		return nil, fmt.Errorf("requests: supersede approvals: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO arap.approvals (id, request_id, client_id, rule, binding_hash, binding_context_members,
-		status, approved_at, approved_until, grant_ready_at) VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $8, $9)`,
-		approvalID, r.ID, r.ClientID, r.Rule, r.BindingHash, r.BindingContextMembers, now, until, now.Add(p.GrantDelay)); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO arap.approvals (id, request_id, client_id, rule, binding_hash, binding_context_members, actor_hash,
+		status, approved_at, approved_until, grant_ready_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'active', $8, $9, $10)`,
+		approvalID, r.ID, r.ClientID, r.Rule, r.BindingHash, r.BindingContextMembers, actors, now, until, now.Add(p.GrantDelay)); err != nil {
 		return nil, fmt.Errorf("requests: insert approval: %w", err)
 	}
 	jti := make([]byte, 12)
@@ -304,7 +323,7 @@ func (s *Service) approveTx(ctx context.Context, tx pgx.Tx, r *Request, votes []
 			IssuedAt: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(until), ID: fmt.Sprintf("%x", jti),
 		},
 		ApprovalID: approvalID, RequestID: r.ID, BindingHash: r.BindingHash, BindingContextMembers: r.BindingContextMembers,
-		Rule: r.Rule, Scope: evaluation.ScopeExact, AuthorizedParty: r.ClientID,
+		ActorHash: actors, Rule: r.Rule, Scope: evaluation.ScopeExact, AuthorizedParty: r.ClientID,
 	})
 	if err != nil {
 		return nil, err

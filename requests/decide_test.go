@@ -12,16 +12,25 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/identity"
 	"github.com/omcp/arap/requests"
 )
 
 var (
-	bob   = requests.UserVoter("bob", []string{"bob", "bob@example.com"}, []string{"treasury"})
-	carol = requests.UserVoter("carol", []string{"carol"}, []string{"treasury"})
-	dave  = requests.UserVoter("dave", []string{"dave"}, []string{"platform"})
-	erin  = requests.UserVoter("erin", []string{"erin"}, []string{"platform"})
-	alice = requests.UserVoter("alice", []string{"alice", "alice@example.com"}, []string{"treasury"})
+	bob   = requests.UserVoter("bob", names("bob", "bob@example.com"), []string{"treasury"})
+	carol = requests.UserVoter("carol", names("carol"), []string{"treasury"})
+	dave  = requests.UserVoter("dave", names("dave"), []string{"platform"})
+	erin  = requests.UserVoter("erin", names("erin"), []string{"platform"})
+	alice = requests.UserVoter("alice", names("alice", "alice@example.com"), []string{"treasury"})
 )
+
+func names(ss ...string) []identity.ID {
+	var out []identity.ID
+	for _, s := range ss {
+		out = append(out, identity.Name(s))
+	}
+	return out
+}
 
 func (f *fixture) clientVoter(name, kind string) requests.Voter {
 	c, _, err := clients.NewStore(f.db).Create(context.Background(), clients.New{Name: name, Scopes: []string{"decide"}, Kind: kind}, "test")
@@ -53,7 +62,7 @@ func TestEligibility(t *testing.T) {
 	}{
 		{"the subject approving their own request", "alice", alice, `on their behalf or through them ("alice")`},
 		{"matched by email, case-insensitively", "BOB@example.com", bob, "on their behalf"},
-		{"the actor the request was made through", "alice", requests.UserVoter("agent:demo", []string{"agent:demo"}, []string{"treasury"}), `("agent:demo")`},
+		{"the actor the request was made through", "alice", requests.UserVoter("agent:demo", names("agent:demo"), []string{"treasury"}), `("agent:demo")`},
 		{"the client that submitted it", "alice", pepVoter, "submitted this request"},
 		{"someone outside the approver groups", "alice", dave, "not among the deciders"},
 		{"a client kind the rule does not name", "alice", requests.ClientVoter("cli_x", "x", "agent"), "not among the deciders"},
@@ -290,4 +299,52 @@ func TestResolversWaitForTheWindowAndFollowAttributes(t *testing.T) {
 	got, err = f.svc.Load(ctx, r.ID)
 	require.NoError(t, err)
 	require.Equal(t, requests.Approved, got.Status)
+}
+
+// TestResolversSeeOnlyDeclaredContext: an agent can add any member to the
+// request context (ARAP makes it an extension point, so it is kept), but an
+// automated resolver reads only the members the rule's request schema
+// declares: "approved_by": "CFO" approves nothing.
+func TestResolversSeeOnlyDeclaredContext(t *testing.T) {
+	f := setupWith(t, "testdata/resolution.yaml")
+	ctx := context.Background()
+	submit := func(tool string, context map[string]any) *requests.Request {
+		req := toolCall(tool, map[string]any{"amount": 10})
+		d, hint := f.deny(f.pep, req)
+		req.Context = context
+		res, err := f.svc.Submit(ctx, f.pep, "", mustJSON(t, submission(req, d, hint)))
+		require.NoError(t, err)
+		return res.Request
+	}
+	status := func(id string) requests.Status {
+		got, err := f.svc.Load(ctx, id)
+		require.NoError(t, err)
+		return got.Status
+	}
+
+	forged := submit("expense", map[string]any{"ticket": "none", "approved_by": "CFO"})
+	require.Equal(t, map[string]any{"ticket": "none", "approved_by": "CFO"}, map[string]any(forged.Context), "the extra member is kept")
+	declared, extra := forged.SplitContext()
+	require.Equal(t, authzen.Object{"ticket": "none"}, declared)
+	require.Equal(t, authzen.Object{"approved_by": "CFO"}, extra)
+	_, err := f.svc.Resolve(ctx, forged.ID)
+	require.NoError(t, err)
+	require.Equal(t, requests.Pending, status(forged.ID), "a resolver reading an undeclared member decides nothing")
+	votes, err := f.svc.Votes(ctx, forged.ID)
+	require.NoError(t, err)
+	require.Empty(t, votes)
+
+	forged = submit("expense_has", map[string]any{"approved_by": "CFO"})
+	_, err = f.svc.Resolve(ctx, forged.ID)
+	require.NoError(t, err)
+	require.Equal(t, requests.Pending, status(forged.ID), "to a resolver, an undeclared member is absent")
+
+	// A declared member is read.
+	ok := submit("expense", map[string]any{"ticket": "CHG42", "approved_by": "CFO"})
+	_, err = f.svc.Resolve(ctx, ok.ID)
+	require.NoError(t, err)
+	require.Equal(t, requests.Approved, status(ok.ID))
+	votes, err = f.svc.Votes(ctx, ok.ID)
+	require.NoError(t, err)
+	require.Equal(t, "resolver:expense.ticket_ok", votes[0].Voter)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,6 +40,26 @@ type Request struct {
 	ApprovalPolicy evaluation.ApprovalPolicy
 	// Callback is the callback the submission registered, if any.
 	Callback *authzen.Callback
+}
+
+// SplitContext parts the submitted context into the members the rule
+// declared (ApprovalPolicy.DeclaredContext, as it was at submission) and the
+// rest: extra members the requester added that nobody asked for and nothing
+// checked. Both were stated by the requester; only the declared ones were
+// validated against the request schema or bound to the evaluation. Either
+// result may be nil.
+func (r *Request) SplitContext() (declared, extra authzen.Object) {
+	for k, v := range r.Context {
+		dst := &extra
+		if slices.Contains(r.ApprovalPolicy.DeclaredContext, k) {
+			dst = &declared
+		}
+		if *dst == nil {
+			*dst = authzen.Object{}
+		}
+		(*dst)[k] = v
+	}
+	return declared, extra
 }
 
 const requestColumns = `id, client_id, status, coalesce(status_reason, ''), rule, subject, resource, action, context,

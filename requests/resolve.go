@@ -61,7 +61,11 @@ func (s *Service) Resolve(ctx context.Context, id string) (time.Time, error) {
 		return time.Time{}, nil
 	}
 	now := s.now()
-	res, err := s.cfg.Policy.Resolve(ctx, rule, authzen.EvaluationRequest{Subject: r.Subject, Resource: r.Resource, Action: r.Action, Context: r.Context}, now)
+	// Resolvers read only the context the rule declared: anything else the
+	// requester added (an "approved_by": "CFO", say) was never asked for
+	// nor checked, so it must not decide anything.
+	declared, _ := r.SplitContext()
+	res, err := s.cfg.Policy.Resolve(ctx, rule, authzen.EvaluationRequest{Subject: r.Subject, Resource: r.Resource, Action: r.Action, Context: declared}, now)
 	if err != nil {
 		// A resolver that cannot evaluate decides nothing; people still can.
 		s.cfg.Log.Warn("automated resolver failed", "request_id", id, "error", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/identity"
 	"github.com/omcp/arap/signing"
 )
 
@@ -210,23 +211,25 @@ func unknownMembers(obj map[string]json.RawMessage, known []string, prefix strin
 
 // checkActors verifies that the caller may assert every actor it names, in
 // client.actor (and its act chain) and in subject.properties.act: ARAP
-// requires the whole claimed chain to be authorized by the caller.
+// requires the whole claimed chain to be authorized by the caller. The
+// chains are walked by authzen.ActorChain, as eligibility walks them, so a
+// chain too deep to check whole is refused rather than checked in part.
 func checkActors(caller Caller, sub *authzen.Submission) error {
-	var ids []string
-	var walk func(act map[string]any, idKey string)
-	walk = func(act map[string]any, idKey string) {
-		for depth := 0; act != nil && depth < 16; depth++ {
-			id, _ := act[idKey].(string)
-			ids = append(ids, id)
-			act, _ = act["act"].(map[string]any)
-			idKey = "sub"
-		}
+	ids, err := authzen.SubjectActors(sub.Subject)
+	if err != nil {
+		return refuse(authzen.ProblemInvalidRequest, "%v", err)
 	}
 	if sub.Client != nil && sub.Client.Actor != nil {
-		walk(sub.Client.Actor, "id")
-	}
-	if act, ok := sub.Subject.Obj("properties")["act"].(map[string]any); ok {
-		walk(act, "sub")
+		client, err := authzen.ActorChain(sub.Client.Actor, "id", "/client/actor")
+		if err != nil {
+			return refuse(authzen.ProblemInvalidRequest, "%v", err)
+		}
+		for _, id := range client {
+			if err := identity.Check(id); err != nil {
+				return refuse(authzen.ProblemInvalidRequest, "/client/actor: the actor identifier %v", err)
+			}
+		}
+		ids = append(client, ids...)
 	}
 	for _, id := range ids {
 		if id == "" {
@@ -302,6 +305,13 @@ func (s *Service) verifyBinding(ctx context.Context, caller Caller, sub *authzen
 	}
 	if subtle.ConstantTimeCompare([]byte(hash), []byte(c.BindingHash)) != 1 {
 		return nil, invalid("the submission's subject, resource, action or %s does not match the denied evaluation", describeMembers(c.BindingContextMembers))
+	}
+	actors, err := authzen.ActorHash(sub.Subject)
+	if err != nil {
+		return nil, invalid("cannot compute the actor binding of this submission: %v", err)
+	}
+	if c.ActorHash == "" || subtle.ConstantTimeCompare([]byte(actors), []byte(c.ActorHash)) != 1 {
+		return nil, invalid("the submission's actor chain (subject.properties.act) is not the one of the denied evaluation; the agent is part of what is approved")
 	}
 	if d.EvaluationID != "" && d.EvaluationID != c.EvaluationID {
 		return nil, invalid("denial.evaluation_id does not match the binding_token")

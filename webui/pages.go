@@ -120,14 +120,20 @@ func (u *UI) showRequest(w http.ResponseWriter, r *http.Request, id string, stat
 		u.fail(w, r, err)
 		return
 	}
+	n := notes{list: it.Hidden, omitted: it.HiddenOmitted}
+	for _, a := range it.Audit {
+		n.text("the audit trail ("+a.Kind+")", a.Actor)
+		n.text("the audit trail ("+a.Kind+")", auditData(a.Data))
+	}
+	it.Hidden, it.HiddenOmitted = n.list, n.omitted
 	u.render(w, r, "request", status, page{Title: titleOf(it), User: s.user, CSRF: s.csrf, Refresh: problem == "", Data: it, Error: problem})
 }
 
 func titleOf(it Item) string {
 	if it.Title != "" {
-		return it.Title + ": " + it.Tool
+		return plain(it.Title + ": " + it.Tool)
 	}
-	return "Request for " + it.Tool
+	return "Request for " + plain(it.Tool)
 }
 
 // decide records the person's vote. The form carries the CSRF token; the

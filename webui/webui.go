@@ -245,19 +245,33 @@ func (u *UI) logout(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 }
 
-// Item is a request as the pages show it.
+// Item is a request as the pages show it. What the requester stated
+// (subject, agent, tool, arguments, context) is kept apart from what policy
+// derived (rule, display text, quorum, the evaluation it came from).
 type Item struct {
-	ID            string
-	Status        string
-	StatusReason  string
-	Rule          string
-	Title         string
-	Why           string
-	Tool          string
-	Arguments     []Field
-	Subject       string
-	Actor         string
-	Context       []Field
+	ID           string
+	Status       string
+	StatusReason string
+	// From policy.
+	Rule         string
+	Title        string
+	Why          string
+	EvaluationID string
+	BoundMembers []string
+	// Stated by the requester.
+	Tool        string
+	Arguments   []Field
+	Subject     string
+	Actor       string
+	SubmittedBy string
+	// Answers are the context members the rule asks for; Extra the ones it
+	// does not (not asked for, not checked, unseen by automated resolvers).
+	Answers []Field
+	Extra   []Field
+	// Hidden lists the hidden and look-alike characters on the page.
+	Hidden        []Note
+	HiddenOmitted int
+
 	CreatedAt     time.Time
 	ExpiresAt     time.Time
 	TimeLeft      string
@@ -280,7 +294,8 @@ type Field struct {
 func (u *UI) item(r *requests.Request, votes []requests.Vote, v requests.Voter) Item {
 	it := Item{ID: r.ID, Status: string(r.Status), StatusReason: r.StatusReason, Rule: r.Rule, Tool: r.Resource.Str("id"),
 		Subject: r.Subject.Str("type") + " " + r.Subject.Str("id"), CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt,
-		Quorum: r.ApprovalPolicy.Quorum, RequireHumans: r.ApprovalPolicy.RequireHumans, Votes: votes}
+		Quorum: r.ApprovalPolicy.Quorum, RequireHumans: r.ApprovalPolicy.RequireHumans, Votes: votes,
+		EvaluationID: r.EvaluationID, BoundMembers: r.BindingContextMembers, SubmittedBy: r.ClientID}
 	if it.StatusReason == it.Status {
 		it.StatusReason = ""
 	}
@@ -294,12 +309,13 @@ func (u *UI) item(r *requests.Request, votes []requests.Vote, v requests.Voter) 
 		it.Tool = r.Resource.Str("type") + ":" + r.Resource.Str("id") + " (" + r.Action.Str("name") + ")"
 	}
 	args, _ := r.Resource.Obj("properties")["arguments"].(map[string]any)
-	it.Arguments = fields(args)
 	if len(args) == 0 {
-		it.Arguments = fields(r.Resource.Obj("properties"))
+		args = r.Resource.Obj("properties")
 	}
+	it.Arguments = fields(args)
 	it.Actor = strings.Join(r.Involved()[1:], " → ")
-	it.Context = fields(r.Context)
+	declared, extra := r.SplitContext()
+	it.Answers, it.Extra = fields(declared), fields(extra)
 	if left := time.Until(r.ExpiresAt); r.Status == requests.Pending && left > 0 {
 		it.TimeLeft = humanize(left)
 	}
@@ -312,6 +328,23 @@ func (u *UI) item(r *requests.Request, votes []requests.Vote, v requests.Voter) 
 	if r.Result != nil && r.Result.Approval != nil {
 		it.Approval = "valid until " + r.Result.Approval.ApprovedUntil.UTC().Format("2006-01-02 15:04 MST")
 	}
+
+	var n notes
+	n.text("the title (from policy)", it.Title)
+	n.text("the description (from policy)", it.Why)
+	n.text("the tool", it.Tool)
+	n.text("the subject", it.Subject)
+	n.text("the agent", it.Actor)
+	n.value("argument", args)
+	n.value("answer", map[string]any(declared))
+	n.value("extra context member", map[string]any(extra))
+	n.text("the status reason", it.StatusReason)
+	n.text("why you cannot decide", it.WhyNot)
+	for _, vt := range votes {
+		n.text("the voter "+vt.Voter, vt.Voter)
+		n.text("the reason of "+vt.Voter, vt.Reason)
+	}
+	it.Hidden, it.HiddenOmitted = n.list, n.omitted
 	return it
 }
 
@@ -336,8 +369,12 @@ func fields(m map[string]any) []Field {
 		case nil:
 			f.Value = "null"
 		default:
-			b, _ := json.MarshalIndent(v, "", "  ")
-			f.Value, f.Multiline = string(b), true
+			var b strings.Builder
+			enc := json.NewEncoder(&b)
+			enc.SetEscapeHTML(false) // the page escapes; \u003c would only obscure
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(v)
+			f.Value, f.Multiline = strings.TrimSuffix(b.String(), "\n"), true
 		}
 		out = append(out, f)
 	}
@@ -378,7 +415,12 @@ func humanize(d time.Duration) string {
 }
 
 var funcs = template.FuncMap{
-	"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
+	"show":      show,
+	"showBlock": showBlock,
+	"showField": showField,
+	"plain":     plain,
+	"marker":    marker,
+	"when":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
 	"ago": func(t time.Time) string {
 		d := time.Since(t)
 		if d < time.Minute {
@@ -386,17 +428,20 @@ var funcs = template.FuncMap{
 		}
 		return humanize(d) + " ago"
 	},
-	"data": func(raw json.RawMessage) string {
-		var m map[string]any
-		if json.Unmarshal(raw, &m) != nil {
-			return string(raw)
+	"data": auditData,
+}
+
+// auditData is an audit event's data in one line: "name: value; ...".
+func auditData(raw json.RawMessage) string {
+	var m map[string]any
+	if json.Unmarshal(raw, &m) != nil {
+		return string(raw)
+	}
+	var parts []string
+	for _, f := range fields(m) {
+		if f.Value != "" && f.Value != "null" {
+			parts = append(parts, f.Name+": "+strings.ReplaceAll(f.Value, "\n", " "))
 		}
-		var parts []string
-		for _, f := range fields(m) {
-			if f.Value != "" && f.Value != "null" {
-				parts = append(parts, f.Name+": "+strings.ReplaceAll(f.Value, "\n", " "))
-			}
-		}
-		return strings.Join(parts, "; ")
-	},
+	}
+	return strings.Join(parts, "; ")
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/internal/visible"
 	"github.com/omcp/arap/requests"
 )
 
@@ -267,4 +268,106 @@ func mustURL(t *testing.T, s string) *url.URL {
 	u, err := url.Parse(s)
 	require.NoError(t, err)
 	return u
+}
+
+const displayPolicy = `version: 1
+rules:
+  - name: expense
+    match: {resource_id: expense}
+    effect: request
+    display: {title: Expense approval, description: Expenses need one treasury approval.}
+    approval: {groups: [treasury], kinds: [itsm]}
+    request_schema:
+      type: object
+      properties:
+        context:
+          type: object
+          properties:
+            ticket: {type: string}
+`
+
+// rawHidden lists the characters of a page a person could not see or could
+// mistake, outside the template's own line breaks.
+func rawHidden(page string) []string {
+	var out []string
+	for _, f := range visible.Scan(page, true) {
+		out = append(out, f.Label())
+	}
+	return out
+}
+
+// TestRequestPageMarksHiddenCharactersAndLabelsSources: the request page
+// warns at the top and lists the exact code points; values show markers, and
+// no hidden character reaches the page raw; what the requester stated is
+// labelled so and kept apart from policy, with unasked context folded away.
+func TestRequestPageMarksHiddenCharactersAndLabelsSources(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{Policy: []byte(displayPolicy)})
+	id := env.Submit(t, map[string]any{
+		"subject": map[string]any{"type": "user", "id": "alice"},
+		"action":  map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{
+			"to": "acct-\u202e199\u202c", "n\u200bote": "<script>alert(1)</script>", "payee": "p\u0430ypal", "nested": map[string]any{"k": "v\u2066"}}}},
+		"context": map[string]any{"ticket": "CHG-7", "approved_by": "CFO"},
+	})
+	clean := env.Submit(t, map[string]any{
+		"subject":  map[string]any{"type": "user", "id": "alice"},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{"to": "acct-991"}}},
+	})
+	bob := newBrowser(t, env.URL)
+	require.Equal(t, http.StatusSeeOther, bob.signIn("bob", dev.Password).status)
+
+	p := bob.get("/ui/requests/" + id)
+	require.Equal(t, 200, p.status)
+	require.Empty(t, rawHidden(p.body), "no hidden character reaches the page")
+	warning := p.body[strings.Index(p.body, `id="hidden-warning"`):strings.Index(p.body, "<h1>")]
+	for _, code := range []string{"U+202E</mark> <span class=\"code-name\">RIGHT-TO-LEFT OVERRIDE</span> (bidirectional formatting) in <bdi class=\"val\">argument “to”</bdi>", "U+202C", "U+200B", "U+0430", "U+2066"} {
+		require.Contains(t, warning, code)
+	}
+	require.Contains(t, warning, `in <bdi class="val">argument “n<mark class="hidden-char"`, "the place is named, marked too")
+	require.Contains(t, p.body, `<bdi class="val">acct-<mark class="hidden-char" title="U+202E RIGHT-TO-LEFT OVERRIDE: bidirectional formatting">U+202E</mark>199<mark class="hidden-char" title="U+202C POP DIRECTIONAL FORMATTING: bidirectional formatting">U+202C</mark></bdi>`)
+	require.Contains(t, p.body, `<dt><bdi class="val">n<mark class="hidden-char" title="U+200B ZERO WIDTH SPACE: invisible character">U+200B</mark>ote</bdi></dt>`, "argument names are marked")
+	require.Contains(t, p.body, "&lt;script&gt;alert(1)&lt;/script&gt;")
+	require.NotContains(t, p.body, "<script>alert")
+	require.Less(t, strings.Index(p.body, `id="hidden-warning"`), strings.Index(p.body, `id="args-h"`), "the warning comes first")
+
+	// Who said what.
+	answers := p.body[strings.Index(p.body, `id="answers"`):]
+	answers = answers[:strings.Index(answers, "</section>")]
+	require.Contains(t, answers, "The requester's answers")
+	require.Contains(t, answers, "Stated by the requester")
+	require.Contains(t, answers, "CHG-7")
+	require.NotContains(t, answers, "approved_by")
+	extra := p.body[strings.Index(p.body, `<details class="card extra" id="extra-context">`):]
+	extra = extra[:strings.Index(extra, "</details>")]
+	require.Contains(t, extra, "<summary>Extra, not asked for, not checked (1)</summary>")
+	require.Contains(t, extra, "approved_by")
+	require.Contains(t, extra, "CFO")
+	require.NotContains(t, extra, " open", "folded away")
+	policy := p.body[strings.Index(p.body, `class="card from-policy"`):]
+	policy = policy[:strings.Index(policy, "</section>")]
+	require.Contains(t, policy, "From policy, not from the requester.")
+	require.Contains(t, policy, "Expenses need one treasury approval.")
+	require.NotContains(t, policy, "CFO")
+	args := p.body[strings.Index(p.body, `id="args-h"`):]
+	require.Contains(t, args[:strings.Index(args, "</section>")], "Stated by the requester")
+
+	// The queue and the history flag it; a clean request has no warning.
+	queue := bob.get("/ui/")
+	require.Empty(t, rawHidden(queue.body))
+	row := queue.body[strings.Index(queue.body, `data-request="`+id+`"`):]
+	require.Contains(t, row[:strings.Index(row, "</li>")], "hidden-badge")
+	row = queue.body[strings.Index(queue.body, `data-request="`+clean+`"`):]
+	require.NotContains(t, row[:strings.Index(row, "</li>")], "hidden-badge")
+	require.NotContains(t, bob.get("/ui/requests/"+clean).body, `id="hidden-warning"`)
+
+	d := bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"deny"}, "reason": {"looks \u202eodd"}, "csrf": {csrf(t, p)}})
+	require.Equal(t, http.StatusSeeOther, d.status, "%s", d.body)
+	hist := bob.get("/ui/history")
+	require.Empty(t, rawHidden(hist.body))
+	require.Contains(t, hist.body, "hidden-badge")
+	require.Contains(t, hist.body, `looks <mark class="hidden-char"`, "vote reasons are marked")
+	p = bob.get("/ui/requests/" + id)
+	require.Empty(t, rawHidden(p.body), "votes and the audit trail are marked too")
+	require.Contains(t, p.body, "in <bdi class=\"val\">the reason of user:bob</bdi>")
 }

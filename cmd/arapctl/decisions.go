@@ -12,9 +12,11 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf16"
 
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/visible"
 )
 
 // apiClient calls the decision API.
@@ -98,17 +100,21 @@ func decisions(cmd string, args []string, out io.Writer) error {
 			return err
 		}
 		if *asJSON {
-			return json.NewEncoder(out).Encode(page)
+			return writeEscaped(out, page, false)
 		}
 		tw := tabwriter.NewWriter(out, 0, 2, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSTATUS\tRULE\tSUBJECT\tRESOURCE\tPROGRESS\tEXPIRES\tYOU MAY DECIDE")
+		fmt.Fprintln(tw, "ID\tSTATUS\tRULE\tSUBJECT\tRESOURCE\tPROGRESS\tEXPIRES\tYOU MAY DECIDE\tHIDDEN CHARACTERS")
 		for _, v := range page.Requests {
 			may := "yes"
 			if !v.YouMayDecide {
 				may = "no: " + v.Why
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s:%s\t%d/%d\t%s\t%s\n", v.ID, v.Status, v.Rule, v.Subject.Str("id"),
-				v.Resource.Str("type"), v.Resource.Str("id"), v.Progress.Approvals, v.Progress.Quorum, v.ExpiresAt.Format(time.RFC3339), may)
+			hidden := "-"
+			if n := len(v.HiddenCharacters) + v.HiddenOmitted; n > 0 {
+				hidden = fmt.Sprintf("%d (requests show %s)", n, v.ID)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s:%s\t%d/%d\t%s\t%s\t%s\n", v.ID, v.Status, v.Rule, mark(v.Subject.Str("id")),
+				mark(v.Resource.Str("type")), mark(v.Resource.Str("id")), v.Progress.Approvals, v.Progress.Quorum, v.ExpiresAt.Format(time.RFC3339), mark(may), hidden)
 		}
 		return tw.Flush()
 	case "requests show":
@@ -120,9 +126,10 @@ func decisions(cmd string, args []string, out io.Writer) error {
 		if err := c.call("GET", "/v1/requests/"+id, nil, &v); err != nil {
 			return err
 		}
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
+		if *asJSON {
+			return writeEscaped(out, v, true)
+		}
+		return showRequest(out, v)
 	case "requests approve", "requests deny":
 		id, err := oneID()
 		if err != nil {
@@ -200,4 +207,90 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// mark shows a string for a terminal: every character a person could not
+// see or could mistake becomes a marker such as <U+202E>, so none can hide
+// or reorder what is printed around it.
+func mark(s string) string { return visible.Marked(s, false) }
+
+// showRequest prints a request for a person: a warning listing the hidden
+// and look-alike characters, then the request as indented JSON whose
+// strings and member names carry markers in their place.
+func showRequest(out io.Writer, v arap.RequestView) error {
+	if len(v.HiddenCharacters) > 0 {
+		fmt.Fprintln(out, "WARNING: this request contains hidden or look-alike characters, shown below as <U+XXXX> markers:")
+		for _, h := range v.HiddenCharacters {
+			where := h.Pointer
+			if h.InName {
+				where += " (in the member name)"
+			}
+			fmt.Fprintf(out, "  %s %s (%s) at %s\n", h.Code, h.Name, h.Why, mark(where))
+		}
+		if v.HiddenOmitted > 0 {
+			fmt.Fprintf(out, "  and %d more\n", v.HiddenOmitted)
+		}
+		fmt.Fprintln(out)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var doc any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return err
+	}
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(markAll(doc))
+}
+
+// markAll marks every string and member name of a decoded JSON value.
+func markAll(v any) any {
+	switch x := v.(type) {
+	case string:
+		return mark(x)
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, val := range x {
+			out[mark(k)] = markAll(val)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, val := range x {
+			out[i] = markAll(val)
+		}
+		return out
+	}
+	return v
+}
+
+// writeEscaped writes v as exact JSON for programs, with every invisible
+// character written as a \uXXXX escape: the data is unchanged, and a
+// terminal showing it cannot be made to hide or reorder anything.
+func writeEscaped(out io.Writer, v any, indent bool) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	if indent {
+		enc.SetIndent("", "  ")
+	}
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	// Outside strings JSON is ASCII, so every such rune is inside a string,
+	// where an escape means the same character.
+	var b strings.Builder
+	for _, r := range buf.String() {
+		if _, hidden := visible.Hidden(r); hidden && r != '\n' {
+			for _, u := range utf16.Encode([]rune{r}) {
+				fmt.Fprintf(&b, "\\u%04x", u)
+			}
+			continue
+		}
+		b.WriteRune(r)
+	}
+	_, err := io.WriteString(out, b.String())
+	return err
 }

@@ -208,3 +208,63 @@ func jsonRoundTrip(in, out any) error {
 	}
 	return json.Unmarshal(b, out)
 }
+
+// TestShowMarksHiddenCharacters: `requests show` never prints a character a
+// person could not see: it warns and prints markers in their place; with
+// --json the exact data comes out with such characters escaped.
+func TestShowMarksHiddenCharacters(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{Policy: []byte(`version: 1
+rules:
+  - name: expense
+    match: {resource_id: expense}
+    effect: request
+    approval: {kinds: [itsm]}
+`)})
+	t.Setenv("ARAP_URL", env.URL)
+	t.Setenv("ARAP_TOKEN", dev.ITSMToken)
+	call := map[string]any{
+		"subject":  map[string]any{"type": "user", "id": "alice"},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{"to": "acct-\u202e199\u202c", "n\u200bote": "p\u0430y"}}},
+	}
+	c := apiClient{base: env.URL, token: dev.PEPToken, http: http.DefaultClient}
+	var d authzen.Decision
+	require.NoError(t, c.call("POST", "/access/v1/evaluation", call, &d))
+	var hint authzen.AccessRequestHint
+	require.NoError(t, jsonRoundTrip(d.Context["access_request"], &hint))
+	call["denial"] = map[string]any{"expires_at": hint.ExpiresAt, "binding_token": hint.BindingToken}
+	var resp authzen.TaskResponse
+	require.NoError(t, c.call("POST", "/access/v1/requests", call, &resp))
+	id := resp.Task.ID
+
+	out, err := ctl(t, "requests", "show", id)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(out, "WARNING: this request contains hidden or look-alike characters"), out)
+	for _, want := range []string{
+		"U+202E RIGHT-TO-LEFT OVERRIDE (bidirectional formatting) at /resource/properties/arguments/to",
+		"U+200B ZERO WIDTH SPACE (invisible character) at /resource/properties/arguments/n<U+200B>ote (in the member name)",
+		"U+0430 CYRILLIC SMALL LETTER A",
+		`"to": "acct-<U+202E>199<U+202C>"`,
+		`"n<U+200B>ote": "p<U+0430>y"`,
+	} {
+		require.Contains(t, out, want)
+	}
+	for _, raw := range []string{"\u202e", "\u202c", "\u200b", "\u0430"} {
+		require.NotContains(t, out, raw, "no raw %U in what a person reads", []rune(raw)[0])
+	}
+
+	out, err = ctl(t, "requests", "show", id, "--json")
+	require.NoError(t, err)
+	require.Contains(t, out, `"to": "acct-\u202e199\u202c"`, "escaped, not raw")
+	for _, raw := range []string{"\u202e", "\u202c", "\u200b"} {
+		require.NotContains(t, out, raw)
+	}
+	var v map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &v), "still exact JSON")
+	require.Equal(t, "acct-\u202e199\u202c", v["resource"].(map[string]any)["properties"].(map[string]any)["arguments"].(map[string]any)["to"])
+
+	out, err = ctl(t, "requests", "list")
+	require.NoError(t, err)
+	require.Contains(t, out, "HIDDEN CHARACTERS")
+	require.Contains(t, out, "4 (requests show "+id+")")
+}

@@ -1,13 +1,19 @@
 package dev_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/signing"
 )
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
 
 // TestSeedPolicyCompiles keeps the dev policy valid as the format evolves.
 func TestSeedPolicyCompiles(t *testing.T) {
@@ -23,4 +29,48 @@ func TestSeedPolicyCompiles(t *testing.T) {
 	r, _ = p.Rule("deploy_service")
 	require.Len(t, r.Resolvers, 2)
 	require.True(t, r.Approval.Automated)
+}
+
+// TestSeedPolicyRefusesHiddenCharactersInTransfers: the dev policy refuses a
+// wire_transfer whose arguments an approver could misread, before any rule
+// could make it requestable or allow it.
+func TestSeedPolicyRefusesHiddenCharactersInTransfers(t *testing.T) {
+	p, err := evaluation.Parse("policy.yaml", dev.SeedPolicy())
+	require.NoError(t, err)
+	var wire []string
+	for _, r := range p.Rules {
+		if r.Match.ResourceID == "wire_transfer" {
+			wire = append(wire, r.Name)
+		}
+	}
+	require.Equal(t, "wire_transfer_hidden_characters", wire[0], "tried before every other wire_transfer rule: %v", wire)
+	r, _ := p.Rule("wire_transfer_hidden_characters")
+	require.Equal(t, evaluation.EffectDeny, r.Effect)
+	require.Equal(t, "hidden_characters", r.Reason)
+	require.Contains(t, r.When.Src, "hidden_characters(resource.properties.arguments)")
+
+	keys, err := signing.Open(context.Background(), dbtest.New(t), signing.Options{MasterKey: make([]byte, 32)})
+	require.NoError(t, err)
+	e, err := evaluation.New(evaluation.Options{Policy: p, Keys: keys, Issuer: "https://pdp.test", RequestsURL: "https://pdp.test/r"})
+	require.NoError(t, err)
+	transfer := func(to string, amount float64) evaluation.Outcome {
+		out, err := e.Evaluate(context.Background(), "cli_test", authzen.EvaluationRequest{
+			Subject:  authzen.Object{"type": "user", "id": "alice"},
+			Action:   authzen.Object{"name": "tools/call"},
+			Resource: authzen.Object{"type": "mcp_tool", "id": "wire_transfer", "properties": map[string]any{"arguments": map[string]any{"to": to, "amount": amount}}},
+		})
+		require.NoError(t, err)
+		return out
+	}
+	for _, to := range []string{"acct-\u202e199\u202c", "acct\u200b-991", "p\u0430ypal"} {
+		for _, amount := range []float64{100, 50000} {
+			out := transfer(to, amount)
+			require.False(t, out.Decision.Decision, "%q %v", to, amount)
+			require.Equal(t, "wire_transfer_hidden_characters", out.Rule)
+			require.Equal(t, "hidden_characters", out.Decision.Context.Str(authzen.CtxReason))
+			require.NotContains(t, out.Decision.Context, authzen.CtxAccessRequest, "not requestable")
+		}
+	}
+	require.Equal(t, "wire_transfer_large", transfer("acct-991", 50000).Rule, "a clean transfer is unaffected")
+	require.Equal(t, "wire_transfer_small", transfer("acct-991", 100).Rule)
 }
