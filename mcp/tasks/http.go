@@ -217,11 +217,11 @@ func inspect(body []byte) *parseError {
 			} else {
 				key := tok.(string)
 				if _, dup := top.keys[key]; dup {
-					return &parseError{code: CodeInvalidRequest, msg: "duplicate member " + strconv.Quote(key) + " in a JSON object"}
+					return &parseError{code: CodeInvalidRequest, msg: "duplicate member " + quote(key) + " in a JSON object"}
 				}
 				for _, name := range readNames[top.path] {
 					if key != name && strings.EqualFold(key, name) {
-						return &parseError{code: CodeInvalidRequest, msg: "member " + strconv.Quote(key) + " is a case variant of " + strconv.Quote(name)}
+						return &parseError{code: CodeInvalidRequest, msg: "member " + quote(key) + " is a case variant of " + strconv.Quote(name)}
 					}
 				}
 				top.keys[key] = struct{}{}
@@ -231,7 +231,11 @@ func inspect(body []byte) *parseError {
 		} else if d, ok := tok.(json.Delim); ok {
 			switch d {
 			case '{', '[':
-				stack = append(stack, &frame{object: d == '{', path: child(top), keys: map[string]struct{}{}, wantsKey: d == '{'})
+				f := &frame{object: d == '{', path: child(top), wantsKey: d == '{'}
+				if f.object {
+					f.keys = map[string]struct{}{}
+				}
+				stack = append(stack, f)
 				continue
 			case ']':
 				stack = stack[:len(stack)-1]
@@ -252,6 +256,14 @@ func inspect(body []byte) *parseError {
 		}
 		return nil
 	}
+}
+
+// quote quotes a member name from a request for an error message, bounded.
+func quote(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "..."
+	}
+	return strconv.Quote(s)
 }
 
 func writeError(w http.ResponseWriter, status int, id json.RawMessage, code int, msg string) {
@@ -285,7 +297,7 @@ func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, reque
 		writeError(w, http.StatusBadRequest, m.id, CodeHeaderMismatch, "Mcp-Protocol-Version must match _meta protocolVersion")
 		return
 	}
-	if h := r.Header.Get(HeaderMethod); !strings.EqualFold(h, MethodListen) {
+	if r.Header.Get(HeaderMethod) != MethodListen { // header values are case-sensitive
 		writeError(w, http.StatusBadRequest, m.id, CodeHeaderMismatch, "Mcp-Method must equal the request method")
 		return
 	}
