@@ -56,6 +56,11 @@ type Config struct {
 	JobTimeout time.Duration
 	// ReconcileEvery is how often crash leftovers are repaired (default 10s).
 	ReconcileEvery time.Duration
+	// ListenStreams bounds the subscriptions/listen streams one caller may
+	// hold open on this process (default 10); ListenLifetime ends each
+	// stream (default 30 minutes).
+	ListenStreams  int
+	ListenLifetime time.Duration
 	// Extra registers more tools or methods (conformance fixtures).
 	Extra func(s *sdk.Server, ts *tasks.Server) error
 	// Anonymous is the principal of requests without an Authorization
@@ -75,6 +80,7 @@ type Frontend struct {
 	river      *river.Client[pgx.Tx]
 	gate       *mcp.Gate
 	reconciler *mcp.Reconciler
+	notifier   *tasks.Notifier
 	server     *http.Server
 	listener   net.Listener
 	started    atomic.Bool
@@ -151,19 +157,27 @@ func (f *Frontend) build(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("frontend: river: %w", err)
 	}
+	f.notifier = tasks.NewNotifier(f.pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
 	srv, err := mcp.NewServer(f.gate, mcp.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
-		Counters: counters, Replay: &mcp.WebhookIDs{DB: f.pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Log: cfg.Log})
+		Counters: counters, Replay: &mcp.WebhookIDs{DB: f.pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: f.notifier, Log: cfg.Log})
 	if err != nil {
 		return err
 	}
 	f.server = arap.HTTPServer(srv)
+	// Shutdown waits for open requests, and a listen stream never ends by
+	// itself: ending them is the first thing Shutdown does.
+	f.server.RegisterOnShutdown(f.notifier.Stop)
 	f.reconciler = &mcp.Reconciler{Gate: f.gate, Every: cmp.Or(cfg.ReconcileEvery, 10*time.Second)}
 	return nil
 }
 
 // Start runs the workers and serves.
 func (f *Frontend) Start(ctx context.Context) error {
+	if err := f.notifier.Start(ctx); err != nil {
+		return fmt.Errorf("frontend: start task notifications: %w", err)
+	}
 	if err := f.river.Start(ctx); err != nil {
+		f.notifier.Stop()
 		return fmt.Errorf("frontend: start workers: %w", err)
 	}
 	f.reconciler.Start()
@@ -179,6 +193,7 @@ func (f *Frontend) Stop(ctx context.Context) error {
 	if err := f.server.Shutdown(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	f.notifier.Stop() // already by Shutdown, unless it never started
 	if f.cfg.Stopping != nil {
 		f.cfg.Stopping()
 	}

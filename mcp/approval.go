@@ -124,32 +124,68 @@ func (g *Gate) submission(p Principal, tool string, args map[string]any, decisio
 	return json.Marshal(body)
 }
 
+// lockLimits is the class (first key) of the transaction-scoped advisory
+// lock that serializes one principal's task openings (second key: hashtext
+// of the principal), so the limits are counted and taken in one step. Two
+// principals whose hashes collide only wait for each other.
+const lockLimits = 0x70657031 // "pep1"
+
+// errDuplicate means a live task for the same call exists.
+var errDuplicate = errors.New("mcp: an identical call has a live task")
+
 // open makes the approval task for a requestable denial, crash-consistently:
-// (1) in one transaction, the task, its sealed call binding and a submission
-// intent with a fresh idempotency key and the exact body; (2) the backend
+// (1) in one transaction, under the principal's limit lock, the dedup check,
+// the limits, and the task, its sealed call binding and a submission intent
+// with a fresh idempotency key and the exact body; (2) the backend
 // submission under that key; (3) in one transaction, the returned handle,
 // bound to the task. Only then is the task returned. A crash between any two
 // steps is repaired by Reconcile, which resubmits the intent (the key makes
 // the backend return the same handle) and binds it, or cancels it if the task
 // ended meanwhile. A repeated call (same principal, tool and arguments)
-// while the task is live returns the same task.
+// while the task is live returns the same task, whatever the limits; a call
+// over a limit returns a *limitError and nothing is written or submitted.
 func (g *Gate) open(ctx context.Context, p Principal, tool string, args map[string]any, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (*tasks.Task, error) {
 	d, err := digest(tool, args)
 	if err != nil {
 		return nil, err
 	}
 	dedup := dedupKey(p, tool, d)
-	if t, err := g.existing(ctx, dedup); t != nil || err != nil {
-		return t, err
+	for range 3 {
+		o, err := g.insert(ctx, p, tool, args, d, dedup, decision, hint, extra)
+		var pgErr *pgconn.PgError
+		if errors.Is(err, errDuplicate) || errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			// A concurrent duplicate won; should its task have ended
+			// since, try again.
+			if t, err := g.existing(ctx, dedup); t != nil || err != nil {
+				return t, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		fault.Point("pep.after-intent")
+		if err := g.submitAndBind(ctx, o.key); err != nil {
+			return nil, err
+		}
+		return g.tasks.Get(ctx, g.cfg.DB, o.task)
 	}
+	return nil, rpcError(tasks.CodeInternalError, "an identical call is changing state; retry shortly")
+}
+
+// opened names a task written by insert and its submission intent's key.
+type opened struct{ task, key string }
+
+// insert is step (1) of open.
+func (g *Gate) insert(ctx context.Context, p Principal, tool string, args map[string]any, d, dedup string, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (opened, error) {
 	taskID, key := tasks.NewID(), newKey()
 	body, err := g.submission(p, tool, args, decision, hint, extra, taskID)
 	if err != nil {
-		return nil, err
+		return opened{}, err
 	}
 	plainBinding, err := json.Marshal(binding{Tool: tool, Args: args, Principal: p})
 	if err != nil {
-		return nil, err
+		return opened{}, err
 	}
 	submitURL := hint.Endpoint
 	if submitURL == "" {
@@ -158,6 +194,24 @@ func (g *Gate) open(ctx context.Context, p Principal, tool string, args map[stri
 	now := g.now()
 	ttl := tasks.TTLUntil(now, hint.ExpiresAt.Add(g.cfg.ResultRetention)) // provisional: extended when bound
 	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		// The lock is its own statement: each statement after it reads a
+		// snapshot taken once every earlier holder has committed.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockLimits, p.Key()); err != nil {
+			return err
+		}
+		var live bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done')`, dedup).Scan(&live); err != nil {
+			return err
+		}
+		if live {
+			return errDuplicate
+		}
+		if msg, err := g.limited(ctx, tx, p); err != nil || msg != "" {
+			if err == nil {
+				err = &limitError{msg: msg}
+			}
+			return err
+		}
 		if err := g.tasks.CreateTx(ctx, tx, &tasks.Task{
 			ID: taskID, Principal: p.Key(), Kind: KindApproval, Status: tasks.Working,
 			StatusMessage: "Waiting for approval: " + describe(hint), Meta: pendingMeta(), CreatedAt: now,
@@ -174,18 +228,15 @@ func (g *Gate) open(ctx context.Context, p Principal, tool string, args map[stri
 			VALUES ($1, $2, 1, $3, $4, 'intent', $5, $5)`, key, taskID, submitURL, g.box.Seal(body, key), now)
 		return err
 	})
+	var le *limitError
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return g.existing(ctx, dedup) // a concurrent duplicate won the insert
+	switch {
+	case err == nil:
+		return opened{task: taskID, key: key}, nil
+	case errors.Is(err, errDuplicate), errors.As(err, &le), errors.As(err, &pgErr) && pgErr.Code == "23505":
+		return opened{}, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("mcp: record intent: %w", err)
-	}
-	fault.Point("pep.after-intent")
-	if err := g.submitAndBind(ctx, key); err != nil {
-		return nil, err
-	}
-	return g.tasks.Get(ctx, g.cfg.DB, taskID)
+	return opened{}, fmt.Errorf("mcp: record intent: %w", err)
 }
 
 // existing returns the live approval task with dedup key, waiting (briefly)

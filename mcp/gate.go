@@ -233,8 +233,25 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	if brokenExecutesOnRequestableDenial {
 		_, _ = g.runDirect(ctx, p, tool, args)
 	}
-	if limited := g.limited(ctx, p); limited != "" {
-		return denied(limited, RemediationUnavailable), nil
+	// Deduplication comes before the limits: a repeat of a call whose task
+	// is live asks for nothing new, so it gets that task even at the cap.
+	d, err := digest(tool.Name, args)
+	if err != nil {
+		return nil, err
+	}
+	dedup := dedupKey(p, tool.Name, d)
+	if t, err := g.existing(ctx, dedup); t != nil || err != nil {
+		return created(t), err
+	}
+	// A first look at the limits, so a caller at the cap is not asked for
+	// input it could not use; the binding check is taken again in open,
+	// atomically with the insert.
+	if msg, err := g.limited(ctx, g.cfg.DB, p); err != nil || msg != "" {
+		if err != nil {
+			g.cfg.Log.Error("limit check failed", "error", err)
+			msg = msgBusy
+		}
+		return denied(msg, RemediationUnavailable), nil
 	}
 
 	// Input the backend needs before it will accept the request is collected
@@ -247,12 +264,24 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		return ask, nil
 	}
 	t, err := g.open(ctx, p, tool.Name, args, decision, hint, extra)
+	var le *limitError
+	if errors.As(err, &le) {
+		return denied(le.msg, RemediationUnavailable), nil
+	}
 	if err != nil {
 		return nil, err
 	}
+	return created(t), nil
+}
+
+// created is the CreateTaskResult for an approval task.
+func created(t *tasks.Task) sdk.Result {
+	if t == nil {
+		return nil
+	}
 	return tasks.NewCreateResult(t, map[string]any{
 		MetaImmediate: "This action is waiting for an out-of-band approval and has not run. Continue with other work and check the task later.",
-	}), nil
+	})
 }
 
 // arguments decodes and validates the call's arguments against the tool's
@@ -344,26 +373,38 @@ func sanitize(s string, max int) string {
 	return out
 }
 
+// Limit denials: non-requestable, so the agent does not loop.
+const (
+	msgBusy        = "The approval service is busy; the tool did not run. Try again later."
+	msgRate        = "Too many approval requests in the last minute; the tool did not run and no request was made. Wait before asking again."
+	msgOutstanding = "Too many approval requests are already waiting for a decision; the tool did not run and no request was made. Wait for them or cancel some."
+)
+
+// limitError is a call refused by the per-caller limits.
+type limitError struct{ msg string }
+
+func (e *limitError) Error() string { return e.msg }
+
 // limited says why p may not open another approval request now, or "".
 // Approval fatigue is a known bypass, so requests per caller are bounded in
-// rate and in number outstanding; the answer is a non-requestable denial so
-// the agent does not loop.
-func (g *Gate) limited(ctx context.Context, p Principal) string {
+// rate and in number outstanding. Only a count taken under p's limit lock
+// (lockLimits, in open) binds: two counts read outside it may both see room
+// for one more.
+func (g *Gate) limited(ctx context.Context, q tasks.Querier, p Principal) (string, error) {
 	var recent, pending int
 	// Two counts, each served by its own index (migrations/pep/0002).
-	err := g.cfg.DB.QueryRow(ctx, `SELECT
+	err := q.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND created_at > $2),
 		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND phase <> 'done')`, p.Key(), g.now().Add(-time.Minute)).Scan(&recent, &pending)
-	if err != nil {
-		return "The approval service is busy; the tool did not run. Try again later."
-	}
 	switch {
+	case err != nil:
+		return "", err
 	case recent >= g.cfg.SubmitsPerMinute:
-		return "Too many approval requests in the last minute; the tool did not run and no request was made. Wait before asking again."
+		return msgRate, nil
 	case pending >= g.cfg.MaxPending:
-		return "Too many approval requests are already waiting for a decision; the tool did not run and no request was made. Wait for them or cancel some."
+		return msgOutstanding, nil
 	}
-	return ""
+	return "", nil
 }
 
 // newKey is a fresh, high-entropy idempotency key for one submission.

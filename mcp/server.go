@@ -49,7 +49,10 @@ type ServerOptions struct {
 	// Authorization header at all (a wrong token is still refused). Only the
 	// conformance fixture mode sets it: the official suite sends no token.
 	Anonymous *Principal
-	Log       *slog.Logger
+	// Notifier serves subscriptions/listen for tasks (started and stopped
+	// by the owner); nil refuses task listen streams.
+	Notifier *tasks.Notifier
+	Log      *slog.Logger
 }
 
 // Server is the MCP front-end's HTTP handler.
@@ -94,7 +97,7 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	for _, t := range g.cfg.Tools {
 		s.AddTool(&sdk.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}, relay)
 	}
-	ts := &tasks.Server{Store: g.tasks, Kinds: map[string]tasks.Kind{KindApproval: g}, Log: o.Log}
+	ts := &tasks.Server{Store: g.tasks, Kinds: map[string]tasks.Kind{KindApproval: g}, Notifier: o.Notifier, Log: o.Log}
 	if err := ts.Register(s); err != nil {
 		return nil, err
 	}

@@ -52,7 +52,18 @@ func send(t *testing.T, url, authorization, method, params string) (int, string)
 	var p map[string]any
 	require.NoError(t, json.Unmarshal([]byte(params), &p))
 	p["_meta"] = map[string]any{"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": map[string]any{}}
-	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": p})
+	raw, err := json.Marshal(p)
+	require.NoError(t, err)
+	return sendRaw(t, url, authorization, method, string(raw))
+}
+
+// sendRaw sends one JSON-RPC request with params as given (which carry
+// their own _meta).
+func sendRaw(t *testing.T, url, authorization, method, params string) (int, string) {
+	t.Helper()
+	var p map[string]any
+	require.NoError(t, json.Unmarshal([]byte(params), &p))
+	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": json.RawMessage(params)})
 	require.NoError(t, err)
 	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 	_ "net/http/pprof"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -92,6 +93,15 @@ func envDuration(name string, def time.Duration) time.Duration {
 	if v := os.Getenv(name); v != "" {
 		if d, err := time.ParseDuration(v); err == nil {
 			return d
+		}
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
 		}
 	}
 	return def
@@ -219,6 +229,8 @@ func runMCP(args []string) error {
 	poll := fs.Duration("poll-interval", envDuration("ARAP_POLL_INTERVAL", 2*time.Second), "pollIntervalMs suggested to clients and the first backend poll delay")
 	reconcile := fs.Duration("reconcile-every", envDuration("ARAP_RECONCILE_EVERY", 10*time.Second), "how often crash leftovers (unbound intents, dead claims) are repaired")
 	grace := fs.Duration("intent-grace", envDuration("ARAP_INTENT_GRACE", mcp.IntentGrace), "how long an unbound intent is left to the process that wrote it")
+	listenStreams := fs.Int("listen-streams", envInt("ARAP_LISTEN_STREAMS", 10), "subscriptions/listen streams one caller may hold open on this replica (ARAP_LISTEN_STREAMS)")
+	listenLifetime := fs.Duration("listen-lifetime", envDuration("ARAP_LISTEN_LIFETIME", 30*time.Minute), "longest a subscriptions/listen stream stays open; then it ends and the client listens again (ARAP_LISTEN_LIFETIME)")
 	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
 	conformance := fs.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
@@ -242,7 +254,8 @@ func runMCP(args []string) error {
 	log := logger(*level)
 	cfg := frontend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, MasterKey: key, BackendURL: *backendURL, BackendToken: token,
-		WebhookSecrets: secrets, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, ReconcileEvery: *reconcile, Log: log,
+		WebhookSecrets: secrets, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, ReconcileEvery: *reconcile,
+		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log,
 	}
 	if *conformance {
 		withFixtures(&cfg)

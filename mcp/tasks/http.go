@@ -3,8 +3,12 @@ package tasks
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -12,24 +16,20 @@ import (
 // MaxBody bounds a request body read by the wrapper.
 const MaxBody = 1 << 20
 
-// envelope is the part of a JSON-RPC request the wrapper looks at.
-type envelope struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Method  string          `json:"method"`
-	Params  struct {
-		Meta          map[string]any `json:"_meta"`
-		TaskID        *string        `json:"taskId"`
-		Notifications *struct {
-			TaskIDs []string `json:"taskIds"`
-		} `json:"notifications"`
-	} `json:"params"`
-}
-
 // Wrap adds to an SDK streamable handler what the SDK does not do for this
 // extension: tasks/* requests must carry Mcp-Name equal to params.taskId
 // (400, -32020 otherwise), and subscriptions/listen with notifications.taskIds
 // is served here, streaming notifications/tasks.
+//
+// The check must read the body exactly as the SDK does, or a body could pass
+// it with one taskId and have the SDK act on another. The SDK (v1.8.0,
+// internal/json) decodes with segmentio/encoding/json, matching member names
+// case-sensitively, taking the last of duplicate members and ignoring
+// anything after the first JSON value. So the wrapper reads members by exact
+// name (maps, not encoding/json's case-insensitive struct fields), and
+// refuses what the two could read differently: a body that is not exactly
+// one JSON value, an object with a repeated member name, case variants of
+// the members it reads, and tasks methods inside a batch.
 func (s *Server) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -42,27 +42,228 @@ func (s *Server) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		var env envelope
-		if json.Unmarshal(body, &env) != nil {
-			next.ServeHTTP(w, r) // the SDK reports malformed JSON-RPC
+		msgs, batch, perr := parse(body)
+		if perr != nil {
+			writeError(w, http.StatusBadRequest, perr.id, perr.code, perr.msg)
 			return
 		}
-		switch env.Method {
+		if batch {
+			for _, m := range msgs {
+				if m.method == MethodGet || m.method == MethodUpdate || m.method == MethodCancel || m.method == MethodListen {
+					writeError(w, http.StatusBadRequest, nil, CodeInvalidRequest, m.method+" cannot be sent in a batch")
+					return
+				}
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
+		if len(msgs) == 0 {
+			next.ServeHTTP(w, r) // not an object: the SDK reports it
+			return
+		}
+		m := msgs[0]
+		switch m.method {
 		case MethodGet, MethodUpdate, MethodCancel:
 			name := r.Header.Get(HeaderName)
-			if env.Params.TaskID == nil || name != *env.Params.TaskID {
-				writeError(w, http.StatusBadRequest, env.ID, CodeHeaderMismatch,
-					"Mcp-Name header must equal params.taskId for "+env.Method)
+			id, ok := m.str(m.params["taskId"])
+			if !ok || name != id {
+				writeError(w, http.StatusBadRequest, m.id, CodeHeaderMismatch,
+					"Mcp-Name header must equal params.taskId for "+m.method)
 				return
 			}
 		case MethodListen:
-			if env.Params.Notifications != nil && len(env.Params.Notifications.TaskIDs) > 0 {
-				s.listen(w, r, env)
+			raw, ok := objectMembers(m.params["notifications"])["taskIds"]
+			if !ok {
+				break // other notifications: the SDK serves them
+			}
+			var ids []string
+			if json.Unmarshal(raw, &ids) != nil {
+				writeError(w, http.StatusBadRequest, m.id, CodeInvalidParams, "notifications.taskIds must be an array of task ids")
+				return
+			}
+			if len(ids) > 0 {
+				s.listen(w, r, m, ids)
 				return
 			}
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// message is what the wrapper reads of a JSON-RPC request: members by
+// exact name.
+type message struct {
+	id     json.RawMessage
+	method string
+	params map[string]json.RawMessage
+}
+
+func (message) str(raw json.RawMessage) (string, bool) {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// meta is params._meta (nil when absent or not an object).
+func (m message) meta() map[string]any {
+	var meta map[string]any
+	_ = json.Unmarshal(m.params["_meta"], &meta)
+	return meta
+}
+
+// objectMembers decodes a JSON object's members by exact name; nil if raw
+// is not an object.
+func objectMembers(raw json.RawMessage) map[string]json.RawMessage {
+	var out map[string]json.RawMessage
+	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &out) != nil {
+		return nil
+	}
+	return out
+}
+
+// parseError is a body the wrapper refuses.
+type parseError struct {
+	code int
+	msg  string
+	id   json.RawMessage
+}
+
+// readNames are the members the wrapper reads, by the path of the object
+// that holds them ("" is the message itself). A case variant of one of
+// them is refused: encoding/json would match it, the SDK would not.
+var readNames = map[string][]string{
+	"":                     {"jsonrpc", "id", "method", "params"},
+	"params":               {"_meta", "taskId", "notifications"},
+	"params.notifications": {"taskIds"},
+}
+
+// parse checks body (see Wrap) and returns its messages: one for a single
+// request object, each element that is an object for a batch, none for
+// any other JSON value.
+func parse(body []byte) ([]message, bool, *parseError) {
+	if err := inspect(body); err != nil {
+		return nil, false, err
+	}
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	var raws []json.RawMessage
+	batch := len(trimmed) > 0 && trimmed[0] == '['
+	if batch {
+		_ = json.Unmarshal(body, &raws)
+	} else {
+		raws = []json.RawMessage{body}
+	}
+	var msgs []message
+	for _, raw := range raws {
+		top := objectMembers(raw)
+		if top == nil {
+			continue
+		}
+		m := message{id: top["id"], params: objectMembers(top["params"])}
+		m.method, _ = m.str(top["method"])
+		msgs = append(msgs, m)
+	}
+	return msgs, batch, nil
+}
+
+// inspect walks body token by token: it must be exactly one JSON value, no
+// object in it may repeat a member name, and the objects the wrapper reads
+// may hold no case variant of the names it reads.
+func inspect(body []byte) *parseError {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	type frame struct {
+		object   bool
+		path     string // "-" once off the read path
+		keys     map[string]struct{}
+		key      string // the member whose value comes next
+		wantsKey bool
+	}
+	var stack []*frame
+	child := func(parent *frame) string {
+		switch {
+		case parent == nil:
+			return "" // the message, or a batch of them
+		case !parent.object && len(stack) == 1:
+			return "" // an element of a batch is a message
+		case !parent.object:
+			return "-"
+		case parent.path == "":
+			return parent.key
+		case parent.path == "params":
+			return "params." + parent.key
+		}
+		return "-"
+	}
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			if len(stack) == 0 {
+				return &parseError{code: CodeParseError, msg: "empty request body"}
+			}
+			return &parseError{code: CodeParseError, msg: "malformed JSON"}
+		}
+		if err != nil {
+			return &parseError{code: CodeParseError, msg: "malformed JSON: " + err.Error()}
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if top != nil && top.object && top.wantsKey {
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:len(stack)-1]
+			} else {
+				key := tok.(string)
+				if _, dup := top.keys[key]; dup {
+					return &parseError{code: CodeInvalidRequest, msg: "duplicate member " + quote(key) + " in a JSON object"}
+				}
+				for _, name := range readNames[top.path] {
+					if key != name && strings.EqualFold(key, name) {
+						return &parseError{code: CodeInvalidRequest, msg: "member " + quote(key) + " is a case variant of " + strconv.Quote(name)}
+					}
+				}
+				top.keys[key] = struct{}{}
+				top.key, top.wantsKey = key, false
+				continue
+			}
+		} else if d, ok := tok.(json.Delim); ok {
+			switch d {
+			case '{', '[':
+				f := &frame{object: d == '{', path: child(top), wantsKey: d == '{'}
+				if f.object {
+					f.keys = map[string]struct{}{}
+				}
+				stack = append(stack, f)
+				continue
+			case ']':
+				stack = stack[:len(stack)-1]
+			}
+		} else if top != nil && top.object {
+			top.wantsKey = true // a scalar value ends the member
+			continue
+		}
+		// A value (object, array or scalar) has just ended.
+		if len(stack) > 0 {
+			if p := stack[len(stack)-1]; p.object {
+				p.wantsKey = true
+			}
+			continue
+		}
+		if _, err := dec.Token(); err != io.EOF {
+			return &parseError{code: CodeParseError, msg: "malformed JSON: data after the request"}
+		}
+		return nil
+	}
+}
+
+// quote quotes a member name from a request for an error message, bounded.
+func quote(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "..."
+	}
+	return strconv.Quote(s)
 }
 
 func writeError(w http.ResponseWriter, status int, id json.RawMessage, code int, msg string) {
@@ -74,95 +275,166 @@ func writeError(w http.ResponseWriter, status int, id json.RawMessage, code int,
 	_ = json.NewEncoder(w).Encode(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": msg}})
 }
 
-// ListenPoll is how often a listen stream looks for task changes.
-var ListenPoll = 250 * time.Millisecond
+// listenWriteTimeout bounds one write on a listen stream: a client that
+// stops reading is dropped instead of holding the stream open.
+const listenWriteTimeout = 10 * time.Second
+
+// maxListenTasks bounds the tasks one stream follows.
+const maxListenTasks = 100
 
 // listen serves subscriptions/listen for task notifications: an SSE stream
 // that starts with notifications/subscriptions/acknowledged (echoing the task
 // ids the caller owns), then carries a notifications/tasks with the full
 // DetailedTask whenever a subscribed task changes, and ends with the listen
-// result once every subscribed task is terminal.
-func (s *Server) listen(w http.ResponseWriter, r *http.Request, env envelope) {
-	if h := r.Header.Get(HeaderProtocolVersion); h == "" || h != env.Params.Meta[MetaProtocolVersion] {
-		writeError(w, http.StatusBadRequest, env.ID, CodeHeaderMismatch, "Mcp-Protocol-Version must match _meta protocolVersion")
+// result once every subscribed task is terminal, when the stream reaches
+// its maximum lifetime, or when the server stops (the result tells the
+// client the subscription ended; it may listen again). Changes arrive from
+// the Notifier; the stream re-reads its tasks every Resync in case a
+// notification was lost, and sends an SSE comment then as a keep-alive.
+func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, requested []string) {
+	meta := m.meta()
+	if h := r.Header.Get(HeaderProtocolVersion); h == "" || h != meta[MetaProtocolVersion] {
+		writeError(w, http.StatusBadRequest, m.id, CodeHeaderMismatch, "Mcp-Protocol-Version must match _meta protocolVersion")
 		return
 	}
-	if m := r.Header.Get(HeaderMethod); !strings.EqualFold(m, MethodListen) {
-		writeError(w, http.StatusBadRequest, env.ID, CodeHeaderMismatch, "Mcp-Method must equal the request method")
+	if r.Header.Get(HeaderMethod) != MethodListen { // header values are case-sensitive
+		writeError(w, http.StatusBadRequest, m.id, CodeHeaderMismatch, "Mcp-Method must equal the request method")
 		return
 	}
-	if !HasExtension(env.Params.Meta) {
+	if !HasExtension(meta) {
 		e := MissingCapability()
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
-		_ = json.NewEncoder(w).Encode(map[string]any{"jsonrpc": "2.0", "id": env.ID, "error": e})
+		_ = json.NewEncoder(w).Encode(map[string]any{"jsonrpc": "2.0", "id": m.id, "error": e})
 		return
 	}
-	principal := PrincipalFrom(r.Context())
-	var ids []string
-	last := map[string]time.Time{}
-	for _, id := range env.Params.Notifications.TaskIDs {
-		if _, err := s.Store.GetFor(r.Context(), id, principal); err == nil && len(ids) < 100 {
-			ids = append(ids, id) // others' and unknown ids are silently not acknowledged
-			last[id] = time.Time{}
-		}
-	}
-	flusher, ok := w.(http.Flusher)
-	if !ok {
-		writeError(w, http.StatusInternalServerError, env.ID, CodeInternalError, "streaming unsupported")
+	n := s.Notifier
+	if n == nil {
+		writeError(w, http.StatusInternalServerError, m.id, CodeInternalError, "task notifications are not available on this server")
 		return
 	}
+	ctx := r.Context()
+	// Others' and unknown ids are silently not acknowledged.
+	ids, err := s.Store.Owned(ctx, PrincipalFrom(ctx), requested, maxListenTasks)
+	if err != nil {
+		s.log().Error("listen: task lookup failed", "error", err)
+		writeError(w, http.StatusInternalServerError, m.id, CodeInternalError, "internal error")
+		return
+	}
+	// Subscribed before the first read, so no change falls between them.
+	sub, err := n.subscribe(PrincipalFrom(ctx), ids)
+	switch {
+	case errors.Is(err, errTooManyStreams):
+		writeError(w, http.StatusTooManyRequests, m.id, CodeTooManyStreams,
+			fmt.Sprintf("too many open subscriptions/listen streams for this caller (at most %d); close one first", n.cfg.MaxStreams))
+		return
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, m.id, CodeInternalError, "the server is shutting down")
+		return
+	}
+	defer sub.close()
+
+	rc := http.NewResponseController(w)
+	// The server's write timeout is for a response, not for a stream that
+	// may last its lifetime: each write has its own deadline instead.
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	subMeta := map[string]any{MetaSubscriptionID: env.ID}
-	send := func(msg map[string]any) bool {
-		b, _ := json.Marshal(msg)
-		if _, err := w.Write([]byte("event: message\ndata: " + string(b) + "\n\n")); err != nil {
+	subMeta := map[string]any{MetaSubscriptionID: m.id}
+	write := func(event string) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(listenWriteTimeout))
+		if _, err := io.WriteString(w, event); err != nil {
 			return false
 		}
-		flusher.Flush()
-		return true
+		return rc.Flush() == nil
 	}
-	if ids == nil {
-		ids = []string{}
+	send := func(msg map[string]any) bool {
+		b, _ := json.Marshal(msg)
+		return write("event: message\ndata: " + string(b) + "\n\n")
+	}
+	result := func() {
+		send(map[string]any{"jsonrpc": "2.0", "id": m.id, "result": map[string]any{"resultType": ResultTypeComplete, "_meta": subMeta}})
 	}
 	if !send(map[string]any{"jsonrpc": "2.0", "method": NotificationAcknowledged,
 		"params": map[string]any{"notifications": map[string]any{"taskIds": ids}, "_meta": subMeta}}) {
 		return
 	}
-	ticker := time.NewTicker(ListenPoll)
-	defer ticker.Stop()
+
+	lifetime := time.NewTimer(n.cfg.MaxLifetime)
+	defer lifetime.Stop()
+	resync := time.NewTicker(n.cfg.Resync)
+	defer resync.Stop()
+	last := map[string]time.Time{}
+	open := map[string]bool{} // subscribed tasks not yet terminal
+	for _, id := range ids {
+		open[id] = true
+	}
+	check := ids
 	for {
-		done := 0
-		for _, id := range ids {
-			t, err := s.Store.Get(r.Context(), s.Store.DB, id)
+		if len(check) > 0 {
+			found, err := s.Store.GetMany(ctx, check)
 			if err != nil {
-				done++ // purged: nothing more will come
-				continue
-			}
-			if t.UpdatedAt.After(last[id]) {
-				last[id] = t.UpdatedAt
-				params := map[string]any{}
-				raw, _ := json.Marshal(t.Detailed())
-				_ = json.Unmarshal(raw, &params)
-				params["_meta"] = merge(t.Meta, subMeta)
-				if !send(map[string]any{"jsonrpc": "2.0", "method": NotificationTasks, "params": params}) {
+				if ctx.Err() != nil {
 					return
 				}
+				s.log().Warn("listen: task read failed; retried at the next resync", "error", err)
+				found = nil
 			}
-			if t.Status.Terminal() {
-				done++
+			for _, id := range check {
+				t, ok := found[id]
+				switch {
+				case !open[id] || err != nil:
+					continue
+				case !ok:
+					delete(open, id) // purged: nothing more will come
+					continue
+				}
+				if t.UpdatedAt.After(last[id]) {
+					last[id] = t.UpdatedAt
+					params := map[string]any{}
+					raw, _ := json.Marshal(t.Detailed())
+					_ = json.Unmarshal(raw, &params)
+					params["_meta"] = merge(t.Meta, subMeta)
+					if !send(map[string]any{"jsonrpc": "2.0", "method": NotificationTasks, "params": params}) {
+						return
+					}
+				}
+				if t.Status.Terminal() {
+					delete(open, id)
+				}
 			}
 		}
-		if done == len(ids) {
-			send(map[string]any{"jsonrpc": "2.0", "id": env.ID, "result": map[string]any{"resultType": ResultTypeComplete, "_meta": subMeta}})
+		if len(open) == 0 {
+			result()
 			return
 		}
 		select {
-		case <-r.Context().Done():
+		case <-ctx.Done():
 			return
-		case <-ticker.C:
+		case <-sub.wakeup:
+			check = sub.take()
+		case <-resync.C:
+			if !write(":\n\n") {
+				return
+			}
+			check = make([]string, 0, len(open))
+			for id := range open {
+				check = append(check, id)
+			}
+		case <-lifetime.C:
+			result()
+			return
+		case <-n.ended:
+			result()
+			return
 		}
 	}
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
 }

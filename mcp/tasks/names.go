@@ -37,8 +37,14 @@ const (
 
 // JSON-RPC error codes (2026-07-28 allocation).
 const (
+	CodeParseError                  = -32700
+	CodeInvalidRequest              = -32600
 	CodeInvalidParams               = -32602
 	CodeInternalError               = -32603
 	CodeHeaderMismatch              = -32020
 	CodeMissingRequiredCapabilities = -32021
+	// CodeTooManyStreams refuses a listen stream over the per-principal
+	// cap: an application code, outside the JSON-RPC reserved range as
+	// the 2026-07-28 revision asks of codes it does not define.
+	CodeTooManyStreams = -31000
 )

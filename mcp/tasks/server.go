@@ -32,7 +32,10 @@ func (e *InputError) Error() string { return e.Msg }
 type Server struct {
 	Store *Store
 	Kinds map[string]Kind
-	Log   *slog.Logger
+	// Notifier serves subscriptions/listen for tasks; without one, listen
+	// streams for tasks are refused.
+	Notifier *Notifier
+	Log      *slog.Logger
 }
 
 type principalKey struct{}

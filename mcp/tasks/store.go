@@ -75,11 +75,14 @@ func (s *Store) CreateTx(ctx context.Context, tx pgx.Tx, t *Task) error {
 	if t.AnsweredKeys == nil {
 		t.AnsweredKeys = []string{}
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO pep.tasks (id, principal, kind, status, status_message, input_requests, answered_keys,
+	// Every change is announced on Channel in its own transaction: listen
+	// streams learn of it when it commits, not by polling.
+	_, err := tx.Exec(ctx, `WITH t AS (INSERT INTO pep.tasks (id, principal, kind, status, status_message, input_requests, answered_keys,
 		result, error, meta, created_at, updated_at, ttl_ms, poll_interval_ms)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13)`,
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13) RETURNING id)
+		SELECT pg_notify($14, id) FROM t`,
 		t.ID, t.Principal, t.Kind, t.Status, t.StatusMessage, nilMap(t.InputRequests), t.AnswerKeys(), nilRaw(t.Result), t.Error,
-		nilMap(t.Meta), t.CreatedAt, t.TTLMs, t.PollIntervalMs)
+		nilMap(t.Meta), t.CreatedAt, t.TTLMs, t.PollIntervalMs, Channel)
 	if err != nil {
 		return fmt.Errorf("tasks: create: %w", err)
 	}
@@ -125,6 +128,56 @@ func (s *Store) GetFor(ctx context.Context, id, principal string) (*Task, error)
 	return t, nil
 }
 
+// GetMany returns the tasks among ids that exist, by id.
+func (s *Store) GetMany(ctx context.Context, ids []string) (map[string]*Task, error) {
+	rows, err := s.DB.Query(ctx, `SELECT `+columns+` FROM pep.tasks WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]*Task{}
+	for rows.Next() {
+		t, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out[t.ID] = t
+	}
+	return out, rows.Err()
+}
+
+// Owned returns those of ids that principal owns, in their order, each
+// once, at most limit of them.
+func (s *Store) Owned(ctx context.Context, principal string, ids []string, limit int) ([]string, error) {
+	out := []string{}
+	if principal == "" {
+		return out, nil
+	}
+	mine := map[string]bool{}
+	rows, err := s.DB.Query(ctx, `SELECT id FROM pep.tasks WHERE id = ANY($1) AND principal = $2`, ids, principal)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		mine[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if mine[id] && len(out) < limit {
+			out = append(out, id)
+			delete(mine, id)
+		}
+	}
+	return out, nil
+}
+
 // Change is a status change.
 type Change struct {
 	To            Status
@@ -162,14 +215,15 @@ func (s *Store) TransitionTx(ctx context.Context, tx pgx.Tx, id string, c Change
 	if c.To.Terminal() {
 		terminal, meta = &now, nil
 	}
-	t, err := scan(tx.QueryRow(ctx, `UPDATE pep.tasks SET status = $2, status_message = $3,
+	t, err := scan(tx.QueryRow(ctx, `WITH t AS (UPDATE pep.tasks SET status = $2, status_message = $3,
 			input_requests = $4, answered_keys = answered_keys || $5::text[], result = $6, error = $7, meta = $8,
 			updated_at = $9, terminal_at = $10,
 			ttl_ms = CASE WHEN $11::bigint IS NULL OR ttl_ms IS NULL THEN ttl_ms ELSE greatest(ttl_ms, $11::bigint) END
 		WHERE id = $1 AND status = ANY($12)
-		RETURNING `+columns,
+		RETURNING `+columns+`)
+		SELECT t.* FROM t, pg_notify($13, t.id) n`,
 		id, c.To, c.StatusMessage, nilMap(c.InputRequests), orEmpty(c.Answered), nilRaw(c.Result), c.Error, nilMap(meta),
-		now, terminal, c.TTLMs, from))
+		now, terminal, c.TTLMs, from, Channel))
 	if errors.Is(err, ErrNotFound) {
 		cur, gerr := s.Get(ctx, tx, id)
 		if gerr != nil {

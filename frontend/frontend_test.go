@@ -1,0 +1,74 @@
+package frontend_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/frontend"
+	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/mcp"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// TestStopEndsListenStreams: a listen stream never ends by itself, and
+// HTTP shutdown waits for open requests; Stop ends the streams first (each
+// gets its listen result), so it drains well within its deadline.
+func TestStopEndsListenStreams(t *testing.T) {
+	ctx := context.Background()
+	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
+		BackendURL: "http://127.0.0.1:1", BackendToken: "unused"})
+	require.NoError(t, err)
+	p := mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}
+	require.NoError(t, f.Gate().Callers().Create(ctx, "alice-agent", "alice-token-0123", p))
+	task := &tasks.Task{ID: tasks.NewID(), Principal: p.Key(), Kind: mcp.KindApproval, PollIntervalMs: 1000}
+	require.NoError(t, pgx.BeginFunc(ctx, f.Pool(), func(tx pgx.Tx) error { return f.Gate().Tasks().CreateTx(ctx, tx, task) }))
+	require.NoError(t, f.Start(ctx))
+
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 9, "method": tasks.MethodListen, "params": map[string]any{
+		"notifications": map[string]any{"taskIds": []string{task.ID}},
+		"_meta": map[string]any{tasks.MetaProtocolVersion: tasks.ProtocolVersion,
+			tasks.MetaClientCapabilities: map[string]any{"extensions": map[string]any{tasks.ExtensionID: map[string]any{}}}}}})
+	req, _ := http.NewRequest(http.MethodPost, f.URL()+mcp.PathMCP, strings.NewReader(string(body)))
+	req.Header.Set("Authorization", "Bearer alice-token-0123")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set(tasks.HeaderProtocolVersion, tasks.ProtocolVersion)
+	req.Header.Set(tasks.HeaderMethod, tasks.MethodListen)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	lines := make(chan string, 16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				lines <- d
+			}
+		}
+	}()
+	require.Contains(t, <-lines, tasks.NotificationAcknowledged)
+	require.Contains(t, <-lines, `"status":"working"`)
+
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, f.Stop(stopCtx), "HTTP drained: no stream held it open")
+	var rest []string
+	for l := range lines {
+		rest = append(rest, l)
+	}
+	require.Len(t, rest, 1, "the stream ended with its result")
+	require.Contains(t, rest[0], `"id":9`)
+	require.Contains(t, rest[0], `"resultType":"complete"`)
+}
