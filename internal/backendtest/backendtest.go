@@ -41,6 +41,8 @@ type Options struct {
 	RequestRetention time.Duration
 	// CallbackSchedule overrides the callback retry schedule.
 	CallbackSchedule []time.Duration
+	// Now is the web UI's clock (time.Now when nil).
+	Now func() time.Time
 }
 
 // Start runs a backend for the test, seeded with the dev clients and tokens,
@@ -62,7 +64,7 @@ func Start(t testing.TB, o Options) *Env {
 	front := httptest.NewUnstartedServer(nil)
 	b, err := backend.New(ctx, backend.Config{
 		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
-		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule,
+		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, Now: o.Now,
 	})
 	if err != nil {
 		t.Fatal(err)
