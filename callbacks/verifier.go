@@ -3,6 +3,7 @@ package callbacks
 import (
 	"bytes"
 	"crypto/hmac"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/omcp/arap/internal/clean"
 )
 
 // Verifier checks incoming callbacks: signature (any of the secrets),
@@ -116,6 +119,25 @@ func (v *Verifier) expire(now time.Time) {
 			delete(v.seen, id)
 		}
 	}
+}
+
+// ErrBody refuses a callback body that does not name a task.
+var ErrBody = errors.New("callbacks: the body must be a JSON object with a state and a task id, as text of at most 255 bytes")
+
+// ParseBody decodes a verified callback's body: its state (what the PEP
+// registered) and task id must be present and be text a receiver can look
+// up, at most 255 bytes of valid UTF-8 without NUL.
+func ParseBody(raw []byte) (Body, error) {
+	var b Body
+	if json.Unmarshal(raw, &b) != nil {
+		return Body{}, ErrBody
+	}
+	for _, s := range []string{b.State, b.Task.ID} {
+		if s == "" || len(s) > 255 || clean.Text(s) != nil {
+			return Body{}, ErrBody
+		}
+	}
+	return b, nil
 }
 
 // Middleware verifies each request before next sees it: 401 for a bad

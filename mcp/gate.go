@@ -23,6 +23,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/mcp/tasks"
 )
@@ -265,6 +266,10 @@ func (g *Gate) arguments(req *sdk.CallToolRequest) (map[string]any, error) {
 	}
 	if err := json.Unmarshal(raw, &args); err != nil {
 		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be a JSON object")
+	}
+	if err := clean.JSON(raw); err != nil {
+		// Neither the PDP nor a tool's storage could take them.
+		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be valid UTF-8 without NUL characters")
 	}
 	if err := g.schemas[req.Params.Name].Validate(toJSONValue(args)); err != nil {
 		return nil, rpcError(tasks.CodeInvalidParams, "invalid arguments for "+req.Params.Name+": "+oneLine(err.Error()))
