@@ -102,4 +102,3 @@ func FuzzCursor(f *testing.F) {
 		require.Equal(t, id, id2)
 	})
 }
-
