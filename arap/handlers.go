@@ -3,6 +3,7 @@ package arap
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/requests"
 )
 
@@ -60,8 +62,12 @@ func (s *Server) jwks(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(set)
 }
 
-// decodeJSON decodes body into v, reporting type errors with the member name.
+// decodeJSON decodes body into v, reporting type errors with the member
+// name; a body with invalid UTF-8 or a NUL in a string is refused.
 func decodeJSON(body []byte, v any) error {
+	if err := clean.JSON(body); err != nil {
+		return fmt.Errorf("the body is refused: %w", err)
+	}
 	if err := json.Unmarshal(body, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {

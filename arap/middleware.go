@@ -18,6 +18,7 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/ratelimit"
 )
 
@@ -119,6 +120,28 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 			level = slog.LevelDebug
 		}
 		s.d.Log.Log(r.Context(), level, "http request", attrs...)
+	})
+}
+
+// cleanURLs refuses a path or query holding control characters or invalid
+// UTF-8 (see internal/clean) before any route sees it: 404 for such a path
+// (nothing lives there), 400 for such a query; problem+json, or plain text
+// for the web UI's pages.
+func cleanURLs(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		code, err := authzen.ProblemNotFound, clean.Path(r.URL.Path)
+		if err == nil {
+			code, err = authzen.ProblemInvalidRequest, clean.Query(r.URL.RawQuery)
+		}
+		if err == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if strings.HasPrefix(r.URL.Path, "/ui") {
+			http.Error(w, err.Error(), ProblemStatus(code))
+			return
+		}
+		writeProblem(w, r, code, err.Error(), nil)
 	})
 }
 

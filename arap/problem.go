@@ -72,7 +72,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, code, detail string, e
 	}
 	doc := authzen.Problem{Type: authzen.ProblemType(code), Title: p.title, Status: p.status, Detail: detail, Errors: errs}
 	if r != nil {
-		doc.Instance = r.URL.Path
+		doc.Instance = r.URL.EscapedPath()
 	}
 	w.Header().Set("Content-Type", authzen.ProblemContentType)
 	w.WriteHeader(p.status)

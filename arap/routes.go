@@ -14,7 +14,7 @@ import (
 // routes lists the whole HTTP surface.
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(recoverer(s.d.Log), requestID, s.accessLog, securityHeaders)
+	r.Use(recoverer(s.d.Log), requestID, s.accessLog, securityHeaders, cleanURLs)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, authzen.ProblemNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path, nil)
 	})

@@ -57,6 +57,9 @@ type Config struct {
 	RequestRetention time.Duration
 	// CallbackSchedule, if set, overrides the callback retry schedule.
 	CallbackSchedule []time.Duration
+	// Now is the web UI's clock (sessions, sign-in throttling); time.Now
+	// when nil. Tests move it instead of waiting.
+	Now func() time.Time
 	// JobTimeout bounds a background job (default 1 minute); a job still
 	// marked running after twice that (its worker died: kill -9) is retried.
 	JobTimeout time.Duration
@@ -207,7 +210,7 @@ func (b *Backend) build(ctx context.Context) error {
 	origin, _ := url.Parse(public)
 	ui, err := webui.New(webui.Deps{
 		DB: b.pool, Requests: b.requests, Directory: b.people, Counters: counters,
-		Secure: origin.Scheme == "https", Log: cfg.Log,
+		Secure: origin.Scheme == "https", Now: cfg.Now, Log: cfg.Log,
 	})
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/randid"
 	"github.com/omcp/arap/requests"
 )
 
@@ -69,6 +70,9 @@ func (s *Service) Deliveries(ctx context.Context, requestID string) ([]Delivery,
 // Redeliver sends delivery id again now, whatever its state, with a fresh
 // retry schedule and the same webhook-id.
 func (s *Service) Redeliver(ctx context.Context, requestID, id, by string) error {
+	if !randid.Valid(DeliveryIDPrefix, id) {
+		return &requests.Error{Code: authzen.ProblemNotFound, Detail: "no such delivery for this request"}
+	}
 	return pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
 		now := s.cfg.Now()
 		tag, err := tx.Exec(ctx, `UPDATE arap.deliveries SET status = 'pending', attempts = 0, next_attempt_at = $3, updated_at = $3

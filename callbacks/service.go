@@ -2,7 +2,6 @@ package callbacks
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +24,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/internal/randid"
 	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/requests"
 )
@@ -113,6 +113,9 @@ func NewService(cfg Config) (*Service, error) {
 	return &Service{cfg: cfg, box: box, clients: clients.NewStore(cfg.DB)}, nil
 }
 
+// DeliveryIDPrefix starts every delivery id.
+const DeliveryIDPrefix = "msg_"
+
 // CheckCallback validates a submission's callback for client clientID; it is
 // requests.Config.CheckCallback.
 func (s *Service) CheckCallback(ctx context.Context, clientID string, cb *authzen.Callback) error {
@@ -185,7 +188,7 @@ func (s *Service) OnTerminal(ctx context.Context, tx pgx.Tx, ended []*requests.R
 		if err != nil {
 			return err
 		}
-		id := "msg_" + rand.Text()
+		id := randid.New(DeliveryIDPrefix)
 		ids, requestIDs, clientIDs = append(ids, id), append(requestIDs, r.ID), append(clientIDs, r.ClientID)
 		endpoints, events, bodies = append(endpoints, cb.Endpoint), append(events, event), append(bodies, string(body))
 		jobs = append(jobs, river.InsertManyParams{Args: DeliverArgs{DeliveryID: id}})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/hmac"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/omcp/arap/internal/clean"
 )
 
 // Verifier checks incoming callbacks: signature (any of the secrets),
@@ -128,6 +131,25 @@ func (v *Verifier) Release(ctx context.Context, id string) error {
 		return fmt.Errorf("callbacks: release webhook-id: %w", err)
 	}
 	return nil
+}
+
+// ErrBody refuses a callback body that does not name a task.
+var ErrBody = errors.New("callbacks: the body must be a JSON object with a state and a task id, as text of at most 255 bytes")
+
+// ParseBody decodes a verified callback's body: its state (what the PEP
+// registered) and task id must be present and be text a receiver can look
+// up, at most 255 bytes of valid UTF-8 without NUL.
+func ParseBody(raw []byte) (Body, error) {
+	var b Body
+	if json.Unmarshal(raw, &b) != nil {
+		return Body{}, ErrBody
+	}
+	for _, s := range []string{b.State, b.Task.ID} {
+		if s == "" || len(s) > 255 || clean.Text(s) != nil {
+			return Body{}, ErrBody
+		}
+	}
+	return b, nil
 }
 
 // Middleware verifies each request and claims its webhook-id before next

@@ -23,6 +23,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/mcp/tasks"
 )
@@ -117,21 +118,29 @@ func NewGate(cfg Config) (*Gate, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB},
-		tools: map[string]Tool{}, schemas: map[string]*jsonschema.Schema{}, advance: make(chan struct{}, 16)}
-	for _, t := range cfg.Tools {
+	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB}, advance: make(chan struct{}, 16)}
+	if g.tools, g.schemas, err = compileTools(cfg.Tools); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// compileTools indexes tools by name with their compiled input schemas.
+func compileTools(list []Tool) (map[string]Tool, map[string]*jsonschema.Schema, error) {
+	tools, schemas := map[string]Tool{}, map[string]*jsonschema.Schema{}
+	for _, t := range list {
 		c := jsonschema.NewCompiler()
 		url := "urn:arap:tool:" + t.Name
 		if err := c.AddResource(url, toJSONValue(t.InputSchema)); err != nil {
-			return nil, fmt.Errorf("mcp: tool %s schema: %w", t.Name, err)
+			return nil, nil, fmt.Errorf("mcp: tool %s schema: %w", t.Name, err)
 		}
 		sch, err := c.Compile(url)
 		if err != nil {
-			return nil, fmt.Errorf("mcp: tool %s schema: %w", t.Name, err)
+			return nil, nil, fmt.Errorf("mcp: tool %s schema: %w", t.Name, err)
 		}
-		g.tools[t.Name], g.schemas[t.Name] = t, sch
+		tools[t.Name], schemas[t.Name] = t, sch
 	}
-	return g, nil
+	return tools, schemas, nil
 }
 
 func toJSONValue(v any) any {
@@ -288,12 +297,19 @@ func created(t *tasks.Task) sdk.Result {
 // input schema.
 func (g *Gate) arguments(req *sdk.CallToolRequest) (map[string]any, error) {
 	var args map[string]any
-	raw, _ := json.Marshal(req.Params.Arguments)
+	raw, err := json.Marshal(req.Params.Arguments)
+	if err != nil {
+		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be a JSON object")
+	}
 	if len(raw) == 0 || string(raw) == "null" {
 		raw = []byte("{}")
 	}
 	if err := json.Unmarshal(raw, &args); err != nil {
 		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be a JSON object")
+	}
+	if err := clean.JSON(raw); err != nil {
+		// Neither the PDP nor a tool's storage could take them.
+		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be valid UTF-8 without NUL characters")
 	}
 	if err := g.schemas[req.Params.Name].Validate(toJSONValue(args)); err != nil {
 		return nil, rpcError(tasks.CodeInvalidParams, "invalid arguments for "+req.Params.Name+": "+oneLine(err.Error()))

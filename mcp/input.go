@@ -47,25 +47,36 @@ func (g *Gate) sealState(s mrtrState) string {
 	return base64.RawURLEncoding.EncodeToString(g.box.Seal(b, stateAAD))
 }
 
+// openState reads a requestState this server sealed, refusing (invalid
+// params) one it did not seal or that has expired.
+func (g *Gate) openState(s string) (mrtrState, error) {
+	invalid := func(msg string) error { return rpcError(tasks.CodeInvalidParams, msg) }
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return mrtrState{}, invalid("requestState is not one this server issued")
+	}
+	plain, err := g.box.Open(raw, stateAAD)
+	if err != nil {
+		return mrtrState{}, invalid("requestState is not one this server issued")
+	}
+	var st mrtrState
+	if json.Unmarshal(plain, &st) != nil {
+		return mrtrState{}, invalid("requestState is not one this server issued")
+	}
+	if g.now().After(st.Expires) {
+		return mrtrState{}, invalid("requestState has expired; call the tool again")
+	}
+	return st, nil
+}
+
 // resume checks an MRTR retry against the binding carried in its
 // requestState: same principal, tool and arguments, not expired, not used
 // before. It returns the accepted answers.
 func (g *Gate) resume(ctx context.Context, p Principal, tool string, args map[string]any, req *sdk.CallToolRequest) (*inputAnswers, error) {
 	invalid := func(msg string) error { return rpcError(tasks.CodeInvalidParams, msg) }
-	raw, err := base64.RawURLEncoding.DecodeString(req.Params.RequestState)
+	st, err := g.openState(req.Params.RequestState)
 	if err != nil {
-		return nil, invalid("requestState is not one this server issued")
-	}
-	plain, err := g.box.Open(raw, stateAAD)
-	if err != nil {
-		return nil, invalid("requestState is not one this server issued")
-	}
-	var st mrtrState
-	if json.Unmarshal(plain, &st) != nil {
-		return nil, invalid("requestState is not one this server issued")
-	}
-	if g.now().After(st.Expires) {
-		return nil, invalid("requestState has expired; call the tool again")
+		return nil, err
 	}
 	d, err := digest(tool, args)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/omcp/arap/callbacks"
+	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp/tasks"
@@ -132,8 +133,25 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
 	})
-	srv.handler = mux
+	srv.handler = cleanURLs(mux)
 	return srv, nil
+}
+
+// cleanURLs refuses a path or query holding control characters or invalid
+// UTF-8 (see internal/clean) before any handler sees it: 404 for such a
+// path, 400 for such a query.
+func cleanURLs(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := clean.Path(r.URL.Path); err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		if err := clean.Query(r.URL.RawQuery); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
@@ -293,10 +311,10 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 // endpoint before acting, and a callback about a stale generation is
 // ignored.
 func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
-	var body callbacks.Body
 	raw, _ := io.ReadAll(r.Body)
-	if json.Unmarshal(raw, &body) != nil || body.State == "" || body.Task.ID == "" {
-		http.Error(w, "malformed callback", http.StatusBadRequest)
+	body, err := callbacks.ParseBody(raw)
+	if err != nil {
+		http.Error(w, "malformed callback: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	var current bool

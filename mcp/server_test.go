@@ -27,6 +27,12 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 // reached by these requests.
 func server(t *testing.T, anon *mcp.Principal) string {
 	t.Helper()
+	return serverWith(t, mcp.ServerOptions{Name: "test", Version: "0", Anonymous: anon})
+}
+
+// serverWith is server with any options.
+func serverWith(t *testing.T, o mcp.ServerOptions) string {
+	t.Helper()
 	db := dbtest.New(t)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
@@ -34,7 +40,7 @@ func server(t *testing.T, anon *mcp.Principal) string {
 		MasterKey: make([]byte, 32), Jobs: jobs, Tools: mcp.DemoTools()})
 	require.NoError(t, err)
 	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
-	srv, err := mcp.NewServer(g, mcp.ServerOptions{Name: "test", Version: "0", Anonymous: anon})
+	srv, err := mcp.NewServer(g, o)
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)

@@ -12,6 +12,8 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/randid"
 )
 
 // ApprovalStore is the PDP's view of approvals: lookup by id and a record
@@ -35,6 +37,9 @@ func scanApproval(row pgx.Row) (*evaluation.ApprovalRecord, error) {
 
 // Approval returns approval id, or nil when there is none.
 func (s *ApprovalStore) Approval(ctx context.Context, id string) (*evaluation.ApprovalRecord, error) {
+	if !randid.Valid(ApprovalIDPrefix, id) {
+		return nil, nil
+	}
 	a, err := scanApproval(s.DB.QueryRow(ctx, `SELECT `+approvalColumns+` FROM arap.approvals WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -59,6 +64,12 @@ func (s *ApprovalStore) RecordEvaluation(ctx context.Context, a *evaluation.Appr
 // approval_expired. Only a voter eligible for the request, or the system, may.
 func (s *Service) Revoke(ctx context.Context, v Voter, id, reason string) (*evaluation.ApprovalRecord, error) {
 	var out *evaluation.ApprovalRecord
+	if !randid.Valid(ApprovalIDPrefix, id) && !randid.Valid(RequestIDPrefix, id) {
+		return nil, refuse(authzen.ProblemNotFound, "no approval with this id")
+	}
+	if err := clean.Text(reason); err != nil {
+		return nil, refuse(authzen.ProblemInvalidRequest, "reason: %v", err)
+	}
 	err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
 		a, err := scanApproval(tx.QueryRow(ctx, `SELECT `+approvalColumns+` FROM arap.approvals WHERE id = $1 OR request_id = $1 FOR UPDATE`, id))
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -16,7 +16,9 @@ import (
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/identity"
+	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/fault"
+	"github.com/omcp/arap/internal/randid"
 	"github.com/omcp/arap/signing"
 )
 
@@ -196,6 +198,9 @@ func describeDeciders(p evaluation.ApprovalPolicy) string {
 // concurrent cancel or expiry either happens before (and the vote is
 // refused) or after (and finds the request no longer pending).
 func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*Request, error) {
+	if !randid.Valid(RequestIDPrefix, id) {
+		return nil, errUnknownTask
+	}
 	var out *Request
 	err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
 		r, err := scanRequest(tx.QueryRow(ctx, `SELECT `+requestColumns+` FROM arap.requests WHERE id = $1 FOR UPDATE`, id))
@@ -221,6 +226,9 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 		}
 		if len(d.Reason) > 2000 {
 			return refuse(authzen.ProblemInvalidRequest, "reason is longer than 2000 characters")
+		}
+		if err := clean.Text(d.Reason); err != nil {
+			return refuse(authzen.ProblemInvalidRequest, "reason: %v", err)
 		}
 		decision := evaluation.DecisionDeny
 		if d.Approve {
@@ -299,7 +307,7 @@ func (s *Service) approveTx(ctx context.Context, tx pgx.Tx, r *Request, votes []
 		until = max
 	}
 	until = until.Truncate(time.Second)
-	approvalID := "apr_" + rand.Text()
+	approvalID := randid.New(ApprovalIDPrefix)
 	// The submission was checked against the binding_token's actor_hash, so
 	// the stored subject carries the evaluated chain.
 	actors, err := authzen.ActorHash(r.Subject)

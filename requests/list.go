@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/randid"
 )
 
 // ListOptions filter a listing.
@@ -89,7 +90,7 @@ func decodeCursor(c string) (time.Time, string, error) {
 		return time.Time{}, "", err
 	}
 	at, id, ok := strings.Cut(string(b), "|")
-	if !ok {
+	if !ok || !randid.Valid(RequestIDPrefix, id) {
 		return time.Time{}, "", fmt.Errorf("bad cursor")
 	}
 	t, err := time.Parse(time.RFC3339Nano, at)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/randid"
 )
 
 // Request is an access request as stored.
@@ -82,7 +83,16 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// Id prefixes of requests and approvals.
+const (
+	RequestIDPrefix  = "arq_"
+	ApprovalIDPrefix = "apr_"
+)
+
 func load(ctx context.Context, q Querier, id string) (*Request, error) {
+	if !randid.Valid(RequestIDPrefix, id) {
+		return nil, errUnknownTask
+	}
 	r, err := scanRequest(q.QueryRow(ctx, `SELECT `+requestColumns+` FROM arap.requests WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errUnknownTask

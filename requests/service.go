@@ -25,6 +25,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/fault"
 	"github.com/omcp/arap/signing"
 )
@@ -150,6 +151,11 @@ func (s *Service) Get(ctx context.Context, caller Caller, id string) (*Request, 
 
 // Cancel cancels caller's pending request id.
 func (s *Service) Cancel(ctx context.Context, caller Caller, id, reason, comment string) (*Request, error) {
+	for _, t := range []string{reason, comment} {
+		if err := clean.Text(t); err != nil {
+			return nil, refuse(authzen.ProblemInvalidRequest, "the cancellation's reason or comment is refused: %v", err)
+		}
+	}
 	r, err := s.Get(ctx, caller, id)
 	if err != nil {
 		return nil, err

@@ -1,9 +1,7 @@
 package requests
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -21,6 +19,8 @@ import (
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/identity"
+	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/randid"
 	"github.com/omcp/arap/signing"
 )
 
@@ -48,12 +48,12 @@ func (s *Service) Submit(ctx context.Context, caller Caller, key string, body []
 	if err != nil {
 		return nil, err
 	}
+	if err := clean.JSON(body); err != nil {
+		return nil, refuse(authzen.ProblemInvalidRequest, "the body is refused: %v", err)
+	}
 	canon, err := jcs.Transform(body)
 	if err != nil {
 		return nil, refuse(authzen.ProblemInvalidRequest, "the body is not valid JSON: %v", err)
-	}
-	if bytes.Contains(canon, []byte(`\u0000`)) {
-		return nil, refuse(authzen.ProblemInvalidRequest, "strings may not contain NUL characters")
 	}
 	bodyHash := sha256.Sum256(canon)
 
@@ -334,7 +334,7 @@ func describeMembers(m []string) string {
 func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHash []byte, sub *authzen.Submission, c *evaluation.BindingClaims, rule *evaluation.Rule) (*Submitted, error) {
 	now := s.now()
 	r := &Request{
-		ID:                    "arq_" + rand.Text(),
+		ID:                    randid.New(RequestIDPrefix),
 		ClientID:              caller.ID,
 		Status:                Pending,
 		Rule:                  rule.Name,

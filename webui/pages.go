@@ -9,6 +9,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/requests"
 )
 
@@ -154,7 +155,11 @@ func (u *UI) decide(w http.ResponseWriter, r *http.Request) {
 	_, err := u.d.Requests.Decide(r.Context(), u.voter(s), id, requests.Decision{Approve: decision == "approve", Reason: reason})
 	var re *requests.Error
 	if errors.As(err, &re) {
-		u.showRequest(w, r, id, http.StatusConflict, "Your decision was not recorded: "+re.Detail+".")
+		status := http.StatusConflict
+		if re.Code == authzen.ProblemInvalidRequest {
+			status = http.StatusBadRequest
+		}
+		u.showRequest(w, r, id, status, "Your decision was not recorded: "+re.Detail+".")
 		return
 	}
 	if err != nil {

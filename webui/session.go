@@ -15,11 +15,9 @@ import (
 	"github.com/omcp/arap/directory"
 )
 
-// Sign-in limits.
+// Sessions.
 const (
 	sessionTTL   = 8 * time.Hour
-	maxFailures  = 5
-	lockoutSpan  = 15 * time.Minute
 	cookieName   = "arap_session"
 	loginCSRFKey = "arap_login_csrf"
 )
@@ -44,36 +42,28 @@ func (u *UI) cookie(name, value string, maxAge int) *http.Cookie {
 	return &http.Cookie{Name: name, Value: value, Path: "/ui/", MaxAge: maxAge, HttpOnly: true, Secure: u.d.Secure, SameSite: http.SameSiteStrictMode}
 }
 
-// locked reports whether user is locked out after repeated failures, and
-// until when.
-func (u *UI) locked(ctx context.Context, user string) (bool, time.Time, error) {
-	var n int
-	var last *time.Time
-	err := u.d.DB.QueryRow(ctx, `SELECT count(*), max(at) FROM arap.ui_login_failures WHERE user_name = $1 AND at > $2`,
-		user, u.now().Add(-lockoutSpan)).Scan(&n, &last)
-	if err != nil || n < maxFailures || last == nil {
-		return false, time.Time{}, err
+// signIn checks a password, within the throttle (throttle.go), and opens a
+// session. It returns the session id and the browser's device id.
+func (u *UI) signIn(ctx context.Context, r *http.Request, name, password string) (sid, device string, err error) {
+	if !directory.ValidName(name) {
+		// No account has this name, so no password is checked and nothing
+		// is charged; it also keeps bytes PostgreSQL refuses out of SQL.
+		return "", "", directory.ErrBadPassword
 	}
-	return true, last.Add(lockoutSpan), nil
-}
-
-// signIn checks a password (with lock-out) and opens a session.
-func (u *UI) signIn(ctx context.Context, name, password string) (string, error) {
-	if locked, until, err := u.locked(ctx, name); err != nil {
-		return "", err
-	} else if locked {
-		return "", &lockedError{until: until}
+	a, err := u.charge(ctx, r, name)
+	if err != nil {
+		return "", "", err
 	}
 	user, err := u.d.Directory.CheckPassword(ctx, name, password)
 	if err != nil {
-		if errors.Is(err, directory.ErrBadPassword) || errors.Is(err, directory.ErrUserDisabled) {
-			_, _ = u.d.DB.Exec(ctx, `INSERT INTO arap.ui_login_failures (user_name, at) VALUES ($1, $2)`, name, u.now())
+		if w := delay(a.n); w > 0 && (errors.Is(err, directory.ErrBadPassword) || errors.Is(err, directory.ErrUserDisabled)) {
+			return "", "", &wrongPasswordError{err: err, wait: w}
 		}
-		return "", err
+		return "", "", err
 	}
 	id := randomToken()
 	if err := pgx.BeginFunc(ctx, u.d.DB, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `DELETE FROM arap.ui_login_failures WHERE user_name = $1 OR at < $2`, user.Name, u.now().Add(-lockoutSpan)); err != nil {
+		if device, err = u.succeeded(ctx, tx, r, a); err != nil {
 			return err
 		}
 		// Sessions that ended are swept here rather than by a job: sign-ins
@@ -85,14 +75,19 @@ func (u *UI) signIn(ctx context.Context, name, password string) (string, error) 
 			hashID(id), user.Name, randomToken(), u.now(), u.now().Add(sessionTTL))
 		return err
 	}); err != nil {
-		return "", err
+		return "", "", err
 	}
-	return id, nil
+	return id, device, nil
 }
 
-type lockedError struct{ until time.Time }
+// wrongPasswordError is a failed attempt after which the client must wait.
+type wrongPasswordError struct {
+	err  error
+	wait time.Duration
+}
 
-func (e *lockedError) Error() string { return "locked" }
+func (e *wrongPasswordError) Error() string { return e.err.Error() }
+func (e *wrongPasswordError) Unwrap() error { return e.err }
 
 // current returns the request's session, or nil.
 func (u *UI) current(r *http.Request) *session {

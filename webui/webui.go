@@ -1,11 +1,12 @@
 // Package webui is the approvers' web interface, served by the backend at
 // /ui/: sign-in with local accounts (secure session cookies, CSRF tokens on
-// every form, lock-out after repeated failures), the queue of requests the
-// person may decide, a request page that shows exactly what is asked (tool,
-// every argument, who for and through which agent, the justification, the
-// rule, quorum progress, time left, the audit trail) with approve and deny,
-// and the history. Pages are server-rendered html/template with embedded
-// assets and one small script that refreshes them in place.
+// every form, failed sign-ins slowing the client that made them rather than
+// locking the account), the queue of requests the person may decide, a
+// request page that shows exactly what is asked (tool, every argument, who
+// for and through which agent, the justification, the rule, quorum
+// progress, time left, the audit trail) with approve and deny, and the
+// history. Pages are server-rendered html/template with embedded assets and
+// one small script that refreshes them in place.
 package webui
 
 import (
@@ -20,8 +21,10 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -213,25 +216,55 @@ func (u *UI) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := strings.ToLower(strings.TrimSpace(r.PostFormValue("username")))
-	id, err := u.signIn(r.Context(), name, r.PostFormValue("password"))
+	id, device, err := u.signIn(r.Context(), r, name, r.PostFormValue("password"))
 	if err != nil {
 		token := randomToken()
 		http.SetCookie(w, u.cookie(loginCSRFKey, token, 600))
-		msg := "Wrong user name or password."
-		var le *lockedError
-		if errors.As(err, &le) {
-			msg = fmt.Sprintf("Too many failed sign-ins for this account; try again after %s.", le.until.UTC().Format("15:04 MST"))
-		} else if !errors.Is(err, directory.ErrBadPassword) && !errors.Is(err, directory.ErrUserDisabled) {
+		status, msg := http.StatusUnauthorized, "Wrong user name or password."
+		var te *throttledError
+		var we *wrongPasswordError
+		switch {
+		case errors.As(err, &te):
+			status = http.StatusTooManyRequests
+			w.Header().Set("Retry-After", strconv.Itoa(seconds(te.retry)))
+			msg = "Too many failed sign-ins for this account from here; try again in " + wait(te.retry) + "."
+			if te.account {
+				msg = "Too many failed sign-ins for this account from browsers it has not used before; try again in " + wait(te.retry) +
+					", or from a browser you have signed in with before."
+			}
+		case errors.As(err, &we):
+			msg = "Wrong user name or password. Wait " + wait(we.wait) + " before trying again."
+		case !errors.Is(err, directory.ErrBadPassword) && !errors.Is(err, directory.ErrUserDisabled):
 			u.d.Log.Error("sign-in failed", "error", err)
 			msg = "Sign-in is unavailable; try again later."
 		}
-		u.render(w, r, "login", http.StatusUnauthorized, page{Title: "Sign in", CSRF: token, Error: msg,
+		if !utf8.ValidString(name) || len(name) > 200 {
+			name = "" // not echoed into the form
+		}
+		u.render(w, r, "login", status, page{Title: "Sign in", CSRF: token, Error: msg,
 			Data: map[string]string{"Next": safeNext(r.PostFormValue("next")), "Username": name}})
 		return
 	}
 	http.SetCookie(w, u.cookie(loginCSRFKey, "", -1))
 	http.SetCookie(w, u.cookie(cookieName, id, int(sessionTTL.Seconds())))
+	http.SetCookie(w, u.cookie(deviceCookie, device, int(deviceTTL.Seconds())))
 	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
+}
+
+// seconds rounds a wait up to whole seconds, at least one.
+func seconds(d time.Duration) int { return max(1, int((d+time.Second-1)/time.Second)) }
+
+// wait says how long to wait, in words.
+func wait(d time.Duration) string {
+	s := seconds(d)
+	switch {
+	case s == 1:
+		return "1 second"
+	case s < 120:
+		return strconv.Itoa(s) + " seconds"
+	default:
+		return strconv.Itoa((s+59)/60) + " minutes"
+	}
 }
 
 func (u *UI) logout(w http.ResponseWriter, r *http.Request) {

@@ -8,7 +8,9 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -94,8 +96,9 @@ func wireCall(subject string, amount float64) map[string]any {
 	}
 }
 
-func TestSignInSessionAndLockout(t *testing.T) {
-	env := backendtest.Start(t, backendtest.Options{})
+func TestSignInSessionAndThrottle(t *testing.T) {
+	clock := newClock()
+	env := backendtest.Start(t, backendtest.Options{Now: clock.Now})
 	b := newBrowser(t, env.URL)
 
 	p := b.get("/ui/requests/anything")
@@ -115,16 +118,26 @@ func TestSignInSessionAndLockout(t *testing.T) {
 	form.Set("csrf", csrf(t, login))
 	require.Equal(t, 403, b.post("/ui/login", form, "Origin", "https://evil.example").status)
 
-	// Wrong passwords: a generic message, then lock-out, which also holds
-	// against the right password; other accounts are unaffected.
-	for i := 0; i < 5; i++ {
-		p := b.post("/ui/login", url.Values{"csrf": {csrf(t, b.get("/ui/login"))}, "username": {"carol"}, "password": {"wrong"}})
+	// Wrong passwords: a generic message; after the free attempts the
+	// client must wait before the next one, which is refused unchecked even
+	// with the right password; other accounts are unaffected.
+	for i := 0; i < 3; i++ {
+		p := b.signIn("carol", "wrong")
 		require.Equal(t, 401, p.status)
 		require.Contains(t, p.body, "Wrong user name or password.")
+		require.NotContains(t, p.body, "Wait")
 	}
-	p = b.signIn("carol", dev.Password)
+	p = b.signIn("carol", "wrong")
 	require.Equal(t, 401, p.status)
-	require.Contains(t, p.body, "Too many failed sign-ins")
+	require.Contains(t, p.body, "Wrong user name or password. Wait 1 second before trying again.")
+	p = b.signIn("carol", dev.Password)
+	require.Equal(t, http.StatusTooManyRequests, p.status)
+	require.Equal(t, "1", p.header.Get("Retry-After"))
+	require.Contains(t, p.body, "Too many failed sign-ins for this account from here; try again in 1 second.")
+	clock.Advance(time.Second)
+	p = b.signIn("carol", dev.Password)
+	require.Equal(t, http.StatusSeeOther, p.status, "after the wait, the right password works: %s", p.body)
+	b = newBrowser(t, env.URL)
 
 	p = b.signIn("bob", dev.Password)
 	require.Equal(t, http.StatusSeeOther, p.status, "%s", p.body)
@@ -262,6 +275,26 @@ func TestIneligibleApproverSeesWhyAndNoButtons(t *testing.T) {
 	got, err = env.Backend.Requests().Load(context.Background(), platform)
 	require.NoError(t, err)
 	require.Equal(t, requests.Pending, got.Status)
+}
+
+// clock is a test clock for the web UI: time stands still until moved.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: time.Now()} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
 }
 
 func mustURL(t *testing.T, s string) *url.URL {

@@ -47,6 +47,8 @@ type Options struct {
 	// Join, when set, starts another replica on Join's database (already
 	// seeded) instead of a fresh one.
 	Join *Env
+	// Now is the web UI's clock (time.Now when nil).
+	Now func() time.Time
 }
 
 // fixedClock is ten seconds into a minute in 2030.
@@ -80,7 +82,7 @@ func Start(t testing.TB, o Options) *Env {
 	front := httptest.NewUnstartedServer(nil)
 	b, err := backend.New(ctx, backend.Config{
 		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
-		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock,
+		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now,
 	})
 	if err != nil {
 		t.Fatal(err)
