@@ -59,9 +59,10 @@ func envInt(t *testing.T, name string, def int) int {
 // 100000 is the scale run) reach their deadline at the same moment with two
 // `arapd serve` replicas on one database. Every request ends expired, with
 // exactly one request.expired audit event and exactly one callback delivery
-// (each subscribed, as every request a PEP makes does), within a minute of
-// the deadline; every audit chain still verifies, and both replicas are
-// still running.
+// (each subscribed, as every request a PEP makes does); every audit chain
+// still verifies, and both replicas are still running. With
+// ARAP_SCALE_REQUESTS set (the scale run), the last must also expire within
+// a minute of the deadline.
 //
 // The requests are written in bulk rather than through the API (100k
 // submissions would take longer than the expiry being measured), but they
@@ -140,7 +141,12 @@ func TestScaleExpiry(t *testing.T) {
 	took := last.Sub(start)
 	t.Logf("expiry: N=%d, last expired %.1fs after the deadline (polled: %.1fs), %.0f requests/s, two replicas",
 		n, took.Seconds(), observed.Seconds(), float64(n)/took.Seconds())
-	require.Less(t, took, time.Minute, "%d requests expire within a minute of their deadline", n)
+	// A bound on time is a measurement: asserted in the scale run that
+	// states it (ARAP_SCALE_REQUESTS set), only logged in `go test ./...`,
+	// where a loaded machine says nothing about the code.
+	if os.Getenv("ARAP_SCALE_REQUESTS") != "" {
+		require.Less(t, took, time.Minute, "%d requests expire within a minute of their deadline", n)
+	}
 
 	// Every request expired, exactly once.
 	var total, expired, chains, wrong int

@@ -186,6 +186,7 @@ func TestForgedCallbackCannotExecute(t *testing.T) {
 	// wait for; the window is watched instead, failing as soon as it acts.
 	require.Never(t, func() bool {
 		d, _, err := alice.Get(ctx, id)
-		return err != nil || d.Status != tasks.Working || s.ledger(id) != 0
+		ran, lerr := s.ledgerCount(id)
+		return err != nil || d.Status != tasks.Working || lerr != nil || ran != 0
 	}, 3*time.Second, 100*time.Millisecond, "the task acted on a callback while its request is pending")
 }
