@@ -36,7 +36,7 @@ func TestCrashAtEachFaultPoint(t *testing.T) {
 		t.Run(tc.point, func(t *testing.T) {
 			s.mcp.cmd.Process.Kill()
 			s.mcp.wait(10 * time.Second)
-			s.mcp = s.startMCP("ARAP_FAULT=" + tc.point)
+			s.mcp = s.startFaultyMCP(tc.point)
 			alice := s.client(s.alice)
 			args := map[string]any{"to": "acct-crash", "amount": 30000 + i}
 			var taskID string
@@ -44,7 +44,7 @@ func TestCrashAtEachFaultPoint(t *testing.T) {
 				_, err := alice.CallTool(ctx, "wire_transfer", args, nil)
 				require.Error(t, err, "the server dies inside tools/call")
 				require.Equal(t, -1, s.mcp.wait(10*time.Second))
-				s.mcp = s.startMCP()
+				s.mcp = s.startRecoveryMCP()
 				alice = s.client(s.alice)
 				// The agent retries the same call: it gets the task that the
 				// restarted server recovered, not a second approval.

@@ -81,7 +81,7 @@ func TestSEP2848Conformance(t *testing.T) {
 	t.Run(outcomeUnknown, func(t *testing.T) {
 		s.mcp.cmd.Process.Kill()
 		s.mcp.wait(10 * time.Second)
-		s.mcp = s.startMCP("ARAP_FAULT=pep.after-claim")
+		s.mcp = s.startFaultyMCP("pep.after-claim")
 		cfg.Profile.Stalling = &cfg.Profile.Gated
 		cfg.Profile.StallsFor = sep2848.Duration(10 * time.Second)
 		cfg.Scenarios = []string{"outcome-unknown"}

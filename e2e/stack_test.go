@@ -77,8 +77,12 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	return s
 }
 
-// startMCP starts `arapd mcp` with short timers, plus extra environment
-// (a fault point, say).
+// startMCP starts `arapd mcp` with short timers, plus extra environment.
+// The execution timeout (30 s) and the intent grace (15 s) stay the
+// defaults: on a loaded machine a tool run, or a submission, may be slow,
+// and a run slower than the timeout ends outcome-unknown; a submission
+// slower than the grace is taken over by the reconciler (see
+// startRecoveryMCP).
 func (s *stack) startMCP(extraEnv ...string) *proc {
 	env := append([]string{
 		"DATABASE_URL=" + s.dbURL, "ARAP_PEP_MASTER_KEY=" + pepMasterKey, "ARAP_BACKEND_TOKEN=" + s.pepToken,
@@ -89,12 +93,29 @@ func (s *stack) startMCP(extraEnv ...string) *proc {
 		addr = s.mcp.addr // a restart keeps the address the backend calls back
 	}
 	args := []string{"mcp", "--addr", addr, "--backend-url", s.api,
-		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s"}
+		"--poll-interval", "500ms", "--reconcile-every", "1s"}
 	args = append(args, s.mcpArgs...)
 	if s.mcpBinary != "" {
 		return startBinary(s.t, s.mcpBinary, env, args...)
 	}
 	return startArapd(s.t, env, args...)
+}
+
+// startFaultyMCP starts `arapd mcp` that kills itself (SIGKILL) at fault
+// point, with a two-second execution timeout: a run it claims and dies in
+// is reaped (outcome-unknown) two seconds after the claim, by whichever
+// front-end runs next.
+func (s *stack) startFaultyMCP(point string) *proc {
+	return s.startMCP("ARAP_FAULT="+point, "ARAP_EXEC_TIMEOUT=2s")
+}
+
+// startRecoveryMCP starts `arapd mcp` after one died in the middle of a
+// call, with an intent grace of a second: the submission intent the dead
+// one left unbound is taken over a second later, not fifteen. (Only for
+// recovering: a live submission slower than the grace would be taken over
+// too.)
+func (s *stack) startRecoveryMCP() *proc {
+	return s.startMCP("ARAP_INTENT_GRACE=1s")
 }
 
 func (s *stack) client(token string) *tasks.Client {
