@@ -18,10 +18,14 @@ func TestBenchRunsEveryOperation(t *testing.T) {
 		t.Skip(err)
 	}
 	ctx := context.Background()
-	s, err := Start(ctx, Options{Callers: 50})
+	s, err := Start(ctx, Options{Callers: 200}) // per-caller limits: 20 live tasks, 30 a minute
 	require.NoError(t, err)
 	t.Cleanup(s.Stop)
-	r, err := Run(ctx, s, Config{Concurrency: 4, Duration: 500 * time.Millisecond, Ops: AllOps, StatusRows: 2000, LatencyConcurrency: 2})
+	// Each op must complete at least once within Duration; approve-to-
+	// complete (a gated call, an approval, the callback, the run) took
+	// 250-500 ms on a loaded 2-core machine, so 500 ms could end with none.
+	// (Four times the callers of a 500 ms run: the same load per caller.)
+	r, err := Run(ctx, s, Config{Concurrency: 4, Duration: 2 * time.Second, Ops: AllOps, StatusRows: 2000, LatencyConcurrency: 2})
 	require.NoError(t, err)
 	require.Len(t, r.Rows, len(AllOps))
 	for _, row := range append(r.Rows, Row{Stats: r.Baselines["http"]}, Row{Stats: r.Baselines["insert"]}) {
