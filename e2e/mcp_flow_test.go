@@ -33,7 +33,7 @@ rules:
     when: resource.properties.arguments.amount == 22
     effect: request
     approval: {kinds: [itsm], grant_delay: 3s}
-    request_schema:
+    request_schema: &ticket
       type: object
       required: [context]
       properties:
@@ -42,6 +42,14 @@ rules:
           required: [ticket]
           properties:
             ticket: {type: string, pattern: "^CHG[0-9]+$", description: "Change ticket, e.g. CHG123"}
+  # The revocation must land before the grant: a delay that no stall of a
+  # loaded machine between two HTTP calls comes near.
+  - name: provision_slowly
+    match: {resource_id: wire_transfer}
+    when: resource.properties.arguments.amount == 23
+    effect: request
+    approval: {kinds: [itsm], grant_delay: 10s}
+    request_schema: *ticket
   - name: wire_transfer_large
     match: {resource_id: wire_transfer}
     effect: request
@@ -116,7 +124,7 @@ func TestApprovalFlows(t *testing.T) {
 	})
 
 	t.Run("a revoked approval opens a new request, with input asked in-task", func(t *testing.T) {
-		r := answer(t, alice, map[string]any{"to": "c", "amount": 22}, "CHG200")
+		r := answer(t, alice, map[string]any{"to": "c", "amount": 23}, "CHG200")
 		first := s.requestOf(r.Task.TaskID)
 		require.Equal(t, 200, s.decide(first, "approve"))
 		// While the grant is pending, revoke the approval.
