@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,7 +12,8 @@ import (
 )
 
 // TestBenchRunsEveryOperation keeps arapbench working: a short run of every
-// operation against a real system, with no errors. (Figures are for
+// operation against a real system, with no errors, and each operation once
+// more on its own, which must succeed. (Figures are for
 // `go run ./cmd/arapbench`, not for tests.)
 func TestBenchRunsEveryOperation(t *testing.T) {
 	if _, err := pgembed.BinDir(); err != nil {
@@ -24,11 +26,32 @@ func TestBenchRunsEveryOperation(t *testing.T) {
 	r, err := Run(ctx, s, Config{Concurrency: 4, Duration: 500 * time.Millisecond, Ops: AllOps, StatusRows: 2000, LatencyConcurrency: 2})
 	require.NoError(t, err)
 	require.Len(t, r.Rows, len(AllOps))
+	// How many complete within the window is a measurement: a loaded
+	// machine stalls for seconds at times (an evaluation's p99 of 1.9 s
+	// seen at load 12), so a window may end with none, and an operation
+	// cut off by the window counts neither way. Errors count.
 	for _, row := range append(r.Rows, Row{Stats: r.Baselines["http"]}, Row{Stats: r.Baselines["insert"]}) {
 		require.Zero(t, row.Errors, "%s: %s", row.Name, row.FirstError)
-		require.Positive(t, row.N, row.Name)
 	}
 	require.GreaterOrEqual(t, r.StatusRows, 2000)
 	require.Positive(t, r.PeakRSS["arapd serve"])
 	require.Positive(t, r.PeakRSS["arapd mcp"])
+
+	// Each operation completes, however long it takes here.
+	var next atomic.Int64
+	var subs submitted
+	once := func(name string, op Op) {
+		t.Helper()
+		c, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		_, err := op(c, 0)
+		require.NoError(t, err, name)
+	}
+	once("evaluate", s.Evaluate())
+	once("submit", s.Submit(nil, &subs))
+	urls, err := subs.list()
+	require.NoError(t, err)
+	once("status", s.Status(urls))
+	once("gate", s.Gate(&next))
+	once("approve-to-complete", s.ApproveToComplete(&next))
 }

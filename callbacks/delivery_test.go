@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/authzen"
@@ -207,8 +209,26 @@ func TestRetriesKeepTheWebhookID(t *testing.T) {
 	require.Len(t, ds[0].Attempts, 3)
 	require.Equal(t, 500, *ds[0].Attempts[0].StatusCode)
 	require.Contains(t, ds[0].Attempts[0].Error, "500")
-	time.Sleep(time.Second) // nothing more arrives
+	jobFinished(t, env, ds[0].ID) // nothing more can arrive
 	require.Equal(t, 3, rc.count())
+}
+
+// jobFinished waits until the River job of delivery id has finished for
+// good: no attempt of it is running or still to come.
+func jobFinished(t *testing.T, env *backendtest.Env, id string) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var states []string
+		rows, err := env.Pool.Query(context.Background(), `SELECT state FROM river.river_job WHERE kind = $1 AND args->>'delivery_id' = $2`,
+			callbacks.DeliverArgs{}.Kind(), id)
+		require.NoError(c, err)
+		states, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(c, err)
+		require.NotEmpty(c, states, "no job for delivery %s", id)
+		for _, s := range states {
+			assert.Contains(c, []string{"completed", "cancelled", "discarded"}, s, "delivery %s: a job is %s", id, s)
+		}
+	}, 30*time.Second, 50*time.Millisecond)
 }
 
 func TestGoneStopsRetriesAndRetryAfterIsHonoured(t *testing.T) {
@@ -221,7 +241,7 @@ func TestGoneStopsRetriesAndRetryAfterIsHonoured(t *testing.T) {
 		ds := deliveriesOf(t, env, id)
 		return len(ds) == 1 && ds[0].Status == "gone"
 	}, 30*time.Second, 50*time.Millisecond)
-	time.Sleep(time.Second)
+	jobFinished(t, env, deliveriesOf(t, env, id)[0].ID)
 	require.Equal(t, 1, gone.count(), "410 Gone: no retry")
 
 	busy := newReceiver(t, http.StatusServiceUnavailable)

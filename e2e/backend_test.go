@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/internal/dbtest"
@@ -117,10 +118,10 @@ func TestTwoReplicasExpireOnce(t *testing.T) {
 	a.wait(10 * time.Second)
 
 	ctx := context.Background()
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var pending int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM arap.requests WHERE status = 'pending'`).Scan(&pending))
-		return pending == 0
+		require.NoError(c, pool.QueryRow(ctx, `SELECT count(*) FROM arap.requests WHERE status = 'pending'`).Scan(&pending))
+		assert.Zero(c, pending, "requests still pending")
 	}, 90*time.Second, 200*time.Millisecond)
 	for _, id := range ids {
 		var status string
@@ -158,7 +159,8 @@ func TestReloadAndGracefulShutdown(t *testing.T) {
 
 	p.signal(syscall.SIGTERM)
 	require.Equal(t, 0, p.wait(40*time.Second))
-	p.waitLog("backend stopped", time.Second)
+	// Exited, so every line it wrote is collected (proc.done).
+	p.waitLog("backend stopped", 30*time.Second)
 	require.False(t, strings.Contains(strings.Join(p.logLines(), "\n"), token), "tokens never reach the logs")
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/callbacks"
@@ -95,8 +96,18 @@ rules:
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT state, attempt FROM river.river_job WHERE kind = 'callbacks.deliver'`).Scan(&jobState, &attempt))
 	t.Logf("delivery job after the crash: %s (attempt %d)", jobState, attempt)
 	startArapd(t, env, args...)
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= 1 }, 60*time.Second, 100*time.Millisecond)
-	time.Sleep(500 * time.Millisecond)
+	// Wait until nothing more can be sent: the delivery is recorded as
+	// delivered and every delivery job has finished (one the dead process
+	// had claimed is rescued after twice the job timeout, then runs).
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var status string
+		var unfinished int
+		require.NoError(c, pool.QueryRow(context.Background(), `SELECT status FROM arap.deliveries WHERE request_id = $1`, id).Scan(&status))
+		require.NoError(c, pool.QueryRow(context.Background(), `SELECT count(*) FROM river.river_job WHERE kind = $1
+			AND state NOT IN ('completed', 'cancelled', 'discarded')`, callbacks.DeliverArgs{}.Kind()).Scan(&unfinished))
+		assert.Equal(c, "delivered", status)
+		assert.Zero(c, unfinished, "delivery jobs not finished")
+	}, 3*time.Minute, 100*time.Millisecond) // a rescue can take a minute: the survivor's leadership, River's 30 s rescuer
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, got, 1, "delivered once")

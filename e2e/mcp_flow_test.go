@@ -1,12 +1,18 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
 )
@@ -27,7 +33,7 @@ rules:
     when: resource.properties.arguments.amount == 22
     effect: request
     approval: {kinds: [itsm], grant_delay: 3s}
-    request_schema:
+    request_schema: &ticket
       type: object
       required: [context]
       properties:
@@ -36,6 +42,14 @@ rules:
           required: [ticket]
           properties:
             ticket: {type: string, pattern: "^CHG[0-9]+$", description: "Change ticket, e.g. CHG123"}
+  # The revocation must land before the grant: a delay that no stall of a
+  # loaded machine between two HTTP calls comes near.
+  - name: provision_slowly
+    match: {resource_id: wire_transfer}
+    when: resource.properties.arguments.amount == 23
+    effect: request
+    approval: {kinds: [itsm], grant_delay: 10s}
+    request_schema: *ticket
   - name: wire_transfer_large
     match: {resource_id: wire_transfer}
     effect: request
@@ -86,21 +100,31 @@ func TestApprovalFlows(t *testing.T) {
 
 	t.Run("grant pending: the task waits and then runs once", func(t *testing.T) {
 		r := answer(t, alice, map[string]any{"to": "b", "amount": 22}, "CHG100")
-		require.Equal(t, 200, s.decide(s.requestOf(r.Task.TaskID), "approve"))
-		time.Sleep(1200 * time.Millisecond)
-		d, _, err := alice.Get(ctx, r.Task.TaskID)
+		id := r.Task.TaskID
+		require.Equal(t, 200, s.decide(s.requestOf(id), "approve"))
+		// The callback wakes the task; re-evaluation says retry (the grant
+		// is still provisioning), which leaves the task working and
+		// schedules a follow-up look at the retry-after.
+		require.Eventually(t, func() bool { return followUps(t, s, id, "") > 0 }, 60*time.Second, 50*time.Millisecond,
+			"no follow-up look after the callback")
+		d, _, err := alice.Get(ctx, id)
 		require.NoError(t, err)
-		require.Equal(t, tasks.Working, d.Status, "retry keeps the task working; never a denial")
-		// The callback's follow-up looks again at the retry-after, well
-		// before the 30 s safety poll would.
-		d = s.waitTaskWithin(alice, r.Task.TaskID, mcp.SafetyPoll*2/3)
+		if d.Status != tasks.Working { // the follow-up may have run already
+			disp, _ := disposition(t, d)
+			require.Equal(t, "approved-executed", disp, "retry keeps the task working; never a denial")
+		}
+		d = s.waitTask(alice, id)
 		disp, _ := disposition(t, d)
 		require.Equal(t, "approved-executed", disp)
-		require.Equal(t, 1, s.ledger(r.Task.TaskID))
+		require.Equal(t, 1, s.ledger(id))
+		// It was the follow-up that ran it, not the tracking job's safety
+		// poll (mcp.SafetyPoll), whose first look comes 30 s after the call.
+		require.Positive(t, followUps(t, s, id, "AND j.attempted_at <= t.terminal_at"), "the follow-up ended the task")
+		require.Zero(t, tracking(t, s, id, "AND j.attempted_at <= t.terminal_at"), "the safety poll ended the task")
 	})
 
 	t.Run("a revoked approval opens a new request, with input asked in-task", func(t *testing.T) {
-		r := answer(t, alice, map[string]any{"to": "c", "amount": 22}, "CHG200")
+		r := answer(t, alice, map[string]any{"to": "c", "amount": 23}, "CHG200")
 		first := s.requestOf(r.Task.TaskID)
 		require.Equal(t, 200, s.decide(first, "approve"))
 		// While the grant is pending, revoke the approval.
@@ -133,14 +157,21 @@ func TestApprovalFlows(t *testing.T) {
 		require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM pep.intents WHERE task_id = $1`, r.Task.TaskID).Scan(&gens))
 		require.Equal(t, 2, gens, "two generations, each with its own key")
 		// A late callback or poll for the first, consumed generation does nothing.
-		require.Equal(t, 1, s.ledger(r.Task.TaskID))
+		s.callbacksSettled(r.Task.TaskID)
+		s.ledgerStays(r.Task.TaskID, 1, time.Second)
 	})
 
 	t.Run("a policy that denies at re-evaluation ends the task denied", func(t *testing.T) {
 		r, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "d", "amount": 30000}, nil)
 		require.NoError(t, err)
 		arapctl(t, s.env, "attributes", "set", "lockdown", "true")
-		time.Sleep(1100 * time.Millisecond) // attribute caches are at most a second old
+		// Attribute caches are at most a second old: wait until the
+		// backend's evaluations see the lockdown.
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			req, err := requestable(s, map[string]any{"to": "d", "amount": 30000})
+			require.NoError(c, err)
+			assert.False(c, req, "the backend does not see the lockdown yet")
+		}, 30*time.Second, 100*time.Millisecond)
 		require.Equal(t, 200, s.decide(s.requestOf(r.Task.TaskID), "approve"))
 		d := s.waitTask(alice, r.Task.TaskID)
 		disp, text := disposition(t, d)
@@ -149,4 +180,56 @@ func TestApprovalFlows(t *testing.T) {
 		require.Zero(t, s.ledger(r.Task.TaskID))
 		arapctl(t, s.env, "attributes", "unset", "lockdown")
 	})
+}
+
+// followUps counts the task's follow-up looks (River jobs of the
+// front-end), with a condition on the job j and the task t.
+func followUps(t *testing.T, s *stack, taskID, cond string) int {
+	return trackJobs(t, s, taskID, true, cond)
+}
+
+// tracking counts the task's own tracking job (the safety poll) likewise.
+func tracking(t *testing.T, s *stack, taskID, cond string) int {
+	return trackJobs(t, s, taskID, false, cond)
+}
+
+func trackJobs(t *testing.T, s *stack, taskID string, followUp bool, cond string) int {
+	var n int
+	err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM pep_river.river_job j JOIN pep.tasks t ON t.id = j.args->>'task_id'
+		WHERE j.kind = $1 AND t.id = $2 AND coalesce((j.args->>'follow_up')::boolean, false) = $3 `+cond,
+		mcp.TrackArgs{}.Kind(), taskID, followUp).Scan(&n)
+	if err != nil { // not require: this may run on Eventually's goroutine
+		t.Errorf("track jobs of %s: %v", taskID, err)
+		return -1
+	}
+	return n
+}
+
+// requestable reports whether the backend's PDP answers the call with a
+// requestable denial.
+func requestable(s *stack, args map[string]any) (bool, error) {
+	b, err := json.Marshal(toolCall("wire_transfer", args))
+	if err != nil {
+		return false, err
+	}
+	req, err := http.NewRequest("POST", s.api+"/access/v1/evaluation", bytes.NewReader(b))
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+s.pepToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("evaluation: HTTP %d", resp.StatusCode)
+	}
+	var d authzen.Decision
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		return false, err
+	}
+	_, ok := d.AccessRequest()
+	return !d.Decision && ok, nil
 }

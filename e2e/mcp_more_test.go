@@ -178,10 +178,14 @@ func TestTaskAccessAndProtocol(t *testing.T) {
 		require.NotContains(t, string(bodies), "acct-secret-991")
 		// A tool that fails on an allowed call: its error is the client's,
 		// not the log's (a tool's message may quote its arguments).
+		mark := s.mcp.mark()
 		res, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "closed-secret-992", "amount": 10}, nil)
 		require.NoError(t, err)
 		require.True(t, res.IsError, "%s", res.Raw)
-		s.mcp.waitLog("tool failed", 10*time.Second) // the log is read from the process asynchronously
+		// The log reaches the test through a pipe: wait for this call's
+		// line, so that the checks below cover it and all before it.
+		failed := s.mcp.waitLogAfter(mark, "tool failed", 30*time.Second)
+		require.Equal(t, "wire_transfer", failed["tool"])
 		logs := strings.Join(s.mcp.logLines(), "\n")
 		require.NotContains(t, logs, "acct-secret-991")
 		require.NotContains(t, logs, "closed-secret-992")

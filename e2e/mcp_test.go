@@ -133,9 +133,13 @@ func TestSEP2848Statements(t *testing.T) {
 		}
 		getJSON(t, s.api+"/v1/requests/"+id+"/deliveries", s.pepToken, &deliveries)
 		require.NotEmpty(t, deliveries.Deliveries)
-		status, _ := postJSON(t, s.api+"/v1/requests/"+id+"/deliveries/"+deliveries.Deliveries[0].ID+"/redeliver", s.pepToken, map[string]any{})
+		delivery := deliveries.Deliveries[0].ID
+		attempts := s.deliveryAnswered(delivery, 0)
+		status, _ := postJSON(t, s.api+"/v1/requests/"+id+"/deliveries/"+delivery+"/redeliver", s.pepToken, map[string]any{})
 		require.Equal(t, 202, status)
-		time.Sleep(1500 * time.Millisecond)
+		// The front-end has answered the redelivery: whatever it would do
+		// about it, it has decided.
+		s.deliveryAnswered(delivery, attempts)
 		for range 3 {
 			_, _, err := alice.Get(ctx, approvedTask)
 			require.NoError(t, err)
@@ -205,10 +209,11 @@ func TestSEP2848Statements(t *testing.T) {
 			var st string
 			_ = s.pool.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, backendID).Scan(&st)
 			return st == "cancelled"
-		}, 10*time.Second, 50*time.Millisecond)
+		}, 30*time.Second, 50*time.Millisecond)
 		require.Equal(t, 409, s.decide(backendID, "approve"))
 		require.NoError(t, alice.Cancel(ctx, r.Task.TaskID), "cancelling a terminal task is acknowledged")
-		time.Sleep(time.Second)
+		// The cancellation's callback reached the front-end and was answered.
+		s.callbacksSettled(r.Task.TaskID)
 		d, _, err = alice.Get(ctx, r.Task.TaskID)
 		require.NoError(t, err)
 		require.Equal(t, tasks.Cancelled, d.Status)

@@ -92,7 +92,7 @@ func TestOfficialConformanceSuite(t *testing.T) {
 	require.FileExists(t, baseline)
 
 	s := newStack(t, stackOptions{mcpArgs: []string{"--conformance-fixtures"}})
-	s.mcp.waitLog("conformance fixture mode: serving the MCP conformance suite's fixture tools and accepting requests without a token as an anonymous caller; this is for conformance testing only, never run it in production", 10*time.Second)
+	s.mcp.waitLog("conformance fixture mode: serving the MCP conformance suite's fixture tools and accepting requests without a token as an anonymous caller; this is for conformance testing only, never run it in production", 60*time.Second)
 	url := s.mcp.url() + "/mcp"
 	work := t.TempDir() // the suite's working directory: nothing lands in the repository
 

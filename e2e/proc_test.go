@@ -1,7 +1,7 @@
 package e2e
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -54,7 +54,12 @@ type proc struct {
 	raw   []string
 	addr  string
 	ready chan struct{}
-	done  chan struct{}
+	// done is closed when the process has exited and all it wrote to
+	// stderr has been collected (Wait waits for the copy to end).
+	done chan struct{}
+	// started is the msg of the line that says the process is ready.
+	started string
+	partial []byte // an unfinished last line
 }
 
 // startArapd runs `arapd <args>` and waits until it logs that it started.
@@ -69,37 +74,22 @@ func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
 	t.Helper()
 	cmd := osexec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	cmd.Stdout = io.Discard
-	require.NoError(t, cmd.Start())
 	p := &proc{t: t, cmd: cmd, ready: make(chan struct{}), done: make(chan struct{})}
 	// The address is the backend's, or the front-end's for `arapd mcp`
 	// (dev runs both; its front-end may start first).
-	started := "backend started"
+	p.started = "backend started"
 	if len(args) > 0 && args[0] == "mcp" {
-		started = "mcp front-end started"
+		p.started = "mcp front-end started"
 	}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var m map[string]any
-			line := sc.Text()
-			_ = json.Unmarshal([]byte(line), &m)
-			p.mu.Lock()
-			p.raw = append(p.raw, line)
-			if m != nil {
-				p.lines = append(p.lines, m)
-				if m["msg"] == started && p.addr == "" {
-					p.addr, _ = m["addr"].(string)
-					close(p.ready)
-				}
-			}
-			p.mu.Unlock()
-		}
-	}()
-	go func() { _ = cmd.Wait(); close(p.done) }()
+	// Not StderrPipe: Wait closes that pipe as soon as the process exits,
+	// dropping whatever the reader had not read yet (the last lines). With
+	// a writer, Wait returns only once everything written was collected;
+	// WaitDelay bounds that if a child ever held the pipe open.
+	cmd.Stderr = p
+	cmd.Stdout = io.Discard
+	cmd.WaitDelay = 10 * time.Second
+	require.NoError(t, cmd.Start())
+	go func() { _ = cmd.Wait(); p.flush(); close(p.done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-p.done
@@ -117,29 +107,92 @@ func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
 	return p
 }
 
+// Write collects the process's stderr, one log line at a time (called by
+// exec's copying goroutine only).
+func (p *proc) Write(b []byte) (int, error) {
+	p.partial = append(p.partial, b...)
+	for {
+		i := bytes.IndexByte(p.partial, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		p.add(string(p.partial[:i]))
+		p.partial = p.partial[i+1:]
+	}
+}
+
+func (p *proc) flush() {
+	if len(p.partial) > 0 {
+		p.add(string(p.partial))
+		p.partial = nil
+	}
+}
+
+func (p *proc) add(line string) {
+	var m map[string]any
+	_ = json.Unmarshal([]byte(line), &m)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.raw = append(p.raw, line)
+	if m == nil {
+		return
+	}
+	p.lines = append(p.lines, m)
+	if m["msg"] == p.started && p.addr == "" {
+		p.addr, _ = m["addr"].(string)
+		close(p.ready)
+	}
+}
+
+// logLines is every line collected so far. The process writes its log
+// through a pipe that this test reads on its own goroutine, so a line the
+// process has written may not be here yet: wait for a line that must come
+// (waitLog) before asserting on what the log does or does not hold.
 func (p *proc) logLines() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]string(nil), p.raw...)
 }
 
+// mark is the number of JSON log lines collected so far, for waitLogAfter.
+func (p *proc) mark() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.lines)
+}
+
 // waitLog waits for a log line with msg.
 func (p *proc) waitLog(msg string, timeout time.Duration) map[string]any {
 	p.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
+	return p.waitLogAfter(0, msg, timeout)
+}
+
+// waitLogAfter waits for a log line with msg among those collected after
+// mark (see mark), so that an earlier line with the same msg does not count.
+func (p *proc) waitLogAfter(mark int, msg string, timeout time.Duration) map[string]any {
+	p.t.Helper()
+	deadline, exited := time.Now().Add(timeout), false
+	for {
 		p.mu.Lock()
-		for _, l := range p.lines {
+		for _, l := range p.lines[min(mark, len(p.lines)):] {
 			if l["msg"] == msg {
 				p.mu.Unlock()
 				return l
 			}
 		}
 		p.mu.Unlock()
-		time.Sleep(50 * time.Millisecond)
+		if exited {
+			p.t.Fatalf("no log line %q: the process exited without writing it", msg)
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("no log line %q within %s", msg, timeout)
+		}
+		select {
+		case <-p.done: // everything it wrote is collected: one last look
+			exited = true
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	p.t.Fatalf("no log line %q within %s", msg, timeout)
-	return nil
 }
 
 func (p *proc) url() string { return "http://" + p.addr }

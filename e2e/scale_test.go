@@ -59,9 +59,10 @@ func envInt(t *testing.T, name string, def int) int {
 // 100000 is the scale run) reach their deadline at the same moment with two
 // `arapd serve` replicas on one database. Every request ends expired, with
 // exactly one request.expired audit event and exactly one callback delivery
-// (each subscribed, as every request a PEP makes does), within a minute of
-// the deadline; every audit chain still verifies, and both replicas are
-// still running.
+// (each subscribed, as every request a PEP makes does); every audit chain
+// still verifies, and both replicas are still running. With
+// ARAP_SCALE_REQUESTS set (the scale run), the last must also expire within
+// a minute of the deadline.
 //
 // The requests are written in bulk rather than through the API (100k
 // submissions would take longer than the expiry being measured), but they
@@ -140,7 +141,12 @@ func TestScaleExpiry(t *testing.T) {
 	took := last.Sub(start)
 	t.Logf("expiry: N=%d, last expired %.1fs after the deadline (polled: %.1fs), %.0f requests/s, two replicas",
 		n, took.Seconds(), observed.Seconds(), float64(n)/took.Seconds())
-	require.Less(t, took, time.Minute, "%d requests expire within a minute of their deadline", n)
+	// A bound on time is a measurement: asserted in the scale run that
+	// states it (ARAP_SCALE_REQUESTS set), only logged in `go test ./...`,
+	// where a loaded machine says nothing about the code.
+	if os.Getenv("ARAP_SCALE_REQUESTS") != "" {
+		require.Less(t, took, time.Minute, "%d requests expire within a minute of their deadline", n)
+	}
 
 	// Every request expired, exactly once.
 	var total, expired, chains, wrong int
@@ -347,8 +353,9 @@ func (f *failover) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // with its front-end is retried with the same arguments on the survivor and
 // must get the recovered task (or, if that task already ended, a new one: a
 // terminal task is never reopened). Then: every task ends, an approved one
-// ran exactly once, a denied one never, no backend request is orphaned or
-// duplicated, nothing failed. ARAP_SCALE_CALLS sets the number of calls
+// ran exactly once (or, if the kill cut its run short after the claim, at
+// most once and outcome-unknown), a denied one never, no backend request is
+// orphaned or duplicated, nothing failed. ARAP_SCALE_CALLS sets the number of calls
 // (default 120); the run lasts about 20 s whatever the number, with more
 // callers for more calls.
 func TestScaleKillOneOfEach(t *testing.T) {
@@ -388,7 +395,7 @@ func TestScaleKillOneOfEach(t *testing.T) {
 	mcpFront := httptest.NewServer(mcpLB)
 	t.Cleanup(mcpFront.Close)
 	mcpArgs := []string{"mcp", "--addr", "127.0.0.1:0", "--backend-url", front.URL, "--public-url", mcpFront.URL,
-		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s"}
+		"--exec-timeout", "10s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "5s"}
 	fronts := []*proc{startArapd(t, mcpEnv, mcpArgs...), startArapd(t, mcpEnv, mcpArgs...)}
 	for _, f := range fronts {
 		u, err := url.Parse(f.url())
@@ -574,7 +581,7 @@ func TestScaleKillOneOfEach(t *testing.T) {
 
 	// Every task ends; clients poll the survivor.
 	outcomes := map[string]int{}
-	retried, died, recovered := 0, 0, 0
+	retried, died, recovered, ran := 0, 0, 0, 0
 	byTask := map[string]*call{}
 	byTo := map[string]*call{}
 	for _, cl := range done {
@@ -601,11 +608,19 @@ func TestScaleKillOneOfEach(t *testing.T) {
 		}
 		outcomes[outcome]++
 		executed := countRows(t, pool, `SELECT count(*) FROM pep.ledger WHERE task_id = $1`, cl.taskID)
+		ran += executed
 		switch want := strings.HasSuffix(cl.to, "7"); {
 		case outcome == "approved-executed" && !want:
 			require.Equal(t, 1, executed, "approved task %s (%s) ran once", cl.taskID, cl.to)
 		case outcome == "denied-not-executed" && want:
 			require.Zero(t, executed, "denied task %s (%s) never ran", cl.taskID, cl.to)
+		case outcome == "outcome-unknown" && !want:
+			// The kill landed between the claim and the recorded result of
+			// a run on the killed front-end (callbacks reach both): at most
+			// once, and only for a claim made before the kill.
+			require.LessOrEqual(t, executed, 1, "task %s (%s) ran twice", cl.taskID, cl.to)
+			require.Equal(t, 1, countRows(t, pool, `SELECT count(*) FROM pep.approval_tasks WHERE task_id = $1 AND claimed_at < $2`, cl.taskID, killTime),
+				"task %s (%s) ended outcome-unknown but was not claimed before the kill", cl.taskID, cl.to)
 		default:
 			t.Errorf("task %s (%s): %s (%s), ledger rows %d", cl.taskID, cl.to, outcome, d.StatusMessage, executed)
 		}
@@ -628,7 +643,7 @@ func TestScaleKillOneOfEach(t *testing.T) {
 	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT 1 FROM pep.ledger GROUP BY task_id HAVING count(*) > 1) x`), "tasks run twice")
 	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT 1 FROM pep.ledger GROUP BY effect->>'to' HAVING count(*) > 1) x`), "accounts paid twice")
 	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM pep.ledger WHERE effect->>'to' LIKE '%7'`), "denied transfers paid")
-	require.Equal(t, outcomes["approved-executed"], countRows(t, pool, `SELECT count(*) FROM pep.ledger`), "one payment per approved call")
+	require.Equal(t, ran, countRows(t, pool, `SELECT count(*) FROM pep.ledger`), "every payment is a call's, counted above")
 	// Including any task whose id no client got.
 	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM pep.tasks WHERE status <> 'completed'`), "tasks not completed")
 	approvals, denials := 0, 0

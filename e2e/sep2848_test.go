@@ -82,7 +82,7 @@ func TestSEP2848Conformance(t *testing.T) {
 	t.Run(outcomeUnknown, func(t *testing.T) {
 		s.mcp.cmd.Process.Kill()
 		s.mcp.wait(10 * time.Second)
-		s.mcp = s.startMCP("ARAP_FAULT=pep.after-claim")
+		s.mcp = s.startFaultyMCP("pep.after-claim")
 		cfg.Profile.Stalling = &cfg.Profile.Gated
 		cfg.Profile.StallsFor = sep2848.Duration(10 * time.Second)
 		cfg.Scenarios = []string{"outcome-unknown"}
@@ -193,6 +193,7 @@ func TestForgedCallbackCannotExecute(t *testing.T) {
 	// wait for; the window is watched instead, failing as soon as it acts.
 	require.Never(t, func() bool {
 		d, _, err := alice.Get(ctx, id)
-		return err != nil || d.Status != tasks.Working || s.ledger(id) != 0
+		ran, lerr := s.ledgerCount(id)
+		return err != nil || d.Status != tasks.Working || lerr != nil || ran != 0
 	}, 3*time.Second, 100*time.Millisecond, "the task acted on a callback while its request is pending")
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/internal/contract"
@@ -76,8 +77,12 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	return s
 }
 
-// startMCP starts `arapd mcp` with short timers, plus extra environment
-// (a fault point, say).
+// startMCP starts `arapd mcp` with short timers, plus extra environment.
+// The execution timeout (30 s) and the intent grace (15 s) stay the
+// defaults: on a loaded machine a tool run, or a submission, may be slow,
+// and a run slower than the timeout ends outcome-unknown; a submission
+// slower than the grace is taken over by the reconciler (see
+// startRecoveryMCP).
 func (s *stack) startMCP(extraEnv ...string) *proc {
 	env := append([]string{
 		"DATABASE_URL=" + s.dbURL, "ARAP_PEP_MASTER_KEY=" + pepMasterKey, "ARAP_BACKEND_TOKEN=" + s.pepToken,
@@ -88,12 +93,29 @@ func (s *stack) startMCP(extraEnv ...string) *proc {
 		addr = s.mcp.addr // a restart keeps the address the backend calls back
 	}
 	args := []string{"mcp", "--addr", addr, "--backend-url", s.api,
-		"--exec-timeout", "2s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "1s"}
+		"--poll-interval", "500ms", "--reconcile-every", "1s"}
 	args = append(args, s.mcpArgs...)
 	if s.mcpBinary != "" {
 		return startBinary(s.t, s.mcpBinary, env, args...)
 	}
 	return startArapd(s.t, env, args...)
+}
+
+// startFaultyMCP starts `arapd mcp` that kills itself (SIGKILL) at fault
+// point, with a two-second execution timeout: a run it claims and dies in
+// is reaped (outcome-unknown) two seconds after the claim, by whichever
+// front-end runs next.
+func (s *stack) startFaultyMCP(point string) *proc {
+	return s.startMCP("ARAP_FAULT="+point, "ARAP_EXEC_TIMEOUT=2s")
+}
+
+// startRecoveryMCP starts `arapd mcp` after one died in the middle of a
+// call, with an intent grace of a second: the submission intent the dead
+// one left unbound is taken over a second later, not fifteen. (Only for
+// recovering: a live submission slower than the grace would be taken over
+// too.)
+func (s *stack) startRecoveryMCP() *proc {
+	return s.startMCP("ARAP_INTENT_GRACE=1s")
 }
 
 func (s *stack) client(token string) *tasks.Client {
@@ -131,9 +153,59 @@ func (s *stack) requestOf(taskID string) string {
 
 // ledger counts executions of a task's tool.
 func (s *stack) ledger(taskID string) int {
-	var n int
-	require.NoError(s.t, s.pool.QueryRow(context.Background(), `SELECT count(*) FROM pep.ledger WHERE task_id = $1`, taskID).Scan(&n))
+	n, err := s.ledgerCount(taskID)
+	require.NoError(s.t, err)
 	return n
+}
+
+// ledgerCount is ledger for a condition of Eventually or Never, which runs
+// on a goroutine of its own (where require must not stop the test).
+func (s *stack) ledgerCount(taskID string) (int, error) {
+	var n int
+	err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM pep.ledger WHERE task_id = $1`, taskID).Scan(&n)
+	return n, err
+}
+
+// callbacksSettled waits until the backend has finished every callback
+// delivery of the task's requests (every generation): each one answered by
+// the front-end, or given up. The front-end answers a callback after it
+// has looked at the task, so from then on no wake-up is on its way.
+func (s *stack) callbacksSettled(taskID string) {
+	s.t.Helper()
+	require.EventuallyWithT(s.t, func(c *assert.CollectT) {
+		var pending int
+		require.NoError(c, s.pool.QueryRow(context.Background(), `SELECT count(*) FROM arap.deliveries d
+			JOIN pep.intents i ON i.backend_id = d.request_id WHERE i.task_id = $1 AND d.status = 'pending'`, taskID).Scan(&pending))
+		assert.Zero(c, pending, "callbacks of task %s still being delivered", taskID)
+	}, 60*time.Second, 50*time.Millisecond)
+}
+
+// ledgerStays watches the task's executions for window and fails as soon
+// as they are not n. It is for "nothing more runs" once a task has ended
+// and the events that could still act on it have been waited for
+// (callbacksSettled): what is left is periodic (the reconciler), with no
+// event to wait for.
+func (s *stack) ledgerStays(taskID string, n int, window time.Duration) {
+	s.t.Helper()
+	require.Never(s.t, func() bool {
+		got, err := s.ledgerCount(taskID)
+		return err != nil || got != n
+	}, window, 50*time.Millisecond, "task %s: its ledger changed from %d rows after it ended", taskID, n)
+}
+
+// deliveryAnswered waits until callback delivery id has more than after
+// attempts recorded, each one an answer of the receiver (or the failure to
+// reach it), and returns their number. The receiver answers before the
+// backend records the answer, so a delivery seen to arrive may not be
+// recorded yet.
+func (s *stack) deliveryAnswered(id string, after int) int {
+	s.t.Helper()
+	var attempts int
+	require.EventuallyWithT(s.t, func(c *assert.CollectT) {
+		require.NoError(c, s.pool.QueryRow(context.Background(), `SELECT count(*) FROM arap.delivery_attempts WHERE delivery_id = $1`, id).Scan(&attempts))
+		assert.Greater(c, attempts, after, "delivery %s", id)
+	}, 60*time.Second, 50*time.Millisecond)
+	return attempts
 }
 
 // waitTask polls until the task is terminal.

@@ -418,11 +418,11 @@ func TestReadRacingTheSweep(t *testing.T) {
 		got <- answer{r, err}
 	}()
 	// The read's expiry waits on the sweep's row lock.
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var waiting int
-		require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE arap.requests%'`).Scan(&waiting))
-		return waiting == 1
+		require.NoError(c, f.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'UPDATE arap.requests%'`).Scan(&waiting))
+		assert.Equal(c, 1, waiting, "reads waiting on the sweep's lock")
 	}, 30*time.Second, 20*time.Millisecond)
 	_, err = sweep.Exec(ctx, `UPDATE arap.requests SET status = 'expired', status_reason = 'timeout', terminal_at = now(), updated_at = now()
 		WHERE id = $1`, id)
@@ -455,10 +455,10 @@ func TestExpiryJob(t *testing.T) {
 	res, err := f.svc.Submit(ctx, f.pep, "", f.fresh("quick", map[string]any{}))
 	require.NoError(t, err)
 	id := res.Request.ID
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var status string
-		require.NoError(t, f.db.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, id).Scan(&status))
-		return status == "expired"
+		require.NoError(c, f.db.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, id).Scan(&status))
+		assert.Equal(c, "expired", status)
 	}, 60*time.Second, 100*time.Millisecond)
 	require.Equal(t, 1, count(t, f, fmt.Sprintf("arap.audit_events WHERE chain = '%s' AND kind = 'request.expired'", id)))
 }

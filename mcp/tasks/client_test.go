@@ -1,8 +1,10 @@
 package tasks_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -59,11 +61,37 @@ func TestClientWaitHonoursPollInterval(t *testing.T) {
 		require.GreaterOrEqual(t, polls[i].Sub(polls[i-1]), interval, "poll %d came sooner than pollIntervalMs", i)
 	}
 
-	// A context that ends stops the wait and says where the task was.
+	// A context that ends stops the wait and says where the task was. It
+	// ends once the first poll's answer is in (not on a timer, which a
+	// loaded machine could outrun with that poll itself).
+	mu.Lock()
 	polls = nil
-	ctx, cancel := context.WithTimeout(context.Background(), interval/2)
+	mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	c.HTTP = &http.Client{Transport: cancelAfter{cancel}}
 	_, err = c.Wait(ctx, "tsk_1")
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorContains(t, err, "still working")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, polls, 1)
+}
+
+// cancelAfter reads a whole response, then cancels the caller's context.
+type cancelAfter struct{ cancel context.CancelFunc }
+
+func (c cancelAfter) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	c.cancel()
+	return resp, nil
 }
