@@ -408,7 +408,18 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 			return err
 		}
 		if tag.RowsAffected() == 0 {
-			return nil // the task moved on (cancelled): cancel the request below
+			// Either another binder (the reconciler, or the submitter when
+			// the reconciler lost) bound this same request first: it is the
+			// task's and stays; or the task moved on (cancelled) without it:
+			// cancel it below.
+			var held *string
+			err := tx.QueryRow(ctx, `SELECT backend_id FROM pep.approval_tasks WHERE task_id = $1 AND generation = $2`,
+				in.TaskID, in.Generation).Scan(&held)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			bound = held != nil && *held == tr.Task.ID
+			return nil
 		}
 		bound = true
 		var created time.Time
