@@ -369,10 +369,13 @@ func (g *Gate) failIntent(ctx context.Context, in *intent, refused bool, cause e
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
-		_, err = g.tasks.TransitionTx(ctx, tx, in.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: "The approval request could not be submitted; the tool did not run.",
-			Error: &tasks.Error{Code: tasks.CodeInternalError, Message: "approval request could not be submitted: " + sanitize(cause.Error(), 200)},
-			TTLMs: g.retainFrom(ctx, tx, in.TaskID)})
-		return err
+		why := "approval request could not be submitted: " + sanitize(cause.Error(), 200)
+		t, err := g.tasks.TransitionTx(ctx, tx, in.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: "The approval request could not be submitted; the tool did not run.",
+			Error: &tasks.Error{Code: tasks.CodeInternalError, Message: why}, TTLMs: g.retainFrom(ctx, tx, in.TaskID)})
+		if err != nil {
+			return err
+		}
+		return g.audit(ctx, tx, in.TaskID, AuditFailed, actorPEP, *t.TerminalAt, map[string]any{"generation": in.Generation, "backend_request_id": nil, "error": why})
 	})
 }
 
@@ -386,12 +389,24 @@ func (g *Gate) retainFrom(ctx context.Context, q tasks.Querier, id string) *int6
 	return &ttl
 }
 
+// extendTTL raises task id's TTL to keep it until at least until.
+func (g *Gate) extendTTL(ctx context.Context, id string, until time.Time) error {
+	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		var created time.Time
+		if err := tx.QueryRow(ctx, `SELECT created_at FROM pep.tasks WHERE id = $1`, id).Scan(&created); err != nil {
+			return err
+		}
+		return g.tasks.ExtendTTLTx(ctx, tx, id, tasks.TTLUntil(created, until))
+	})
+}
+
 // bind records the handle of intent in's request on its task, extends the
 // TTL to the request's deadline plus retention, and schedules tracking. If
 // the task ended before the handle arrived (cancelled), the request is
 // cancelled instead.
 func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) error {
-	deadline := g.now().Add(g.cfg.MaxWindow)
+	windowEnd := g.now().Add(g.cfg.MaxWindow)
+	deadline := windowEnd
 	if tr.Task.ExpiresAt != nil && tr.Task.ExpiresAt.Before(deadline) {
 		deadline = *tr.Task.ExpiresAt
 	}
@@ -402,8 +417,9 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 			WHERE key = $1 AND state IN ('intent', 'abandoned')`, in.Key, tr.Task.ID, tr.Task.StatusEndpoint, cancelURL, deadline); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'pending', backend_id = $3, status_url = $4, cancel_url = $5, deadline = $6, updated_at = now()
-			WHERE task_id = $1 AND phase = 'submitting' AND generation = $2`, in.TaskID, in.Generation, tr.Task.ID, tr.Task.StatusEndpoint, cancelURL, deadline)
+		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'pending', backend_id = $3, status_url = $4, cancel_url = $5, deadline = $6,
+			window_end = $7, updated_at = now()
+			WHERE task_id = $1 AND phase = 'submitting' AND generation = $2`, in.TaskID, in.Generation, tr.Task.ID, tr.Task.StatusEndpoint, cancelURL, deadline, windowEnd)
 		if err != nil {
 			return err
 		}
@@ -507,6 +523,9 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 	case authzen.StatusFailed:
 		return time.Time{}, g.fail(ctx, a, "the approval service could not complete the request")
 	default: // pending, or a status we do not know: not approved
+		if err := g.extendDeadline(ctx, a, tr.Task.ExpiresAt); err != nil {
+			return time.Time{}, err
+		}
 		if a.Deadline != nil && g.now().After(*a.Deadline) {
 			// Past the window this server accepts (MaxWindow): the backend
 			// would wait longer, this task does not.
@@ -517,6 +536,42 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 		}
 		return g.backoff(a, max(retryAfter, g.undecidedPoll())), nil
 	}
+}
+
+// extendDeadline learns a later deadline the backend reports for the task's
+// current request while it is pending (an ARS may extend a request's
+// expires_at): the task's deadline moves up to it, but never past the window
+// this server accepts (window_end, from --max-window), and its TTL is
+// extended to cover the new deadline plus result retention, so the task is
+// not announced as gone while it may still be decided. Neither ever moves
+// back: an earlier expires_at ends the request at the backend, which the
+// status read then reports.
+func (g *Gate) extendDeadline(ctx context.Context, a *approvalTask, expiresAt *time.Time) error {
+	if expiresAt == nil || a.Deadline == nil || !expiresAt.After(*a.Deadline) {
+		return nil
+	}
+	var deadline time.Time
+	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		var created time.Time
+		err := tx.QueryRow(ctx, `UPDATE pep.approval_tasks SET deadline = least($3::timestamptz, window_end), updated_at = now()
+			WHERE task_id = $1 AND phase = 'pending' AND generation = $2 AND window_end IS NOT NULL -- least() would skip a NULL
+				AND deadline < least($3::timestamptz, window_end)
+			RETURNING deadline, (SELECT created_at FROM pep.tasks WHERE id = $1)`, a.TaskID, a.Generation, expiresAt.UTC()).Scan(&deadline, &created)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // already as late as allowed, or the task moved on
+		}
+		if err != nil {
+			return err
+		}
+		return g.tasks.ExtendTTLTx(ctx, tx, a.TaskID, tasks.TTLUntil(created, deadline.Add(g.cfg.ResultRetention)))
+	})
+	if err != nil {
+		return fmt.Errorf("mcp: task %s: extend deadline: %w", a.TaskID, err)
+	}
+	if !deadline.IsZero() {
+		a.Deadline = &deadline
+	}
+	return nil
 }
 
 // SafetyPoll is how often an undecided request is read when the backend
@@ -575,7 +630,7 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 				}
 			}
 		}
-		return time.Time{}, g.execute(ctx, a, b, until)
+		return time.Time{}, g.execute(ctx, a, b, approval.ID, until)
 	}
 	next, _ := d.Context[authzen.CtxNextAction].(string)
 	reason, _ := d.Context[authzen.CtxReason].(string)
@@ -592,6 +647,11 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 		if n, ok := d.Context[authzen.CtxRetryAfter].(float64); ok && n > 0 {
 			after = time.Duration(n) * time.Second
 		}
+		// The task waits for the grant while the approval lasts, which may
+		// be past the request's deadline: it stays readable that long.
+		if err := g.extendTTL(ctx, a.TaskID, approval.ApprovedUntil.Add(g.cfg.ResultRetention)); err != nil {
+			return time.Time{}, err
+		}
 		return g.backoff(a, after), nil
 	case authzen.NextActionRequest:
 		if hint, ok := d.AccessRequest(); ok {
@@ -602,18 +662,18 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 }
 
 // execute claims the task and runs the tool, at most once. The claim is one
-// compare-and-set (pending -> claimed, in the current generation), mutually
-// exclusive with cancel and expiry; every check must hold at the claim: the
-// approval not expired, the caller still valid, the binding intact.
-func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approvedUntil time.Time) error {
+// compare-and-set (pending -> claimed, in the current generation, while the
+// caller still has a live token), mutually exclusive with cancel and expiry,
+// and records the claim in the audit trail in the same transaction. Every
+// check holds at the claim: the approval not expired (at the claim's own
+// time), the caller still valid (in the claim's statement), the binding
+// intact (read before). A run once claimed is authorized: an approval that
+// expires, or a token revoked, while the tool runs does not undo the claim,
+// and the outcome is recorded as it is.
+func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approvalID string, approvedUntil time.Time) error {
 	now := g.now()
 	if !now.Before(approvedUntil) {
 		return g.deny(ctx, a, "The approval expired before the tool could run; the tool did not run.")
-	}
-	if ok, err := g.callers.Valid(ctx, a.Principal); err != nil {
-		return err
-	} else if !ok {
-		return g.deny(ctx, a, "The caller is no longer authorized; the tool did not run.")
 	}
 	tool, ok := g.tools[a.Tool]
 	if !ok {
@@ -622,20 +682,40 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approved
 	execDeadline := now.Add(g.cfg.ExecTimeout)
 	claimed := false
 	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'claimed', claimed_at = $3, exec_deadline = $4, updated_at = $3
-			WHERE task_id = $1 AND phase = 'pending' AND generation = $2`, a.TaskID, a.Generation, now, execDeadline)
-		if err != nil || tag.RowsAffected() == 0 {
-			return err // lost to cancel, expiry or another runner
+		var backendID *string
+		err := tx.QueryRow(ctx, `UPDATE pep.approval_tasks t SET phase = 'claimed', claimed_at = $3, exec_deadline = $4, updated_at = $3
+			WHERE task_id = $1 AND phase = 'pending' AND generation = $2
+			AND EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND `+callerKey+` = t.principal)
+			RETURNING backend_id`, a.TaskID, a.Generation, now, execDeadline).Scan(&backendID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // lost to cancel, expiry or another runner, or the caller is gone
+		}
+		if err != nil {
+			return err
 		}
 		claimed = true
 		var created time.Time
 		if err := tx.QueryRow(ctx, `SELECT created_at FROM pep.tasks WHERE id = $1`, a.TaskID).Scan(&created); err != nil {
 			return err
 		}
-		return g.tasks.ExtendTTLTx(ctx, tx, a.TaskID, tasks.TTLUntil(created, execDeadline.Add(g.cfg.ResultRetention)))
+		if err := g.tasks.ExtendTTLTx(ctx, tx, a.TaskID, tasks.TTLUntil(created, execDeadline.Add(g.cfg.ResultRetention))); err != nil {
+			return err
+		}
+		return g.audit(ctx, tx, a.TaskID, AuditClaimed, actorPEP, now, map[string]any{
+			"generation": a.Generation, "tool": a.Tool, "args_digest": a.ArgsDigest, "principal": a.Principal,
+			"backend_request_id": backendID, "approval_id": approvalID, "approved_until": approvedUntil.UTC().Format(time.RFC3339Nano),
+			"exec_deadline": execDeadline.UTC().Format(time.RFC3339Nano)})
 	})
-	if err != nil || !claimed {
+	if err != nil {
 		return err
+	}
+	if !claimed {
+		// Only a caller gone invalid is this call's to act on: it ends the
+		// task (if it is still before the claim, in this generation).
+		if ok, err := g.callers.Valid(ctx, a.Principal); err != nil || ok {
+			return err
+		}
+		return g.deny(ctx, a, "The caller is no longer authorized; the tool did not run.")
 	}
 	fault.Point("pep.after-claim")
 	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.ExecTimeout)
@@ -655,7 +735,7 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approved
 		}
 	}
 	res.Meta = sdk.Meta{MetaDisposition: disposition}
-	return g.finish(ctx, a, []string{phaseClaimed}, res, disposition, "The tool ran after approval.")
+	return g.finish(ctx, a, []string{phaseClaimed}, res, disposition, "The tool ran after approval.", AuditCompleted, nil)
 }
 
 // preClaim are the phases from which a task can still be denied, failed or
@@ -665,19 +745,35 @@ var preClaim = []string{phaseSubmitting, phasePending, phaseInput}
 // finish completes approval task a with res, if it is still in one of the
 // phases from and at the generation a was read at: a decision about an
 // earlier request never ends the task after it has moved on to a new one.
-func (g *Gate) finish(ctx context.Context, a *approvalTask, from []string, res *sdk.CallToolResult, disposition, msg string) error {
+// The audit event kind (with extra data) is written with it.
+func (g *Gate) finish(ctx context.Context, a *approvalTask, from []string, res *sdk.CallToolResult, disposition, msg, kind string, extra map[string]any) error {
 	raw, err := json.Marshal(res)
 	if err != nil {
 		return err
 	}
 	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'done', disposition = $3, updated_at = now()
-			WHERE task_id = $1 AND phase = ANY($2) AND generation = $4`, a.TaskID, from, disposition, a.Generation)
-		if err != nil || tag.RowsAffected() == 0 {
+		var backendID *string
+		err := tx.QueryRow(ctx, `UPDATE pep.approval_tasks SET phase = 'done', disposition = $3, updated_at = now()
+			WHERE task_id = $1 AND phase = ANY($2) AND generation = $4 RETURNING backend_id`, a.TaskID, from, disposition, a.Generation).Scan(&backendID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
 			return err
 		}
-		_, err = g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, TTLMs: g.retainFrom(ctx, tx, a.TaskID)})
-		return err
+		t, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, TTLMs: g.retainFrom(ctx, tx, a.TaskID)})
+		if err != nil {
+			return err
+		}
+		sum, err := resultDigest(raw)
+		if err != nil {
+			return err
+		}
+		data := map[string]any{"generation": a.Generation, "backend_request_id": backendID, "disposition": disposition, "result_digest": sum}
+		for k, v := range extra {
+			data[k] = v
+		}
+		return g.audit(ctx, tx, a.TaskID, kind, actorPEP, *t.TerminalAt, data)
 	})
 }
 
@@ -686,27 +782,34 @@ func (g *Gate) finish(ctx context.Context, a *approvalTask, from []string, res *
 func (g *Gate) deny(ctx context.Context, a *approvalTask, text string) error {
 	res := &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: text}},
 		Meta: sdk.Meta{MetaDisposition: DeniedNotExecuted, MetaAuthorization: envelope(RemediationUnavailable, false)}}
-	return g.finish(ctx, a, preClaim, res, DeniedNotExecuted, "Not approved; the tool did not run.")
+	return g.finish(ctx, a, preClaim, res, DeniedNotExecuted, "Not approved; the tool did not run.", AuditDenied, map[string]any{"reason": text})
 }
 
 // fail ends a task before any claim with a JSON-RPC error (failed is only
 // ever used before the claim, so a possible side effect is never hidden).
 func (g *Gate) fail(ctx context.Context, a *approvalTask, why string) error {
 	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'done', updated_at = now()
-			WHERE task_id = $1 AND phase = ANY($2) AND generation = $3`, a.TaskID, preClaim, a.Generation)
-		if err != nil || tag.RowsAffected() == 0 {
+		var backendID *string
+		err := tx.QueryRow(ctx, `UPDATE pep.approval_tasks SET phase = 'done', updated_at = now()
+			WHERE task_id = $1 AND phase = ANY($2) AND generation = $3 RETURNING backend_id`, a.TaskID, preClaim, a.Generation).Scan(&backendID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
 			return err
 		}
-		_, err = g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: "The approval could not be completed; the tool did not run.",
+		t, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: "The approval could not be completed; the tool did not run.",
 			Error: &tasks.Error{Code: tasks.CodeInternalError, Message: why}, TTLMs: g.retainFrom(ctx, tx, a.TaskID)})
-		return err
+		if err != nil {
+			return err
+		}
+		return g.audit(ctx, tx, a.TaskID, AuditFailed, actorPEP, *t.TerminalAt, map[string]any{"generation": a.Generation, "backend_request_id": backendID, "error": why})
 	})
 }
 
-// cancelLocal moves a pre-claim task to cancelled. It reports whether this
-// call won.
-func (g *Gate) cancelLocalWon(ctx context.Context, id, msg string) (*approvalTask, bool, error) {
+// cancelLocalWon moves a pre-claim task to cancelled on behalf of actor. It
+// reports whether this call won.
+func (g *Gate) cancelLocalWon(ctx context.Context, id, msg, actor string) (*approvalTask, bool, error) {
 	var a *approvalTask
 	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
 		var err error
@@ -719,14 +822,17 @@ func (g *Gate) cancelLocalWon(ctx context.Context, id, msg string) (*approvalTas
 		if err != nil {
 			return err
 		}
-		_, err = g.tasks.TransitionTx(ctx, tx, id, tasks.Change{To: tasks.Cancelled, StatusMessage: msg, TTLMs: g.retainFrom(ctx, tx, id)})
-		return err
+		t, err := g.tasks.TransitionTx(ctx, tx, id, tasks.Change{To: tasks.Cancelled, StatusMessage: msg, TTLMs: g.retainFrom(ctx, tx, id)})
+		if err != nil {
+			return err
+		}
+		return g.audit(ctx, tx, id, AuditCancelled, actor, *t.TerminalAt, map[string]any{"generation": a.Generation, "backend_request_id": a.BackendID, "reason": msg})
 	})
 	return a, a != nil, err
 }
 
 func (g *Gate) cancelLocal(ctx context.Context, a *approvalTask, msg string) error {
-	_, _, err := g.cancelLocalWon(ctx, a.TaskID, msg)
+	_, _, err := g.cancelLocalWon(ctx, a.TaskID, msg, actorPEP)
 	return err
 }
 
@@ -743,7 +849,7 @@ func (g *Gate) reapClaim(ctx context.Context, a *approvalTask) (time.Time, error
 	res := &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
 		Text: "The tool may have run: it was started after approval, but its outcome could not be confirmed. Do not retry automatically; check whether it took effect."}},
 		Meta: sdk.Meta{MetaDisposition: OutcomeUnknown}}
-	return time.Time{}, g.finish(ctx, a, []string{phaseClaimed}, res, OutcomeUnknown, "Outcome unknown: the tool may have run.")
+	return time.Time{}, g.finish(ctx, a, []string{phaseClaimed}, res, OutcomeUnknown, "Outcome unknown: the tool may have run.", AuditOutcomeUnknown, nil)
 }
 
 // chain opens a new request for the same call when re-evaluation says the
@@ -837,7 +943,7 @@ func (g *Gate) reopen(ctx context.Context, a *approvalTask, b binding, d authzen
 // a cancellable pre-claim phase to cancelled. If it wins, the tool can never
 // run and the backend request is cancelled; if the claim won, it is a no-op.
 func (g *Gate) Cancel(ctx context.Context, t *tasks.Task) error {
-	a, won, err := g.cancelLocalWon(ctx, t.ID, "Cancelled by the client; the tool did not run.")
+	a, won, err := g.cancelLocalWon(ctx, t.ID, "Cancelled by the client; the tool did not run.", t.Principal)
 	if err != nil || !won {
 		return err
 	}

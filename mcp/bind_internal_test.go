@@ -61,7 +61,7 @@ func TestSecondBinderLeavesTheRequestAlone(t *testing.T) {
 
 	// A task cancelled before its handle arrived: the request is cancelled.
 	task("tsk_gone")
-	_, _, err = g.cancelLocalWon(ctx, "tsk_gone", "cancelled")
+	_, _, err = g.cancelLocalWon(ctx, "tsk_gone", "cancelled", actorPEP)
 	require.NoError(t, err)
 	require.NoError(t, g.bind(ctx, &intent{Key: "k2", TaskID: "tsk_gone", Generation: 1}, response("arq_2")))
 	require.Equal(t, int32(1), cancels.Load())

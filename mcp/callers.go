@@ -89,12 +89,15 @@ func (c *Callers) Authenticate(ctx context.Context, token string) (Principal, er
 	return p, err
 }
 
+// callerKey is Principal.Key over a pep.callers row c, for SQL.
+const callerKey = `c.subject_type || ':' || c.subject_id || '|' || c.actor_id`
+
 // Valid reports whether the principal still has a live token: an approval
-// never outlives the caller it was for.
+// never outlives the caller it was for. The execution claim makes the same
+// check in its own statement (execute).
 func (c *Callers) Valid(ctx context.Context, key string) (bool, error) {
 	var ok bool
-	err := c.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pep.callers WHERE revoked_at IS NULL
-		AND subject_type || ':' || subject_id || '|' || actor_id = $1)`, key).Scan(&ok)
+	err := c.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND `+callerKey+` = $1)`, key).Scan(&ok)
 	return ok, err
 }
 
