@@ -69,7 +69,7 @@ func newPEP(t *testing.T, o pepOptions) *pep {
 	p.gate, err = mcp.NewGate(mcp.Config{DB: p.db, MasterKey: make([]byte, 32), Jobs: jobs, Tools: tools,
 		Backend:   &authzen.Client{BaseURL: p.env.URL, Token: dev.PEPToken, HTTP: &http.Client{Transport: hooked{p}, Timeout: time.Minute}},
 		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout,
-		Now:       func() time.Time { return time.Now().Add(time.Duration(p.offset.Load())) }})
+		Now: func() time.Time { return time.Now().Add(time.Duration(p.offset.Load())) }})
 	require.NoError(t, err)
 	require.NoError(t, p.gate.Callers().Create(context.Background(), "alice-agent", aliceToken, mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
 	srv, err := mcp.NewServer(p.gate, mcp.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}})
