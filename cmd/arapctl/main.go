@@ -40,8 +40,8 @@ const usage = `usage: arapctl <command> <subcommand> [flags]
   clients revoke NAME|ID
   keys rotate [--verify-window 192h]
   keys list
-  audit verify
-  audit export [--out FILE]
+  audit verify [--pep]                 --pep: the MCP front-end's trail (its DATABASE_URL)
+  audit export [--pep] [--out FILE]
   users create --name NAME [--display-name N] [--email E] [--password-stdin]
   users list | users disable NAME | users passwd NAME (password on stdin)
   groups create NAME | groups add GROUP USER | groups remove GROUP USER | groups list
@@ -313,11 +313,15 @@ func keysList(args []string, out io.Writer) error {
 
 func auditVerify(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("audit verify", flag.ContinueOnError)
+	pep := fs.Bool("pep", false, "verify the MCP front-end's audit trail (schema pep) instead of the backend's")
 	ctx, db, _, err := dbCommand(fs, args, 0, "")
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	if *pep {
+		return pepAuditVerify(ctx, db, out)
+	}
 	rep, err := audit.Verify(ctx, db)
 	if err != nil {
 		return err
@@ -332,9 +336,27 @@ func auditVerify(args []string, out io.Writer) error {
 	return fmt.Errorf("audit: %d of %d chains broken", len(rep.Breaks), rep.Chains)
 }
 
+// pepAuditVerify verifies the MCP front-end's trail: one chain per approval
+// task, each against its recorded head.
+func pepAuditVerify(ctx context.Context, db *pgxpool.Pool, out io.Writer) error {
+	rep, err := mcp.VerifyAudit(ctx, db)
+	if err != nil {
+		return err
+	}
+	if rep.OK() {
+		fmt.Fprintf(out, "pep audit: %d chains, %d events, all intact\n", rep.Chains, rep.Events)
+		return nil
+	}
+	for _, b := range rep.Breaks {
+		fmt.Fprintln(out, "BROKEN:", b.String())
+	}
+	return fmt.Errorf("pep audit: %d of %d chains broken", len(rep.Breaks), rep.Chains)
+}
+
 func auditExport(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("audit export", flag.ContinueOnError)
 	file := fs.String("out", "", "write to FILE instead of standard output")
+	pep := fs.Bool("pep", false, "export the MCP front-end's audit trail (schema pep) instead of the backend's")
 	ctx, db, _, err := dbCommand(fs, args, 0, "")
 	if err != nil {
 		return err
@@ -348,6 +370,9 @@ func auditExport(args []string, out io.Writer) error {
 		}
 		defer f.Close()
 		w = f
+	}
+	if *pep {
+		return mcp.ExportAudit(ctx, db, w)
 	}
 	return audit.Export(ctx, db, w)
 }
