@@ -92,24 +92,33 @@ func TestCrashAtEachFaultPoint(t *testing.T) {
 func fmtNum(n int) string { return strconv.Itoa(n) }
 
 // TestApproveCancelRace approves at the backend and cancels the task at the
-// same moment, many times: a task is executed or cancelled, never both.
+// same moment, many times: a task is executed or cancelled, never both. Both
+// outcomes must occur (a race that only ever went one way proves nothing
+// about the other): at least 20 rounds, and more, up to 60, until the cancel
+// and the claim have each won at least once.
 func TestApproveCancelRace(t *testing.T) {
 	s := newStack(t, stackOptions{})
 	ctx := context.Background()
 	alice := s.client(s.alice)
 	outcomes := map[string]int{}
-	for i := range 20 {
+	bothSeen := func() bool { return outcomes[string(tasks.Cancelled)] > 0 && outcomes[string(tasks.Completed)] > 0 }
+	for i := 0; i < 60 && (i < 20 || !bothSeen()); i++ {
 		r, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-race", "amount": 40000 + i}, nil)
 		require.NoError(t, err)
 		id := s.requestOf(r.Task.TaskID)
 		var wg sync.WaitGroup
 		wg.Add(2)
 		start := make(chan struct{})
-		go func() { defer wg.Done(); <-start; s.decide(id, "approve") }()
-		// The cancel lands anywhere from before the callback to after the
-		// claim, so both outcomes happen.
-		delay := time.Duration(i%10) * 40 * time.Millisecond
-		go func() { defer wg.Done(); <-start; time.Sleep(delay); _ = alice.Cancel(ctx, r.Task.TaskID) }()
+		// One side starts a little after the other (the cancel in even
+		// rounds, the approval in odd ones, by 0 to 160ms), so the cancel
+		// lands anywhere from before the approval to after the claim.
+		lag := time.Duration(i/2%5) * 40 * time.Millisecond
+		approveAfter, cancelAfter := time.Duration(0), lag
+		if i%2 == 1 {
+			approveAfter, cancelAfter = lag, 0
+		}
+		go func() { defer wg.Done(); <-start; time.Sleep(approveAfter); s.decide(id, "approve") }()
+		go func() { defer wg.Done(); <-start; time.Sleep(cancelAfter); _ = alice.Cancel(ctx, r.Task.TaskID) }()
 		close(start)
 		wg.Wait()
 		d := s.waitTask(alice, r.Task.TaskID)
@@ -132,4 +141,5 @@ func TestApproveCancelRace(t *testing.T) {
 		s.ledgerStays(r.Task.TaskID, executed, 500*time.Millisecond)
 	}
 	t.Logf("outcomes: %v", outcomes)
+	require.True(t, bothSeen(), "the race never went both ways: %v", outcomes)
 }
