@@ -3,6 +3,7 @@ package mcp_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -210,69 +211,117 @@ func TestApprovalExpiresDuringRun(t *testing.T) {
 	p.requireIntact(t)
 }
 
-// TestTTLExtendedWhenLaterDeadlineLearned: the backend may report a later
-// expires_at for a pending request than the one the task was bound with (an
-// ARS extending its deadline; ours never does, so the test moves it in the
-// backend's table). The task keeps waiting past the first deadline, its
-// ttlMs grows to cover the new deadline plus result retention, the deadline
-// never passes the window --max-window allows, and neither ever shrinks.
+// TestTTLExtendedWhenLaterDeadlineLearned: a task learns later deadlines
+// while it is pending, and its ttlMs (what tasks/get promises about how long
+// it stays readable) follows them: never shorter than the deadline plus
+// result retention, never shrinking.
+//
+//   - The backend reports a later expires_at for the pending request than
+//     the one the task was bound with (an ARS extending its deadline; ours
+//     never does, so the test moves it in the backend's table): the task
+//     keeps waiting past the first deadline, and the deadline never passes
+//     the window --max-window allows.
+//   - The request is approved but the grant is still provisioning
+//     (re-evaluation answers retry): the task waits, pending, as long as the
+//     approval lasts, which may be past the request's deadline.
 func TestTTLExtendedWhenLaterDeadlineLearned(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	const retention = 24 * time.Hour // the default
-	p := newPEP(t, pepOptions{maxWindow: 48 * time.Hour})
-	id := p.transfer(t, 50006)
-	req := p.request(t, id)
-	var first time.Time
-	require.NoError(t, p.env.Pool.QueryRow(ctx, `SELECT expires_at FROM arap.requests WHERE id = $1`, req).Scan(&first))
-	state := func() (deadline, windowEnd time.Time, ttl int64, created time.Time) {
-		t.Helper()
-		require.NoError(t, p.db.QueryRow(ctx, `SELECT a.deadline, a.window_end, t.ttl_ms, t.created_at FROM pep.approval_tasks a
-			JOIN pep.tasks t ON t.id = a.task_id WHERE a.task_id = $1`, id).Scan(&deadline, &windowEnd, &ttl, &created))
-		return
-	}
-	expect := func(deadline time.Time) {
-		t.Helper()
-		got, _, ttl, created := state()
-		require.WithinDuration(t, deadline, got, time.Second, "deadline")
-		require.Equal(t, tasks.TTLUntil(created, got.Add(retention)), ttl, "ttl_ms covers the deadline plus retention")
+	t.Run("request deadline", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		p := newPEP(t, pepOptions{maxWindow: 48 * time.Hour})
+		id := p.transfer(t, 50006)
+		req := p.request(t, id)
+		var first time.Time
+		require.NoError(t, p.env.Pool.QueryRow(ctx, `SELECT expires_at FROM arap.requests WHERE id = $1`, req).Scan(&first))
+		state := func() (deadline, windowEnd time.Time, ttl int64, created time.Time) {
+			t.Helper()
+			require.NoError(t, p.db.QueryRow(ctx, `SELECT a.deadline, a.window_end, t.ttl_ms, t.created_at FROM pep.approval_tasks a
+				JOIN pep.tasks t ON t.id = a.task_id WHERE a.task_id = $1`, id).Scan(&deadline, &windowEnd, &ttl, &created))
+			return
+		}
+		expect := func(deadline time.Time) {
+			t.Helper()
+			got, _, ttl, created := state()
+			require.WithinDuration(t, deadline, got, time.Second, "deadline")
+			require.Equal(t, tasks.TTLUntil(created, got.Add(retention)), ttl, "ttl_ms covers the deadline plus retention")
+			d := p.get(t, id)
+			require.Equal(t, tasks.Working, d.Status, "%s", d.StatusMessage)
+			require.NotNil(t, d.TTLMs)
+			require.Equal(t, ttl, *d.TTLMs, "tasks/get reports it")
+		}
+		setExpiry := func(at time.Time) {
+			t.Helper()
+			_, err := p.env.Pool.Exec(ctx, `UPDATE arap.requests SET expires_at = $2 WHERE id = $1`, req, at)
+			require.NoError(t, err)
+		}
+		expect(first)
+		_, windowEnd, _, _ := state()
+		require.True(t, first.Before(windowEnd), "the policy's request_ttl (24h) is inside the window (48h)")
+
+		// Six hours more, learned while pending; the front-end's clock is
+		// then past the first deadline, and the task still waits.
+		later := first.Add(6 * time.Hour)
+		setExpiry(later)
+		p.offset.Store(int64(time.Until(first) + time.Hour))
+		p.advance(t, id)
+		expect(later)
+
+		// Far later than the window allows: up to the window's end only.
+		setExpiry(time.Now().Add(100 * time.Hour))
+		p.advance(t, id)
+		expect(windowEnd)
+
+		// Earlier again: nothing moves back.
+		setExpiry(later)
+		p.advance(t, id)
+		expect(windowEnd)
+
+		// Past the window's end the task ends, whatever the backend says.
+		p.offset.Store(int64(time.Until(windowEnd) + time.Minute))
+		p.advance(t, id)
+		require.Equal(t, mcp.DeniedNotExecuted, disposition(t, p.get(t, id)))
+		require.Zero(t, p.ledger(t, id))
+	})
+
+	t.Run("approval awaiting its grant", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		// A request that may wait an hour; its approval lasts 20 hours, the
+		// first of which the grant is provisioning.
+		policy := strings.Replace(string(dev.SeedPolicy()), `    approval:
+      quorum: 1
+      groups: [treasury]   # bob, carol in the web UI
+      kinds: [itsm]        # or an ITSM system through the decision API
+      approved_for: 1h
+`, `    request_ttl: 1h
+    approval:
+      quorum: 1
+      groups: [treasury]
+      kinds: [itsm]
+      approved_for: 20h
+      grant_delay: 1h
+`, 1)
+		require.Contains(t, policy, "grant_delay: 1h")
+		p := newPEP(t, pepOptions{policy: []byte(policy)})
+		id := p.transfer(t, 50015)
+		req := p.request(t, id)
+		var created time.Time
+		var deadline time.Time
+		require.NoError(t, p.db.QueryRow(ctx, `SELECT a.deadline, t.created_at FROM pep.approval_tasks a JOIN pep.tasks t ON t.id = a.task_id
+			WHERE a.task_id = $1`, id).Scan(&deadline, &created))
+		require.Equal(t, tasks.TTLUntil(created, deadline.Add(retention)), *p.get(t, id).TTLMs)
+
+		p.approve(t, req, time.Time{})
+		until := p.approval(t, req).ApprovedUntil
+		require.True(t, until.After(deadline.Add(time.Hour)), "the approval outlasts the request's deadline")
+		p.advance(t, id) // approved; re-evaluation: grant_pending, retry
 		d := p.get(t, id)
 		require.Equal(t, tasks.Working, d.Status, "%s", d.StatusMessage)
-		require.NotNil(t, d.TTLMs)
-		require.Equal(t, ttl, *d.TTLMs, "tasks/get reports it")
-	}
-	setExpiry := func(at time.Time) {
-		t.Helper()
-		_, err := p.env.Pool.Exec(ctx, `UPDATE arap.requests SET expires_at = $2 WHERE id = $1`, req, at)
-		require.NoError(t, err)
-	}
-	expect(first)
-	_, windowEnd, _, _ := state()
-	require.True(t, first.Before(windowEnd), "the policy's request_ttl (24h) is inside the window (48h)")
-
-	// Six hours more, learned while pending; the front-end's clock is then
-	// past the first deadline, and the task still waits.
-	later := first.Add(6 * time.Hour)
-	setExpiry(later)
-	p.offset.Store(int64(time.Until(first) + time.Hour))
-	p.advance(t, id)
-	expect(later)
-
-	// Far later than the window allows: up to the window's end only.
-	setExpiry(time.Now().Add(100 * time.Hour))
-	p.advance(t, id)
-	expect(windowEnd)
-
-	// Earlier again: nothing moves back.
-	setExpiry(later)
-	p.advance(t, id)
-	expect(windowEnd)
-
-	// Past the window's end the task ends, whatever the backend says.
-	p.offset.Store(int64(time.Until(windowEnd) + time.Minute))
-	p.advance(t, id)
-	require.Equal(t, mcp.DeniedNotExecuted, disposition(t, p.get(t, id)))
-	require.Zero(t, p.ledger(t, id))
+		require.Zero(t, p.ledger(t, id))
+		require.Equal(t, tasks.TTLUntil(created, until.Add(retention)), *d.TTLMs, "readable while the approval may still be used, plus retention")
+	})
 }
 
 // TestExecuteTwiceOnStaleSnapshot: a runner acts on the task as it read it

@@ -47,6 +47,7 @@ type pep struct {
 }
 
 type pepOptions struct {
+	policy      []byte // the backend's policy; the dev seed policy when nil
 	maxWindow   time.Duration
 	execTimeout time.Duration
 	// run, when set, wraps wire_transfer's Run.
@@ -57,7 +58,7 @@ const aliceToken = "alice-token-0123"
 
 func newPEP(t *testing.T, o pepOptions) *pep {
 	t.Helper()
-	p := &pep{env: backendtest.Start(t, backendtest.Options{}), db: dbtest.New(t), secret: callbacks.NewSecret()}
+	p := &pep{env: backendtest.Start(t, backendtest.Options{Policy: o.policy}), db: dbtest.New(t), secret: callbacks.NewSecret()}
 	jobs, err := river.NewClient(riverpgxv5.New(p.db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
 	tools := mcp.DemoTools()
