@@ -10,7 +10,9 @@
 // writes the intent, submits, binds the handle and returns CreateTaskResult;
 // the backend's callback or the polling job calls Gate.Advance (approval.go),
 // which reads the status endpoint, re-evaluates and calls execute; tasks/get
-// reads the stored result.
+// reads the stored result. The claim and every way a task ends are recorded,
+// in the same transaction, in the front-end's own hash-chained audit trail
+// (audit.go), which VerifyAudit (arapctl audit verify --pep) checks.
 package mcp
 
 // Wire names of the extensions this package speaks (drafts: they may move).
