@@ -18,6 +18,7 @@ import (
 // and print the result once an ITSM system approves it. It also cancels a
 // task with `arapctl mcp cancel`.
 func TestArapctlMCPResumesAfterKill(t *testing.T) {
+	t.Parallel()
 	d := startDev(t, dbtest.URL(t))
 	alice := append([]string{"ARAP_MCP_TOKEN=" + dev.AgentToken}, d.env...)
 	stateFile := strings.TrimPrefix(d.env[1], "ARAP_MCP_STATE=")

@@ -99,6 +99,7 @@ func setupDeployment(t *testing.T) (env []string, policyFile, token string, pool
 // behind one public URL; requests go to either; one replica is killed with
 // SIGKILL; every request still expires, exactly once.
 func TestTwoReplicasExpireOnce(t *testing.T) {
+	t.Parallel()
 	env, policy, token, pool := setupDeployment(t)
 	args := []string{"serve", "--addr", "127.0.0.1:0", "--public-url", "https://arap.example", "--policy", policy}
 	a := startArapd(t, env, args...)
@@ -137,6 +138,7 @@ func TestTwoReplicasExpireOnce(t *testing.T) {
 // TestReloadAndGracefulShutdown: SIGHUP reloads the policy, a bad file is
 // refused with its line and the old policy stays; SIGTERM drains and exits 0.
 func TestReloadAndGracefulShutdown(t *testing.T) {
+	t.Parallel()
 	env, policy, token, _ := setupDeployment(t)
 	p := startArapd(t, env, "serve", "--addr", "127.0.0.1:0", "--policy", policy)
 	decide := func() bool {
@@ -166,6 +168,7 @@ func TestReloadAndGracefulShutdown(t *testing.T) {
 
 // TestMigrateCommand runs `arapd migrate` twice on a fresh database.
 func TestMigrateCommand(t *testing.T) {
+	t.Parallel()
 	dbURL := dbtest.URL(t)
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	require.NoError(t, err)

@@ -270,6 +270,7 @@ func (b *background) exit(t *testing.T) (int, string) {
 // cannot decide a request made for him (he sees why, with no buttons), and
 // that a decision posted without the CSRF token is refused.
 func TestBrowserApproval(t *testing.T) {
+	t.Parallel()
 	ctx := newBrowser(t)
 	dbURL := dbtest.URL(t)
 	d := startDev(t, dbURL)

@@ -25,6 +25,7 @@ import (
 // can start) and restarts it: the callback, enqueued in the same transaction
 // as the approval, is delivered, signed, once.
 func TestCallbackSurvivesCrashAfterDecision(t *testing.T) {
+	t.Parallel()
 	dbURL := dbtest.URL(t)
 	env := []string{"DATABASE_URL=" + dbURL, "ARAP_MASTER_KEY=" + masterKey}
 	policy := filepath.Join(t.TempDir(), "policy.yaml")

@@ -17,6 +17,7 @@ import (
 // ends well: at most one execution in the ledger, exactly one backend request
 // for the task, and none left pending without a live task.
 func TestCrashAtEachFaultPoint(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{})
 	ctx := context.Background()
 	for i, tc := range []struct {
@@ -97,6 +98,7 @@ func fmtNum(n int) string { return strconv.Itoa(n) }
 // about the other): at least 20 rounds, and more, up to 60, until the cancel
 // and the claim have each won at least once.
 func TestApproveCancelRace(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{})
 	ctx := context.Background()
 	alice := s.client(s.alice)

@@ -16,6 +16,7 @@ import (
 // TestDevCommand runs `arapd dev` on its own private PostgreSQL, checks the
 // seeded token works, restarts it on the same data dir, and stops it.
 func TestDevCommand(t *testing.T) {
+	t.Parallel()
 	dataDir := filepath.Join(t.TempDir(), "dev")
 	for round := range 2 {
 		p := startArapd(t, nil, "dev", "--addr", "127.0.0.1:0", "--mcp-addr", "127.0.0.1:0", "--data-dir", dataDir)

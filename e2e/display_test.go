@@ -71,6 +71,7 @@ const checkMarkers = `(() => {
 // code points, isolate every value, never carry the raw override, and fold
 // away the context nobody asked for. A screenshot is saved as an artifact.
 func TestBrowserShowsHiddenCharacters(t *testing.T) {
+	t.Parallel()
 	ctx := newBrowser(t)
 	d := startDev(t, dbtest.URL(t))
 	base := d.p.url()
@@ -146,6 +147,7 @@ func TestBrowserShowsHiddenCharacters(t *testing.T) {
 // policy: a plain denial, no task, no request for anyone to approve, and
 // nothing runs.
 func TestMCPRefusesHiddenCharactersInTransfers(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{})
 	alice := s.client(s.alice)
 	ctx := context.Background()

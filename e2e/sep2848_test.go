@@ -62,6 +62,7 @@ func (l tlog) Write(b []byte) (int, error) {
 // every check passes, and only the checks this deployment cannot show from
 // outside are skipped.
 func TestSEP2848Conformance(t *testing.T) {
+	t.Parallel()
 	s, cfg := conformanceStack(t, "")
 	results := sep2848.Run(context.Background(), cfg)
 	require.Len(t, results, len(sep2848.Checks), "every registered check reports")
@@ -106,6 +107,7 @@ const outcomeUnknown = "sep-2848-outcome-unknown-disposition"
 // broken build of arapd (tag arapbroken: it executes the tool on a
 // requestable denial) and requires the suite to catch it.
 func TestSEP2848CatchesBrokenBuild(t *testing.T) {
+	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "arapd-broken")
 	out, err := osexec.Command("go", "build", "-tags", "arapbroken", "-o", bin, "../cmd/arapd").CombinedOutput()
 	require.NoError(t, err, "%s", out)
@@ -130,6 +132,7 @@ func TestSEP2848CatchesBrokenBuild(t *testing.T) {
 // limit). The backend would wait 24 hours; the task ends denied after the
 // front-end's three seconds, and the backend request is cancelled.
 func TestMaxWindowEndsLongPendingTasks(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{mcpArgs: []string{"--max-window", "3s"}})
 	ctx := context.Background()
 	alice := s.client(s.alice)
@@ -153,6 +156,7 @@ func TestMaxWindowEndsLongPendingTasks(t *testing.T) {
 // request is pending changes nothing, because the front-end re-reads the
 // ARAP status endpoint; the same callback replayed is refused.
 func TestForgedCallbackCannotExecute(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{})
 	ctx := context.Background()
 	alice := s.client(s.alice)

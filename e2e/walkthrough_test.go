@@ -101,6 +101,7 @@ func maskWalk(out string) []string {
 // order, against `arapd dev`, with the browser steps done in headless
 // Chromium, and compares each command's output with the document.
 func TestWalkthrough(t *testing.T) {
+	t.Parallel()
 	ctx := newBrowser(t)
 	d := startDev(t, dbtest.URL(t))
 	base := d.p.url()
