@@ -70,6 +70,8 @@ func TestCheckerCatchesMismatches(t *testing.T) {
 		{"AuthZEN's plain errors", req("POST", "/access/v1/evaluation", "{}"), "{}", 400, plain, "subject: missing\n"},
 		{"a refused token", get("/access/v1/requests/arq_1"), "", 401, hdr("Content-Type", "application/problem+json", "WWW-Authenticate", "Bearer"), prob("unauthorized", 401)},
 		{"the web UI", get("/ui/"), "", 200, hdr("Content-Type", "text/html"), "<html>"},
+		{"a list in any status", get("/v1/requests?status=&limit=100&cursor="), "", 200, json, `{"requests":[]}`},
+		{"a list in one status", get("/v1/requests?status=pending"), "", 200, json, `{"requests":[]}`},
 	}
 	for _, e := range pass {
 		require.NoError(t, c.Check(e.req, []byte(e.reqBody), e.status, e.header, []byte(e.body)), e.name)
@@ -100,6 +102,7 @@ func TestCheckerCatchesMismatches(t *testing.T) {
 		{"an unlisted method answered", req("PUT", "/access/v1/requests/arq_1", "{}"), "{}", 200, json, task},
 		{"HEAD answered", req("HEAD", "/healthz", ""), "", 200, json, ""},
 		{"a path that only starts like the UI", get("/uix"), "", 200, hdr("Content-Type", "text/html"), "<html>"},
+		{"an accepted query the document forbids", get("/v1/requests?status=maybe"), "", 200, json, `{"requests":[]}`},
 		{"an accepted request the document forbids", req("POST", "/access/v1/requests", `{"subject":{"type":"user","id":"a"},"nonsense":1}`),
 			`{"subject":{"type":"user","id":"a"},"nonsense":1}`, 202, hdr("Content-Type", "application/json", "Location", "http://x/a"), task},
 		{"a problem document on an evaluation endpoint's 401", req("POST", "/access/v1/evaluation", "{}"), "{}", 401,
