@@ -19,6 +19,7 @@ import (
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/openapi"
 	"github.com/omcp/arap/signing"
 )
 
@@ -138,6 +139,9 @@ func TestDiscoveryJWKSAndOperations(t *testing.T) {
 	m := anon.do("GET", "/metrics", nil)
 	require.Equal(t, 200, m.status)
 	require.Contains(t, string(m.body), "arap_http_requests_total")
+	doc := anon.do("GET", "/openapi.yaml", nil)
+	require.Equal(t, 200, doc.status)
+	require.Equal(t, openapi.Spec, doc.body)
 }
 
 func TestEvaluateOverHTTP(t *testing.T) {
@@ -375,6 +379,30 @@ func TestEveryProblemType(t *testing.T) {
 	_, err = env.Pool.Exec(ctx, `UPDATE arap.requests SET terminal_at = terminal_at - interval '2 hours' WHERE id = $1`, id)
 	require.NoError(t, err)
 	pep.do("GET", "/access/v1/requests/"+id, nil).problem(t, 410, authzen.ProblemTaskExpired)
+}
+
+// TestInternalErrorsAreDocumented: when the database fails under a request
+// (here, the API clients' table is gone), ARAP and the decision API answer
+// 500 internal_error, the evaluation endpoint AuthZEN's plain text, and
+// neither shows what failed; through the contract proxy, as every test.
+func TestInternalErrorsAreDocumented(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{})
+	ctx := context.Background()
+	_, err := env.Pool.Exec(ctx, `ALTER TABLE arap.api_clients RENAME TO api_clients_gone`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = env.Pool.Exec(ctx, `ALTER TABLE arap.api_clients_gone RENAME TO api_clients`) })
+
+	pep := api{t: t, base: env.URL, token: dev.PEPToken}
+	for _, r := range []reply{pep.do("GET", "/access/v1/requests/arq_x", nil), api{t: t, base: env.URL, token: dev.ITSMToken}.do("GET", "/v1/requests", nil)} {
+		m := r.problem(t, 500, authzen.ProblemInternal)
+		require.Contains(t, m["detail"], "X-Request-ID")
+		require.NotContains(t, string(r.body), "api_clients", "what failed stays in the logs")
+		require.NotEmpty(t, r.header.Get(authzen.HeaderRequestID))
+	}
+	r := pep.do("POST", "/access/v1/evaluation", wireCall(1))
+	require.Equal(t, 500, r.status)
+	require.True(t, strings.HasPrefix(r.header.Get("Content-Type"), "text/plain"), r.header.Get("Content-Type"))
+	require.NotContains(t, string(r.body), "api_clients")
 }
 
 // TestRateLimit: a client's budget and the budget of refused

@@ -25,7 +25,7 @@ func (s *Server) routes() http.Handler {
 	// Operations.
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz)
-	r.Handle("/metrics", promhttp.Handler())
+	r.Method(http.MethodGet, "/metrics", promhttp.Handler())
 	r.Get(openapi.Path, openapi.Handler)
 
 	// The approvers' web interface (its own sessions, CSRF and headers).

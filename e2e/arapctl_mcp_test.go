@@ -43,7 +43,7 @@ func TestArapctlMCPResumesAfterKill(t *testing.T) {
 	code, out = startArapctl(t, alice, "mcp", "get", taskID).exit(t)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "task "+taskID+" working")
-	approveOnlyPending(t, d.p.url())
+	approveOnlyPending(t, d.api)
 
 	code, out = startArapctl(t, alice, "mcp", "wait").exit(t)
 	require.Equal(t, 0, code, out)

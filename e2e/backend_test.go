@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/internal/contract"
 	"github.com/omcp/arap/internal/dbtest"
 )
 
@@ -104,15 +105,17 @@ func TestTwoReplicasExpireOnce(t *testing.T) {
 	args := []string{"serve", "--addr", "127.0.0.1:0", "--public-url", "https://arap.example", "--policy", policy}
 	a := startArapd(t, env, args...)
 	b := startArapd(t, env, args...)
+	// Each replica behind its own contract proxy (see internal/contract).
+	apiA, apiB := contract.Proxy(t, a.url(), nil), contract.Proxy(t, b.url(), nil)
 
 	const n = 20
 	ids := make([]string, n)
 	for i := range n {
-		eval, sub := a, b
+		eval, sub := apiA, apiB
 		if i%2 == 1 {
-			eval, sub = b, a
+			eval, sub = apiB, apiA
 		}
-		ids[i] = request(t, eval.url(), sub.url(), token, toolCall("quick", map[string]any{"i": i}))
+		ids[i] = request(t, eval, sub, token, toolCall("quick", map[string]any{"i": i}))
 	}
 	// One replica dies without warning; the other carries on.
 	require.NoError(t, a.cmd.Process.Kill())
@@ -141,8 +144,9 @@ func TestReloadAndGracefulShutdown(t *testing.T) {
 	t.Parallel()
 	env, policy, token, _ := setupDeployment(t)
 	p := startArapd(t, env, "serve", "--addr", "127.0.0.1:0", "--policy", policy)
+	api := contract.Proxy(t, p.url(), nil)
 	decide := func() bool {
-		status, d := postJSON(t, p.url()+"/access/v1/evaluation", token, toolCall("wire_transfer", map[string]any{"amount": 50000}))
+		status, d := postJSON(t, api+"/access/v1/evaluation", token, toolCall("wire_transfer", map[string]any{"amount": 50000}))
 		require.Equal(t, 200, status)
 		return d["decision"].(bool)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/internal/contract"
 	"github.com/omcp/arap/internal/dbtest"
 )
 
@@ -188,6 +189,7 @@ func pageText(t *testing.T, ctx context.Context) string {
 // devStack is `arapd dev` on a test database, with its MCP address.
 type devStack struct {
 	p      *proc
+	api    string // the backend API through a contract proxy (the web UI is at p.url())
 	mcpURL string
 	env    []string // for arapctl mcp
 }
@@ -199,7 +201,7 @@ func startDev(t *testing.T, dbURL string) *devStack {
 	m := p.waitLog("mcp front-end started", 60*time.Second)
 	addr, _ := m["addr"].(string)
 	mcpURL := "http://" + addr + "/mcp"
-	return &devStack{p: p, mcpURL: mcpURL, env: []string{
+	return &devStack{p: p, api: contract.Proxy(t, p.url(), nil), mcpURL: mcpURL, env: []string{
 		"ARAP_MCP_URL=" + mcpURL, "ARAP_MCP_STATE=" + filepath.Join(t.TempDir(), "tasks.json"),
 	}}
 }
@@ -348,7 +350,7 @@ func TestBrowserApproval(t *testing.T) {
 
 	// The request page is live too: when an ITSM system approves it, the
 	// open page shows the new status without a reload.
-	approveOnlyPending(t, base)
+	approveOnlyPending(t, d.api)
 	do(t, ctx, "see the status change in place", chromedp.WaitVisible(`//span[@id="status" and text()="approved"]`))
 	require.Contains(t, pageText(t, ctx), "client:dev-itsm")
 

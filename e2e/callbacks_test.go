@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/callbacks"
+	"github.com/omcp/arap/internal/contract"
 	"github.com/omcp/arap/internal/dbtest"
 )
 
@@ -60,17 +61,19 @@ rules:
 	}))
 	defer rc.Close()
 
+	api := contract.Proxy(t, crashing.url(), nil)
 	call := toolCall("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000})
-	status, d := postJSON(t, crashing.url()+"/access/v1/evaluation", pepToken, call)
+	status, d := postJSON(t, api+"/access/v1/evaluation", pepToken, call)
 	require.Equal(t, 200, status)
 	hint := d["context"].(map[string]any)["access_request"].(map[string]any)
 	call["denial"] = map[string]any{"expires_at": hint["expires_at"], "binding_token": hint["binding_token"]}
 	call["callback"] = map[string]any{"endpoint": rc.URL + "/arap-callback", "state": "s-1"}
-	status, r := postJSON(t, crashing.url()+"/access/v1/requests", pepToken, call)
+	status, r := postJSON(t, api+"/access/v1/requests", pepToken, call)
 	require.Equal(t, 202, status, "%v", r)
 	id := r["task"].(map[string]any)["id"].(string)
 
-	// The approval commits, then the process is killed before answering.
+	// The approval commits, then the process is killed before answering
+	// (directly: through the proxy the lost answer would be a 502).
 	req, _ := http.NewRequest("POST", crashing.url()+"/v1/requests/"+id+"/decisions", stringsReader(`{"decision":"approve"}`))
 	req.Header.Set("Authorization", "Bearer "+itsmToken)
 	req.Header.Set("Content-Type", "application/json")

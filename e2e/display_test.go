@@ -80,7 +80,7 @@ func TestBrowserShowsHiddenCharacters(t *testing.T) {
 	// requestable whatever its arguments hold (wire_transfer refuses them).
 	call := toolCall("delete_repository", map[string]any{"repo": "acct-\u202e199\u202c", "n\u200bote": "p\u0430ypal"})
 	call["context"] = map[string]any{"approved_by": "CFO"}
-	status, dec := postJSON(t, base+"/access/v1/evaluation", dev.PEPToken, call)
+	status, dec := postJSON(t, d.api+"/access/v1/evaluation", dev.PEPToken, call)
 	require.Equal(t, 200, status, "%v", dec)
 	dctx := dec["context"].(map[string]any)
 	hint := dctx["access_request"].(map[string]any)
@@ -89,7 +89,7 @@ func TestBrowserShowsHiddenCharacters(t *testing.T) {
 	for k, v := range call {
 		body[k] = v
 	}
-	status, sub := postJSON(t, base+"/access/v1/requests", dev.PEPToken, body)
+	status, sub := postJSON(t, d.api+"/access/v1/requests", dev.PEPToken, body)
 	require.Equal(t, 202, status, "%v", sub)
 	id := sub["task"].(map[string]any)["id"].(string)
 

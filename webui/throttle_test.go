@@ -18,9 +18,10 @@ import (
 )
 
 // browserAt is a browser whose connections come from the loopback address
-// ip (all of 127/8 is local on Linux), talking to the backend directly so
-// that the backend sees that address; jar, when given, is shared with
-// another browser (the same person's browser on another network).
+// ip (all of 127/8 is local on Linux; the contract proxy in front of the
+// backend dials it from the same address, so the backend sees that address);
+// jar, when given, is shared with another browser (the same person's browser
+// on another network).
 func browserAt(t *testing.T, env *backendtest.Env, ip string, jar http.CookieJar) *browser {
 	if jar == nil {
 		jar, _ = cookiejar.New(nil)
@@ -28,7 +29,7 @@ func browserAt(t *testing.T, env *backendtest.Env, ip string, jar http.CookieJar
 	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
 	tr := &http.Transport{DialContext: d.DialContext}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &browser{t: t, base: "http://" + env.Backend.Addr(), c: &http.Client{Jar: jar, Transport: tr,
+	return &browser{t: t, base: env.URL, c: &http.Client{Jar: jar, Transport: tr,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
