@@ -285,6 +285,18 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 			p, _ = ex.TokenInfo.Extra["principal"].(Principal)
 		}
 		ctx = tasks.WithPrincipal(ctx, p.Key())
+		if brokenBuild && broken(violateOtherPrincipalsTask) { // serves any task to anyone, as its owner
+			id := ""
+			switch x := req.GetParams().(type) {
+			case *tasks.TaskParams:
+				id = x.TaskID
+			case *tasks.UpdateParams:
+				id = x.TaskID
+			}
+			if t, err := s.gate.tasks.Get(ctx, s.gate.cfg.DB, id); err == nil {
+				ctx = tasks.WithPrincipal(ctx, t.Principal)
+			}
+		}
 		if method == "tools/call" {
 			ctr, ok := req.(*sdk.CallToolRequest)
 			if !ok || p.SubjectID == "" {
