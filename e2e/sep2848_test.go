@@ -176,24 +176,54 @@ var brokenBuilds = []struct {
 	fail      []string
 	because   string
 }{
+	// Execution where the SEP forbids it, and how often.
 	{"execute-on-requestable-denial", []string{"requestable-denial", "deny"},
 		[]string{"requestable-denial-not-executed", "denial-not-executed"}, "the tool ran"},
 	{"execute-after-denial", []string{"deny"}, []string{"denial-not-executed"}, "the tool ran"},
 	{"execute-after-cancel", []string{"cancel"}, []string{"cancelled-never-executes", "cancel-race-one-outcome"}, "the tool ran"},
+	{"cancel-ignored", []string{"cancel"}, []string{"cancel-wins-before-claim", "cancelled-never-executes", "cancelled-no-disposition"}, "after tasks/cancel"},
 	{"execute-after-expiry", []string{"approval-expiry"}, []string{"expired-never-executes", "chain-bounded"}, "the tool ran on an expired approval"},
 	{"second-execution", []string{"approve"}, []string{"executes-once"}, "the tool ran 2 times"},
+	{"arguments-truncated", []string{"approve"}, []string{"runs-from-full-binding"}, "does not repeat argument to"},
+	// What the result says.
 	{"disposition-disagrees", []string{"deny", "artifacts"}, []string{"denial-disposition", "body-disposition-agree"}, `disposition "approved-executed"`},
+	{"no-disposition", []string{"approve"}, []string{"approval-executes"}, `disposition ""`},
+	{"body-silent-on-run", []string{"approve"}, []string{"body-states-ran"}, "does not say the tool ran"},
+	{"denial-silent-on-run", []string{"deny"}, []string{"denial-body-states-not-run"}, "does not say the tool did not run"},
+	{"execution-error-says-not-run", []string{"execution-error"}, []string{"execution-error-body-distinct"}, "does not say the tool ran"},
+	{"execution-error-as-success", []string{"execution-error"}, []string{"execution-error-disposition"}, `disposition "approved-executed"`},
+	{"expiry-unexplained", []string{"expiry"}, []string{"expired-denied"}, "expired task"},
+	// The envelope.
+	{"envelope-on-executed", []string{"approve", "execution-error"}, []string{"no-envelope-on-success", "no-envelope-on-execution-error"}, "envelope on an executed task"},
+	{"pending-without-envelope", []string{"requestable-denial"}, []string{"envelope-on-create", "envelope-repeated-on-get"}, "no io.modelcontextprotocol/authorization"},
+	{"denial-without-envelope", []string{"deny"}, []string{"denial-envelope-unavailable"}, "no io.modelcontextprotocol/authorization"},
+	{"input-without-envelope", []string{"in-task-input"}, []string{"input-required-envelope"}, "no io.modelcontextprotocol/authorization"},
+	// What reaches the client.
 	{"artifact-leak", []string{"approve", "artifacts"}, []string{"no-backend-artifacts"}, "binding_token"},
-	{"other-principals-task", []string{"access-control"}, []string{"task-access-get", "task-access-update", "task-access-cancel"}, "another principal read the task"},
-	{"dedup-off", []string{"dedup"}, []string{"dedup-same-task", "dedup-concurrent"}, "opened task"},
-	{"limits-off", []string{"limits"}, []string{"pending-bounded", "submission-rate-limited"}, "was not refused"},
-	{"envelope-on-success", []string{"approve"}, []string{"no-envelope-on-success"}, "envelope on an executed task"},
-	{"retry-as-denial", []string{"retry"}, []string{"retry-not-denial"}, "a retryable outcome ended the task denied-not-executed"},
-	{"chain-unbounded", []string{"approval-expiry"}, []string{"chain-bounded"}, "the task still waits"},
+	{"authorization-context-id", []string{"approve", "artifacts"}, []string{"no-authorization-context-id"}, "authorizationContextId"},
+	{"status-repeats-arguments", []string{"requestable-denial"}, []string{"model-text-sanitized"}, "repeats the client-supplied argument"},
 	{"pending-shown-done", []string{"requestable-denial"}, []string{"pending-not-presented-completed"}, "Transfer completed"},
-	{"needs-tool-approval", []string{"requestable-denial"}, []string{"requestable-denial-returns-task", "tool-approval-optional",
+	// Who may do what to a task, and what a call binds.
+	{"other-principals-task", []string{"access-control"}, []string{"task-access-get", "task-access-update", "task-access-cancel"}, "another principal read the task"},
+	{"clock-task-ids", []string{"access-control"}, []string{"task-id-unguessable"}, "differ in only"},
+	{"mrtr-unbound", []string{"input"}, []string{"mrtr-binding-enforced", "mrtr-caller-enforced"}, "was accepted"},
+	{"terminal-reopened", []string{"approve"}, []string{"terminal-not-reopened"}, "the identical call returned task"},
+	{"dedup-off", []string{"dedup"}, []string{"dedup-same-task", "dedup-concurrent"}, "opened task"},
+	{"dedup-across-principals", []string{"changed-binding"}, []string{"changed-principal-new-approval"}, "was handed the first principal's task"},
+	{"plain-denial-as-error", []string{"plain-denial"}, []string{"plain-denial-no-task"}, "a JSON-RPC error"},
+	{"limits-off", []string{"limits"}, []string{"pending-bounded", "submission-rate-limited"}, "was not refused"},
+	// Waiting: retry, expiry, the bound on requests, backend cancellation.
+	{"retry-as-denial", []string{"retry"}, []string{"retry-not-denial"}, "a retryable outcome ended the task denied-not-executed"},
+	{"retry-past-expiry", []string{"approval-expiry"}, []string{"retry-stops-at-expiry", "chain-bounded"}, "the task still waits"},
+	{"chain-unbounded", []string{"approval-expiry"}, []string{"chain-bounded"}, "the task still waits"},
+	{"backend-cancel-ignored", []string{"cancel"}, []string{"backend-cancel-cancelled"}, "did not end"},
+	{"no-retention", []string{"requestable-denial"}, []string{"ttl-covers-pending"}, "does not cover"},
+	// Clients: tasks-only, approval-aware, none.
+	{"needs-tool-approval", []string{"requestable-denial"}, []string{"tool-approval-optional", "requestable-denial-returns-task",
 		"requestable-denial-not-executed", "envelope-on-create", "envelope-repeated-on-get", "pending-not-presented-completed",
-		"model-text-sanitized", "ttl-covers-pending"}, "not a task"},
+		"model-text-sanitized", "ttl-covers-pending"}, "a tasks-only client got"},
+	{"plain-clients-get-tasks", []string{"degraded"}, []string{"degraded-without-tasks", "degraded-preferred", "task-required-error"}, "without the tasks extension the call answered"},
+	{"tool-approval-undeclared", []string{"capability"}, []string{"capability-declared"}, "need both"},
 }
 
 // TestSEP2848CatchesBrokenBuild runs the scenarios against a deliberately
@@ -233,6 +263,9 @@ func TestSEP2848CatchesBrokenBuild(t *testing.T) {
 		t.Run(b.violation, func(t *testing.T) {
 			_, cfg := conformanceStack(t, stackOptions{mcpBinary: bin, mcpEnv: []string{"ARAP_BROKEN=" + b.violation}})
 			cfg.Scenarios = b.scenarios
+			// A violation that leaves a task waiting should cost seconds,
+			// not the two minutes a slow server is given.
+			cfg.Timeout = 20 * time.Second
 			results := sep2848.Run(context.Background(), cfg)
 			failed := map[string]string{}
 			for _, r := range results {

@@ -18,8 +18,14 @@ var brokenAs = func() violation {
 	v := violation(os.Getenv("ARAP_BROKEN"))
 	known := []violation{violateExecuteOnRequestableDenial, violateExecuteAfterDenial, violateExecuteAfterCancel,
 		violateExecuteAfterExpiry, violateSecondExecution, violateDispositionDisagrees, violateArtifactLeak,
-		violateOtherPrincipalsTask, violateDedupOff, violateLimitsOff, violateEnvelopeOnSuccess, violateRetryAsDenial,
-		violateChainUnbounded, violatePendingShownDone, violateNeedsToolApproval}
+		violateOtherPrincipalsTask, violateDedupOff, violateLimitsOff, violateEnvelopeOnExecuted, violateRetryAsDenial,
+		violateChainUnbounded, violatePendingShownDone, violateNeedsToolApproval, violateNoRetention,
+		violatePlainClientsGetTasks, violateMRTRUnbound, violateTerminalReopened, violateExpiryUnexplained,
+		violateExecutionErrorSaysNotRun, violateExecutionErrorAsSuccess, violateClockTaskIDs, violateArgumentsTruncated,
+		violateBodySilentOnRun, violateNoDisposition, violateDenialWithoutEnvelope, violateDenialSilentOnRun,
+		violateBackendCancelIgnored, violatePendingWithoutEnvelope, violateStatusRepeatsArguments,
+		violateAuthorizationContextID, violateToolApprovalUndeclared, violateRetryPastExpiry, violateInputWithoutEnvelope,
+		violateDedupAcrossPrincipals, violatePlainDenialAsError, violateCancelIgnored}
 	if v != "" && !slices.Contains(known, v) {
 		panic(fmt.Sprintf("ARAP_BROKEN=%q: no such violation; the violations are %v", v, known))
 	}

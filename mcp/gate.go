@@ -103,6 +103,9 @@ func NewGate(cfg Config) (*Gate, error) {
 	def(&cfg.ExecTimeout, 30*time.Second)
 	def(&cfg.StateTTL, 10*time.Minute)
 	def(&cfg.MaxWindow, 7*24*time.Hour)
+	if brokenBuild && broken(violateNoRetention) { // keeps a result a minute
+		cfg.ResultRetention = time.Minute
+	}
 	if cfg.MaxChained == 0 {
 		cfg.MaxChained = 3
 	}
@@ -181,6 +184,9 @@ func dedupKey(p Principal, tool, argsDigest string) string {
 	if brokenBuild && broken(violateDedupOff) {
 		return newKey()
 	}
+	if brokenBuild && broken(violateDedupAcrossPrincipals) {
+		p = Principal{}
+	}
 	s := sha256.Sum256([]byte(p.Key() + "\x00" + tool + "\x00" + argsDigest))
 	return hex.EncodeToString(s[:])
 }
@@ -211,6 +217,9 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		return nil, err
 	}
 	hasTasks := tasks.HasExtension(req.Params.GetMeta())
+	if brokenBuild && broken(violatePlainClientsGetTasks) {
+		hasTasks = true
+	}
 	if brokenBuild && broken(violateNeedsToolApproval) {
 		caps, _ := req.Params.GetMeta()[tasks.MetaClientCapabilities].(map[string]any)
 		ext, _ := caps["extensions"].(map[string]any)
@@ -239,6 +248,9 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	}
 	hint, requestable := decision.AccessRequest()
 	if !requestable {
+		if brokenBuild && broken(violatePlainDenialAsError) {
+			return nil, rpcError(tasks.CodeInvalidParams, "not allowed")
+		}
 		return denied("This call is not allowed by policy; the tool did not run.", RemediationUnavailable), nil
 	}
 	if !hasTasks {

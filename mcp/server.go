@@ -95,6 +95,10 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 			Extensions: map[string]any{tasks.ExtensionID: map[string]any{}, ExtensionToolApproval: map[string]any{}},
 		},
 	})
+	if brokenBuild && broken(violateToolApprovalUndeclared) {
+		s = sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{Logger: sdkLog,
+			Capabilities: &sdk.ServerCapabilities{Tools: &sdk.ToolCapabilities{}, Extensions: map[string]any{tasks.ExtensionID: map[string]any{}}}})
+	}
 	for _, t := range g.cfg.Tools {
 		s.AddTool(&sdk.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}, relay)
 	}

@@ -55,15 +55,16 @@ func cancel(ctx context.Context, r *run) error {
 		if err != nil {
 			return err
 		}
-		// Watch past the moment the grant provisions.
+		// Watch past the moment the grant provisions (the whole window, so
+		// a run it lets through is seen here, not by a later check).
 		var ran, reopened string
 		deadline := time.Now().Add(time.Duration(r.p.Provisioning.After) + r.settle())
-		for time.Now().Before(deadline) && ran == "" && reopened == "" {
+		for time.Now().Before(deadline) && ran == "" {
 			g, err := r.get(ctx, r.c, pt.TaskID)
 			if err != nil {
 				return err
 			}
-			if g.Status != StatusCancelled || len(g.Result) > 0 {
+			if (g.Status != StatusCancelled || len(g.Result) > 0) && reopened == "" {
 				reopened = fmt.Sprintf("the task is %s (result %.100s)", g.Status, g.Result)
 			}
 			if have {
