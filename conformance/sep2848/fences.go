@@ -349,7 +349,10 @@ func approvalExpiry(ctx context.Context, r *run) error {
 	// can give one only once the server has opened a new request.
 	first := time.Now()
 	approvedAt, approvals, left, stalled := first, 1, time.Duration(-1), ""
-	bound := time.Duration(r.p.Outliving.After) + r.settle()
+	// The grant's own delay, and two watches' worth of slack: a server that
+	// waits the retry hint out and then stops is within it, one that keeps
+	// retrying on the expired approval is not.
+	bound := time.Duration(r.p.Outliving.After) + 2*r.settle()
 	var done *task
 	for {
 		g, err := r.get(ctx, r.c, t.TaskID)

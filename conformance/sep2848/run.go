@@ -52,7 +52,10 @@ type Config struct {
 	BackendURL string
 	// Scenarios limits the run to these names (all when empty).
 	Scenarios []string
-	// Timeout bounds each scenario (default 2 minutes).
+	// Timeout bounds each scenario beyond the waits its profile declares,
+	// and how long the server may take to act on something that happened
+	// outside it (a backend cancel, a grant provisioning); default 2
+	// minutes.
 	Timeout time.Duration
 	HTTP    *http.Client
 	// Log receives a line per scenario and check as they finish.
