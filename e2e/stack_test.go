@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -39,19 +40,21 @@ type stack struct {
 	mallory   string // MCP caller: mallory through agent:demo
 	mcpBinary string
 	mcpArgs   []string
+	mcpEnv    []string
 }
 
 type stackOptions struct {
 	policy    string   // default: the dev seed policy
 	mcpBinary string   // default: the arapd this test binary built
 	mcpArgs   []string // more flags for arapd mcp
+	mcpEnv    []string // more environment for arapd mcp
 }
 
 func token(out string) string { return regexp.MustCompile(`token: (\S+)`).FindStringSubmatch(out)[1] }
 
 func newStack(t *testing.T, o stackOptions) *stack {
 	t.Helper()
-	s := &stack{t: t, dbURL: dbtest.URL(t), mcpBinary: o.mcpBinary, mcpArgs: o.mcpArgs}
+	s := &stack{t: t, dbURL: dbtest.URL(t), mcpBinary: o.mcpBinary, mcpArgs: o.mcpArgs, mcpEnv: o.mcpEnv}
 	s.env = []string{"DATABASE_URL=" + s.dbURL, "ARAP_MASTER_KEY=" + masterKey}
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	doc := o.policy
@@ -87,7 +90,7 @@ func (s *stack) startMCP(extraEnv ...string) *proc {
 	env := append([]string{
 		"DATABASE_URL=" + s.dbURL, "ARAP_PEP_MASTER_KEY=" + pepMasterKey, "ARAP_BACKEND_TOKEN=" + s.pepToken,
 		"ARAP_WEBHOOK_SECRETS=" + s.secret,
-	}, extraEnv...)
+	}, slices.Concat(s.mcpEnv, extraEnv)...)
 	addr := "127.0.0.1:0"
 	if s.mcp != nil {
 		addr = s.mcp.addr // a restart keeps the address the backend calls back

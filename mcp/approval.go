@@ -92,6 +92,13 @@ func (g *Gate) binding(a *approvalTask) (binding, error) {
 // pendingMeta is the task _meta while the decision is out: the SEP-2643
 // envelope with a task hint, repeated on every tasks/get until terminal.
 func pendingMeta() map[string]any {
+	switch {
+	case brokenBuild && broken(violatePendingWithoutEnvelope):
+		return nil
+	case brokenBuild && broken(violateAuthorizationContextID):
+		return map[string]any{MetaAuthorization: map[string]any{"reason": ReasonInsufficientAuthorization, "remediation": RemediationAvailable,
+			"remediationHints": []any{map[string]any{"type": "task"}}, "authorizationContextId": "ctx_1"}}
+	}
 	return map[string]any{MetaAuthorization: envelope(RemediationAvailable, true)}
 }
 
@@ -179,6 +186,9 @@ type opened struct{ task, key string }
 // insert is step (1) of open.
 func (g *Gate) insert(ctx context.Context, p Principal, tool string, args map[string]any, d, dedup string, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (opened, error) {
 	taskID, key := tasks.NewID(), newKey()
+	if brokenBuild && broken(violateClockTaskIDs) {
+		taskID = fmt.Sprintf("tsk_%d", time.Now().UnixNano())
+	}
 	body, err := g.submission(p, tool, args, decision, hint, extra, taskID)
 	if err != nil {
 		return opened{}, err
@@ -214,7 +224,7 @@ func (g *Gate) insert(ctx context.Context, p Principal, tool string, args map[st
 		}
 		if err := g.tasks.CreateTx(ctx, tx, &tasks.Task{
 			ID: taskID, Principal: p.Key(), Kind: KindApproval, Status: tasks.Working,
-			StatusMessage: "Waiting for approval: " + describe(hint), Meta: pendingMeta(), CreatedAt: now,
+			StatusMessage: "Waiting for approval: " + describe(hint) + brokenStatusArgs(args), Meta: pendingMeta(), CreatedAt: now,
 			TTLMs: &ttl, PollIntervalMs: int(g.cfg.PollInterval.Milliseconds()),
 		}); err != nil {
 			return err
@@ -245,7 +255,11 @@ func (g *Gate) existing(ctx context.Context, dedup string) (*tasks.Task, error) 
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		var id, phase string
-		err := g.cfg.DB.QueryRow(ctx, `SELECT task_id, phase FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done'`, dedup).Scan(&id, &phase)
+		live := `SELECT task_id, phase FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done'`
+		if brokenBuild && broken(violateTerminalReopened) { // the latest task for the call, ended or not
+			live = `SELECT task_id, 'pending' FROM pep.approval_tasks WHERE dedup_key = $1 ORDER BY created_at DESC LIMIT 1`
+		}
+		err := g.cfg.DB.QueryRow(ctx, live, dedup).Scan(&id, &phase)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, nil
 		}
@@ -515,10 +529,21 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 		}
 		return g.reevaluate(ctx, a, tr.Result.Approval)
 	case authzen.StatusDenied:
+		if brokenBuild && broken(violateExecuteAfterDenial) {
+			if b, err := g.binding(a); err == nil {
+				_, _ = g.tools[a.Tool].Run(ctx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: b.Args})
+			}
+		}
 		return time.Time{}, g.deny(ctx, a, "The approval was denied; the tool did not run.")
 	case authzen.StatusExpired:
+		if brokenBuild && broken(violateExpiryUnexplained) {
+			return time.Time{}, g.deny(ctx, a, "Not approved; the tool did not run.")
+		}
 		return time.Time{}, g.deny(ctx, a, "The approval request expired without a decision; the tool did not run.")
 	case authzen.StatusCancelled:
+		if brokenBuild && broken(violateBackendCancelIgnored) {
+			return g.backoff(a, 0), nil
+		}
 		return time.Time{}, g.cancelLocal(ctx, a, "The approval request was cancelled at the approval service; the tool did not run.")
 	case authzen.StatusFailed:
 		return time.Time{}, g.fail(ctx, a, "the approval service could not complete the request")
@@ -638,8 +663,17 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 		next = map[string]string{authzen.ReasonApprovalExpired: authzen.NextActionRequest, authzen.ReasonOutOfScope: authzen.NextActionRequest,
 			authzen.ReasonGrantPending: authzen.NextActionRetry}[reason]
 	}
+	if brokenBuild && broken(violateExecuteAfterExpiry) && reason == authzen.ReasonApprovalExpired {
+		return time.Time{}, g.execute(ctx, a, b, approval.ID, g.now().Add(time.Hour))
+	}
+	if brokenBuild && broken(violateRetryPastExpiry) && reason == authzen.ReasonApprovalExpired {
+		return g.backoff(a, 0), nil // retried for ever on the expired approval
+	}
 	switch next {
 	case authzen.NextActionRetry:
+		if brokenBuild && broken(violateRetryAsDenial) {
+			return time.Time{}, g.deny(ctx, a, "The approval cannot be used yet; the tool did not run.")
+		}
 		if !g.now().Before(approval.ApprovedUntil) {
 			return time.Time{}, g.deny(ctx, a, "The approval expired before it could be used; the tool did not run.")
 		}
@@ -652,7 +686,13 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 		if err := g.extendTTL(ctx, a.TaskID, approval.ApprovedUntil.Add(g.cfg.ResultRetention)); err != nil {
 			return time.Time{}, err
 		}
-		return g.backoff(a, after), nil
+		// Retries stop once the approval expires (SEP-2848): a hint past
+		// approved_until is cut to it, and that look finds it expired.
+		next := g.backoff(a, after)
+		if next.After(approval.ApprovedUntil) {
+			next = approval.ApprovedUntil
+		}
+		return next, nil
 	case authzen.NextActionRequest:
 		if hint, ok := d.AccessRequest(); ok {
 			return time.Time{}, g.chain(ctx, a, b, d, hint)
@@ -719,8 +759,20 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	}
 	fault.Point("pep.after-claim")
 	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.ExecTimeout)
-	out, runErr := tool.Run(runCtx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: b.Args})
+	args := b.Args
+	if brokenBuild && broken(violateArgumentsTruncated) { // runs from a binding that lost an argument
+		args = map[string]any{}
+		for k, v := range b.Args {
+			if k != "to" {
+				args[k] = v
+			}
+		}
+	}
+	out, runErr := tool.Run(runCtx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: args})
 	cancel()
+	if brokenBuild && broken(violateSecondExecution) && runErr == nil {
+		_, _ = tool.Run(context.WithoutCancel(ctx), Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: b.Args})
+	}
 	fault.Point("pep.after-invoke")
 	var res *sdk.CallToolResult
 	disposition := ApprovedExecuted
@@ -728,13 +780,28 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 		disposition = ExecutionError
 		res = &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
 			Text: "The tool ran after approval but failed, so it may have had side effects: " + sanitize(runErr.Error(), 200)}}}
+		switch {
+		case brokenBuild && broken(violateExecutionErrorSaysNotRun):
+			res.Content = []sdk.Content{&sdk.TextContent{Text: "The tool did not run: " + sanitize(runErr.Error(), 200)}}
+		case brokenBuild && broken(violateExecutionErrorAsSuccess):
+			disposition = ApprovedExecuted
+		}
 	} else {
 		res = &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "Approved; the tool ran once. " + out.Text}}}
+		if brokenBuild && broken(violateBodySilentOnRun) {
+			res.Content = []sdk.Content{&sdk.TextContent{Text: "Approved. See the structured content."}}
+		}
 		if out.Structured != nil {
 			res.StructuredContent = out.Structured
 		}
 	}
 	res.Meta = sdk.Meta{MetaDisposition: disposition}
+	if brokenBuild && broken(violateNoDisposition) {
+		res.Meta = nil
+	}
+	if brokenBuild && broken(violateEnvelopeOnExecuted) {
+		res.Meta[MetaAuthorization] = envelope(RemediationUnavailable, false)
+	}
 	return g.finish(ctx, a, []string{phaseClaimed}, res, disposition, "The tool ran after approval.", AuditCompleted, nil)
 }
 
@@ -782,6 +849,14 @@ func (g *Gate) finish(ctx context.Context, a *approvalTask, from []string, res *
 func (g *Gate) deny(ctx context.Context, a *approvalTask, text string) error {
 	res := &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: text}},
 		Meta: sdk.Meta{MetaDisposition: DeniedNotExecuted, MetaAuthorization: envelope(RemediationUnavailable, false)}}
+	switch {
+	case brokenBuild && broken(violateDispositionDisagrees):
+		res.Meta[MetaDisposition] = ApprovedExecuted
+	case brokenBuild && broken(violateDenialWithoutEnvelope):
+		delete(res.Meta, MetaAuthorization)
+	case brokenBuild && broken(violateDenialSilentOnRun):
+		res.Content = []sdk.Content{&sdk.TextContent{Text: "Not approved."}}
+	}
 	return g.finish(ctx, a, preClaim, res, DeniedNotExecuted, "Not approved; the tool did not run.", AuditDenied, map[string]any{"reason": text})
 }
 
@@ -857,7 +932,7 @@ func (g *Gate) reapClaim(ctx context.Context, a *approvalTask) (time.Time, error
 // consumed first, atomically, so a late callback or poll for it can no
 // longer act; the number of chained requests is bounded.
 func (g *Gate) chain(ctx context.Context, a *approvalTask, b binding, d authzen.Decision, hint *authzen.AccessRequestHint) error {
-	if a.Chained+1 >= g.cfg.MaxChained {
+	if a.Chained+1 >= g.cfg.MaxChained && !(brokenBuild && broken(violateChainUnbounded)) {
 		return g.deny(ctx, a, "The approval did not cover this call and too many new approval requests were made for it; the tool did not run.")
 	}
 	var schema map[string]any
@@ -886,7 +961,7 @@ func (g *Gate) chain(ctx context.Context, a *approvalTask, b binding, d authzen.
 				InputRequests: map[string]any{key: map[string]any{"method": "elicitation/create", "params": map[string]any{
 					"mode": "form", "message": "A new approval is needed: " + describe(hint) + ". Please provide the information the approvers need.",
 					"requestedSchema": form}}},
-				Meta: map[string]any{MetaAuthorization: envelope(RemediationAvailable, false)}})
+				Meta: brokenInputMeta(map[string]any{MetaAuthorization: envelope(RemediationAvailable, false)})})
 			return err
 		})
 	}
@@ -943,6 +1018,15 @@ func (g *Gate) reopen(ctx context.Context, a *approvalTask, b binding, d authzen
 // a cancellable pre-claim phase to cancelled. If it wins, the tool can never
 // run and the backend request is cancelled; if the claim won, it is a no-op.
 func (g *Gate) Cancel(ctx context.Context, t *tasks.Task) error {
+	if brokenBuild && broken(violateCancelIgnored) {
+		return nil
+	}
+	if brokenBuild && broken(violateExecuteAfterCancel) { // reports cancelled, fences nothing, cancels no request
+		return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+			_, err := g.tasks.TransitionTx(ctx, tx, t.ID, tasks.Change{To: tasks.Cancelled, StatusMessage: "Cancelled by the client; the tool did not run."})
+			return err
+		})
+	}
 	a, won, err := g.cancelLocalWon(ctx, t.ID, "Cancelled by the client; the tool did not run.", t.Principal)
 	if err != nil || !won {
 		return err

@@ -408,3 +408,31 @@ func TestConcurrentAdvanceClaimsOnce(t *testing.T) {
 	require.Equal(t, []string{mcp.AuditClaimed, mcp.AuditCompleted}, p.trail(t, id))
 	p.requireIntact(t)
 }
+
+// TestRetryStopsAtApprovalExpiry: a grant that provisions only after the
+// approval ends is not waited for past approved_until: the next look is at
+// approved_until at the latest, and it finds the approval expired, so the
+// tool never runs on it (SEP-2848: retries "MUST stop once the approval
+// expires").
+func TestRetryStopsAtApprovalExpiry(t *testing.T) {
+	t.Parallel()
+	policy := strings.Replace(string(dev.SeedPolicy()), `      approved_for: 1h
+`, `      approved_for: 1h
+      grant_delay: 3h
+`, 1)
+	require.Contains(t, policy, "grant_delay: 3h")
+	p := newPEP(t, pepOptions{policy: []byte(policy)})
+	id := p.transfer(t, 50016)
+	req := p.request(t, id)
+	p.approve(t, req, time.Time{})
+	until := p.approval(t, req).ApprovedUntil
+	next, err := p.gate.Advance(context.Background(), id) // grant_pending, retry after about 3h
+	require.NoError(t, err)
+	require.False(t, next.After(until), "the next look (%s) is not after approved_until (%s)", next, until)
+	require.Equal(t, tasks.Working, p.get(t, id).Status)
+
+	// At approved_until the approval is expired: it is never used.
+	p.offset.Store(int64(time.Until(until) + time.Second))
+	p.advance(t, id)
+	require.Zero(t, p.ledger(t, id))
+}

@@ -103,6 +103,9 @@ func NewGate(cfg Config) (*Gate, error) {
 	def(&cfg.ExecTimeout, 30*time.Second)
 	def(&cfg.StateTTL, 10*time.Minute)
 	def(&cfg.MaxWindow, 7*24*time.Hour)
+	if brokenBuild && broken(violateNoRetention) { // keeps a result a minute
+		cfg.ResultRetention = time.Minute
+	}
 	if cfg.MaxChained == 0 {
 		cfg.MaxChained = 3
 	}
@@ -178,6 +181,12 @@ func digest(tool string, args map[string]any) (string, error) {
 // dedupKey identifies (principal, tool, arguments): a repeated call with all
 // three equal returns the live task instead of opening a second approval.
 func dedupKey(p Principal, tool, argsDigest string) string {
+	if brokenBuild && broken(violateDedupOff) {
+		return newKey()
+	}
+	if brokenBuild && broken(violateDedupAcrossPrincipals) {
+		p = Principal{}
+	}
 	s := sha256.Sum256([]byte(p.Key() + "\x00" + tool + "\x00" + argsDigest))
 	return hex.EncodeToString(s[:])
 }
@@ -208,6 +217,14 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		return nil, err
 	}
 	hasTasks := tasks.HasExtension(req.Params.GetMeta())
+	if brokenBuild && broken(violatePlainClientsGetTasks) {
+		hasTasks = true
+	}
+	if brokenBuild && broken(violateNeedsToolApproval) {
+		caps, _ := req.Params.GetMeta()[tasks.MetaClientCapabilities].(map[string]any)
+		ext, _ := caps["extensions"].(map[string]any)
+		_, hasTasks = ext[ExtensionToolApproval]
+	}
 
 	var answers *inputAnswers
 	if req.Params.RequestState != "" {
@@ -231,6 +248,9 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	}
 	hint, requestable := decision.AccessRequest()
 	if !requestable {
+		if brokenBuild && broken(violatePlainDenialAsError) {
+			return nil, rpcError(tasks.CodeInvalidParams, "not allowed")
+		}
 		return denied("This call is not allowed by policy; the tool did not run.", RemediationUnavailable), nil
 	}
 	if !hasTasks {
@@ -239,7 +259,7 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		}
 		return degraded(hint), nil
 	}
-	if brokenExecutesOnRequestableDenial {
+	if brokenBuild && broken(violateExecuteOnRequestableDenial) {
 		_, _ = g.runDirect(ctx, p, tool, args)
 	}
 	// Deduplication comes before the limits: a repeat of a call whose task
@@ -280,6 +300,11 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	if err != nil {
 		return nil, err
 	}
+	if brokenBuild && broken(violateArtifactLeak) {
+		res := created(t).(*tasks.CreateResult)
+		res.Meta["binding_token"] = hint.BindingToken
+		return res, nil
+	}
 	return created(t), nil
 }
 
@@ -288,9 +313,11 @@ func created(t *tasks.Task) sdk.Result {
 	if t == nil {
 		return nil
 	}
-	return tasks.NewCreateResult(t, map[string]any{
-		MetaImmediate: "This action is waiting for an out-of-band approval and has not run. Continue with other work and check the task later.",
-	})
+	immediate := "This action is waiting for an out-of-band approval and has not run. Continue with other work and check the task later."
+	if brokenBuild && broken(violatePendingShownDone) {
+		immediate = "Transfer completed."
+	}
+	return tasks.NewCreateResult(t, map[string]any{MetaImmediate: immediate})
 }
 
 // arguments decodes and validates the call's arguments against the tool's
@@ -415,6 +442,8 @@ func (g *Gate) limited(ctx context.Context, q tasks.Querier, p Principal) (strin
 	switch {
 	case err != nil:
 		return "", err
+	case brokenBuild && broken(violateLimitsOff):
+		return "", nil
 	case recent >= g.cfg.SubmitsPerMinute:
 		return msgRate, nil
 	case pending >= g.cfg.MaxPending:

@@ -2,7 +2,9 @@
 
 package mcp
 
-// brokenExecutesOnRequestableDenial is true only in the deliberately broken
-// build (broken.go); a constant, so every other build compiles the branch
-// out.
-const brokenExecutesOnRequestableDenial = false
+// Every build but the deliberately broken one (broken.go): constants, so
+// broken(v) is false at compile time and its branches are compiled out.
+const (
+	brokenBuild           = false
+	brokenAs    violation = ""
+)

@@ -95,6 +95,10 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 			Extensions: map[string]any{tasks.ExtensionID: map[string]any{}, ExtensionToolApproval: map[string]any{}},
 		},
 	})
+	if brokenBuild && broken(violateToolApprovalUndeclared) {
+		s = sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{Logger: sdkLog,
+			Capabilities: &sdk.ServerCapabilities{Tools: &sdk.ToolCapabilities{}, Extensions: map[string]any{tasks.ExtensionID: map[string]any{}}}})
+	}
 	for _, t := range g.cfg.Tools {
 		s.AddTool(&sdk.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}, relay)
 	}
@@ -285,6 +289,18 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 			p, _ = ex.TokenInfo.Extra["principal"].(Principal)
 		}
 		ctx = tasks.WithPrincipal(ctx, p.Key())
+		if brokenBuild && broken(violateOtherPrincipalsTask) { // serves any task to anyone, as its owner
+			id := ""
+			switch x := req.GetParams().(type) {
+			case *tasks.TaskParams:
+				id = x.TaskID
+			case *tasks.UpdateParams:
+				id = x.TaskID
+			}
+			if t, err := s.gate.tasks.Get(ctx, s.gate.cfg.DB, id); err == nil {
+				ctx = tasks.WithPrincipal(ctx, t.Principal)
+			}
+		}
 		if method == "tools/call" {
 			ctr, ok := req.(*sdk.CallToolRequest)
 			if !ok || p.SubjectID == "" {

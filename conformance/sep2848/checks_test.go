@@ -3,6 +3,7 @@ package sep2848
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -37,9 +38,93 @@ func TestCheckHelpersSeeViolations(t *testing.T) {
 	require.True(t, saysRan.MatchString("Approved; the tool ran once."))
 	require.True(t, saysMayRun.MatchString("The tool may have run."))
 
+	require.Equal(t, "", bodyAgrees(ApprovedExecuted, "Approved; the tool ran once."))
+	require.NotEmpty(t, bodyAgrees(ApprovedExecuted, "Not approved; the tool did not run."))
+	require.NotEmpty(t, bodyAgrees(DeniedNotExecuted, "Approved; the tool ran once."))
+	require.Equal(t, "", bodyAgrees(ExecutionError, "The tool ran after approval but failed."))
+	require.NotEmpty(t, bodyAgrees(ExecutionError, "Something went wrong."), "an execution error must say the tool ran")
+	require.NotEmpty(t, bodyAgrees(ExecutionError, "The tool did not run."))
+	require.Equal(t, "", bodyAgrees(OutcomeUnknown, "The tool may have run."))
+	require.NotEmpty(t, bodyAgrees(OutcomeUnknown, "The tool ran."))
+
 	require.True(t, namesTasks(&rpcError{Code: -32021, Data: json.RawMessage(`{"requiredCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}`)}))
 	require.False(t, namesTasks(&rpcError{Code: -32602, Message: "io.modelcontextprotocol/tasks"}))
 	require.False(t, namesTasks(&rpcError{Code: -32021, Message: "missing capability"}))
+}
+
+// TestPresentsDone: "working task shown as done" sees a completion claim
+// wherever it stands, and only negation or condition before the completion
+// word, in the same sentence, takes the claim back.
+func TestPresentsDone(t *testing.T) {
+	for _, s := range []string{
+		"Transfer completed.",
+		"Waiting for approval. Transfer completed.",
+		"Note: the transfer was executed",
+		"Approved; the tool ran once.",
+		"Not yet? Done.",
+	} {
+		require.NotEmpty(t, presentsDone(s), "%q presents the action as done", s)
+	}
+	for _, s := range []string{
+		"This action is waiting for an out-of-band approval and has not run.",
+		"Waiting for approval: Transfers over $25,000 require approval by a member of treasury.",
+		"Once approved, the transfer will be completed.",
+		"The transfer is pending; nothing was transferred yet.",
+		"No transfer has been executed.",
+	} {
+		require.Empty(t, presentsDone(s), "%q does not present the action as done", s)
+	}
+}
+
+// TestGuessable: counters, clocks and short ids are refused; random ones
+// pass.
+func TestGuessable(t *testing.T) {
+	require.NotEmpty(t, guessable([]string{"tsk_0000000000000001", "tsk_0000000000000002", "tsk_0000000000000003"}))
+	require.NotEmpty(t, guessable([]string{"tsk_1758800000000000123", "tsk_1758800000000000456"}), "a clock in nanoseconds")
+	require.NotEmpty(t, guessable([]string{"a1b2c3", "d4e5f6"}), "too short")
+	require.Empty(t, guessable([]string{"tsk_7MZQ2XKD4TJW6N3HBV5RGC8YPA", "tsk_Q4W9ZK2M7XJD5HT3RC6VNB8PGY", "tsk_2KD7QX9MZ4JW6TH3NB5VRC8GYP"}))
+	require.Empty(t, guessable([]string{"786512e2-9e0d-44bd-8f29-789f320fe840", "0b6c3f1a-52d7-4e8b-a1f0-3c9d2e7b6a41"}))
+}
+
+// TestLeaksAndGuidance: the approver's identity is found as a word, not
+// inside another; degraded guidance needs all three parts.
+func TestLeaksAndGuidance(t *testing.T) {
+	bodies := [][]byte{[]byte(`{"statusMessage":"Approved by client:itsm."}`)}
+	require.NotEmpty(t, leaks(bodies, []string{"client:itsm"}))
+	require.NotEmpty(t, leaks(bodies, []string{"itsm"}))
+	require.Empty(t, leaks([][]byte{[]byte(`{"text":"itsmith"}`)}, []string{"itsm"}))
+	require.Empty(t, leaks(bodies, []string{"bob"}), "identities shorter than four characters are not looked for")
+
+	require.Empty(t, guidance("This call needs an approval and did not run. Retry from a client that supports tasks."))
+	require.NotEmpty(t, guidance("This call needs an approval. Retry from a client that supports tasks."), "does not say it did not run")
+	require.NotEmpty(t, guidance("Denied; the tool did not run."), "no approval, no next step")
+	require.NotEmpty(t, guidance("This call needs an approval and did not run."), "no next step")
+}
+
+// TestNotRequestable: a limit's answer must be a denial no agent would
+// retry as a request.
+func TestNotRequestable(t *testing.T) {
+	ok := &response{result: map[string]any{"isError": true, "_meta": map[string]any{MetaAuthorization: map[string]any{"remediation": "unavailable"}}}}
+	require.Empty(t, notRequestable(ok))
+	require.NotEmpty(t, notRequestable(&response{result: map[string]any{"resultType": "task", "taskId": "t"}}))
+	require.NotEmpty(t, notRequestable(&response{result: map[string]any{"isError": false}}))
+	require.NotEmpty(t, notRequestable(&response{result: map[string]any{"resultType": "input_required"}}))
+	require.NotEmpty(t, notRequestable(&response{result: map[string]any{"isError": true, "_meta": map[string]any{MetaAuthorization: map[string]any{"remediation": "available"}}}}))
+	require.NotEmpty(t, notRequestable(&response{err: &rpcError{Code: -32603}}))
+}
+
+// TestTranscriptScans: authorizationContextId anywhere, and results whose
+// body contradicts their disposition, are found.
+func TestTranscriptScans(t *testing.T) {
+	var v any
+	require.NoError(t, json.Unmarshal([]byte(`{"result":{"_meta":{"io.modelcontextprotocol/authorization":{"authorizationContextId":"x"}}}}`), &v))
+	require.NotEmpty(t, findMember(v, "$", "authorizationContextId"))
+	require.NoError(t, json.Unmarshal([]byte(`{"result":{"status":"completed","result":{"content":[{"type":"text","text":"The tool did not run."}],
+		"_meta":{"io.modelcontextprotocol/tool-approval-disposition":"approved-executed"}}}}`), &v))
+	var seen []string
+	dispositions(v, func(d, text string) { seen = append(seen, bodyAgrees(d, text)) })
+	require.Len(t, seen, 1)
+	require.NotEmpty(t, seen[0])
 }
 
 func TestFreshReplacesNonce(t *testing.T) {
@@ -54,8 +139,17 @@ func TestFreshReplacesNonce(t *testing.T) {
 func TestDevProfileParses(t *testing.T) {
 	p := DevProfile()
 	require.Equal(t, "wire_transfer", p.Gated.Name)
+	require.Equal(t, 30, p.Limits.SubmissionsPerMinute)
 	_, err := ParseProfile([]byte(`{"gated":{"name":"x"},"changed":{"name":"x"},"typo":1}`))
 	require.Error(t, err, "unknown profile fields are refused")
+	_, err = ParseProfile([]byte(`{"gated":{"name":"x"},"changed":{"name":"x"},"outliving":{"name":"x","after":"3s"}}`))
+	require.ErrorContains(t, err, "max_requests")
+	d, err := ParseProfile([]byte(`{"gated":{"name":"x"},"changed":{"name":"x"},"provisioning":{"name":"p","arguments":{"to":"{nonce}"},"after":"3s"},
+		"stalling":{"name":"s","for":"10s","effects":1}}`))
+	require.NoError(t, err)
+	require.Equal(t, Duration(3*time.Second), d.Provisioning.After)
+	require.Equal(t, "p", d.Provisioning.Fresh().Name)
+	require.Equal(t, 1, *d.Stalling.Effects)
 }
 
 // TestJSONMessages: the artifact scan reads plain JSON, pretty-printed JSON

@@ -20,11 +20,20 @@ import (
 // backend artifacts.
 type client struct {
 	url, token string
-	tasks      bool // declare the tasks extension
+	exts       []string // the extensions the client declares
 	hc         *http.Client
 	id         atomic.Int64
 	seen       *transcript
 }
+
+// The extension sets a client declares: a tasks-only client (the one the
+// SEP says needs no approval-specific code, and the scenarios' default),
+// an approval-aware one, and none.
+var (
+	tasksOnly     = []string{ExtTasks}
+	approvalAware = []string{ExtTasks, ExtToolApproval}
+	noExtensions  = []string{}
+)
 
 // transcript is every response body a run received.
 type transcript struct {
@@ -60,8 +69,8 @@ type response struct {
 	err    *rpcError
 }
 
-func (c *client) with(token string, tasks bool) *client {
-	return &client{url: c.url, token: token, tasks: tasks, hc: c.hc, seen: c.seen}
+func (c *client) with(token string, exts []string) *client {
+	return &client{url: c.url, token: token, exts: exts, hc: c.hc, seen: c.seen}
 }
 
 // call sends one request. name is the Mcp-Name header (the tool or task).
@@ -70,8 +79,12 @@ func (c *client) call(ctx context.Context, method, name string, params map[strin
 		params = map[string]any{}
 	}
 	caps := map[string]any{}
-	if c.tasks {
-		caps["extensions"] = map[string]any{ExtTasks: map[string]any{}, ExtToolApproval: map[string]any{}}
+	if len(c.exts) > 0 {
+		ext := map[string]any{}
+		for _, e := range c.exts {
+			ext[e] = map[string]any{}
+		}
+		caps["extensions"] = ext
 	}
 	params["_meta"] = map[string]any{
 		MetaProtocolVersion:    ProtocolVersion,
@@ -171,6 +184,7 @@ type task struct {
 	TTLMs          *int64          `json:"ttlMs"`
 	PollIntervalMs int             `json:"pollIntervalMs"`
 	Result         json.RawMessage `json:"result"`
+	InputRequests  map[string]any  `json:"inputRequests"`
 	Meta           map[string]any  `json:"_meta"`
 	hasTTL         bool
 }
@@ -232,6 +246,11 @@ func (t *task) toolResult() (*toolResult, error) {
 // keeps polling through transport errors (a server restarting), until ctx
 // ends; a JSON-RPC error ends the wait.
 func (c *client) wait(ctx context.Context, id string, until func(*task) bool) (*task, error) {
+	return c.watch(ctx, id, until, nil)
+}
+
+// watch is wait, showing every task read to seen.
+func (c *client) watch(ctx context.Context, id string, until func(*task) bool, seen func(*task)) (*task, error) {
 	if until == nil {
 		until = terminal
 	}
@@ -243,6 +262,9 @@ func (c *client) wait(ctx context.Context, id string, until func(*task) bool) (*
 			t, err := asTask(r)
 			if err != nil {
 				return nil, err
+			}
+			if seen != nil {
+				seen(t)
 			}
 			if until(t) {
 				return t, nil

@@ -80,6 +80,35 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// Delayed is a call whose approval, once granted, cannot be used at once:
+// the server's re-evaluation answers "retry" (a grant still provisioning)
+// for about After.
+type Delayed struct {
+	Call
+	After Duration `json:"after"`
+}
+
+// Stalling is a call that, once approved, runs past the server's execution
+// deadline, so its outcome cannot be confirmed (outcome-unknown).
+type Stalling struct {
+	Call
+	// For is how long the stall lasts from outside, at most.
+	For Duration `json:"for"`
+	// Effects is how many side effects the stalled run leaves: 0 when it
+	// stalls before its effect, 1 when after. Unset, the exact count is not
+	// checked.
+	Effects *int `json:"effects,omitempty"`
+}
+
+// Limits are the server's per-caller limits on approval requests.
+type Limits struct {
+	// SubmissionsPerMinute is the rate of new approval requests one caller
+	// may make.
+	SubmissionsPerMinute int `json:"submissions_per_minute"`
+	// MaxPending is how many approval tasks one caller may have waiting.
+	MaxPending int `json:"max_pending"`
+}
+
 // Profile tells the suite which calls of the server under test produce
 // which authorization outcome. Optional calls that are absent skip the
 // checks that need them (reported as skipped, never as passed).
@@ -88,6 +117,11 @@ type Profile struct {
 	Gated Call `json:"gated"`
 	// Changed is Gated with different arguments (also requestable).
 	Changed Call `json:"changed"`
+	// ChangedTool is another tool whose call is also requestable.
+	ChangedTool *Call `json:"changed_tool,omitempty"`
+	// Echoes are argument names of Gated whose values the executed tool's
+	// result repeats (the run used the complete stored arguments).
+	Echoes []string `json:"echoes,omitempty"`
 	// Denied gets a denial that is not requestable.
 	Denied *Call `json:"denied,omitempty"`
 	// Failing gets a requestable denial and, once approved, runs and fails.
@@ -100,12 +134,32 @@ type Profile struct {
 	// within ExpiresWithin.
 	Expiring      *Call    `json:"expiring,omitempty"`
 	ExpiresWithin Duration `json:"expires_within,omitempty"`
-	// Stalling gets a requestable denial and, once approved, runs longer
-	// than the server's execution deadline (outcome-unknown).
-	Stalling        *Call    `json:"stalling,omitempty"`
-	StallsFor       Duration `json:"stalls_for,omitempty"`
-	Probe           *Probe   `json:"probe,omitempty"`
+	// Provisioning, once approved, is retried (re-evaluation answers
+	// retry) for about After, and then runs: the window in which an
+	// approval has reached the server but cannot yet be used.
+	Provisioning *Delayed `json:"provisioning,omitempty"`
+	// Outliving, once approved, is retried until its approval expires,
+	// which it does before the grant would provision (After); so does the
+	// approval of every new request opened for it. It never runs.
+	Outliving *Delayed `json:"outliving,omitempty"`
+	// Reinput is like Outliving, and each new request it needs asks for
+	// input in the task (input_required, answered with tasks/update).
+	Reinput *Delayed `json:"reinput,omitempty"`
+	// MaxRequests is the server's bound on the approval requests made for
+	// one task (the first and every chained one).
+	MaxRequests int `json:"max_requests,omitempty"`
+	// Stalling, once approved, runs past the execution deadline.
+	Stalling *Stalling `json:"stalling,omitempty"`
+	Probe    *Probe    `json:"probe,omitempty"`
+	// PendingDeadline is how long Gated's approval request may wait for a
+	// decision; ResultRetention how long a terminal task stays readable.
 	PendingDeadline Duration `json:"pending_deadline,omitempty"`
+	ResultRetention Duration `json:"result_retention,omitempty"`
+	// Limits are the per-caller limits (checked with Config.LimitsToken).
+	Limits *Limits `json:"limits,omitempty"`
+	// Approvers are strings that identify who decides approvals (beyond
+	// what the resolver reports), which must never reach the client.
+	Approvers []string `json:"approvers,omitempty"`
 	// Answer fills string fields of submission input forms.
 	Answer string `json:"answer,omitempty"`
 }
@@ -132,6 +186,23 @@ func ParseProfile(doc []byte) (Profile, error) {
 	}
 	if p.Gated.Name == "" || p.Changed.Name == "" {
 		return p, fmt.Errorf("profile: gated and changed calls are required")
+	}
+	for name, d := range map[string]*Delayed{"provisioning": p.Provisioning, "outliving": p.Outliving, "reinput": p.Reinput} {
+		if d != nil && (d.Name == "" || d.After <= 0) {
+			return p, fmt.Errorf("profile: %s needs a name and a positive after", name)
+		}
+	}
+	if (p.Outliving != nil || p.Reinput != nil) && p.MaxRequests <= 0 {
+		return p, fmt.Errorf("profile: outliving and reinput need max_requests, the server's bound on requests per task")
+	}
+	if p.Stalling != nil && (p.Stalling.Name == "" || p.Stalling.For <= 0) {
+		return p, fmt.Errorf("profile: stalling needs a name and a positive for")
+	}
+	if p.Expiring != nil && p.ExpiresWithin <= 0 {
+		return p, fmt.Errorf("profile: expiring needs a positive expires_within")
+	}
+	if p.Limits != nil && (p.Limits.SubmissionsPerMinute <= 0 || p.Limits.MaxPending <= 0) {
+		return p, fmt.Errorf("profile: limits need positive submissions_per_minute and max_pending")
 	}
 	if p.Answer == "" {
 		p.Answer = "Needed for the SEP-2848 conformance run."

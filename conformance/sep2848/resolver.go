@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,24 +12,94 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
 // Resolver decides, out of band, the approval behind a task: the adapter a
 // server under test provides so scenarios can approve and deny. It is given
 // the call as well as the task id, since a backend usually knows the call
-// and not the MCP task.
+// and not the MCP task. It decides the call's current approval request;
+// when there is none to decide (it ended), it returns an error.
 type Resolver interface {
 	Resolve(ctx context.Context, taskID string, call Call, approve bool, reason string) error
 }
 
+// Deciders is implemented by a Resolver that knows who decided: strings
+// identifying the approver, which must never reach the client.
+type Deciders interface {
+	Deciders() []string
+}
+
+// Canceller is implemented by a Resolver that can cancel a call's pending
+// approval request at the backend (as an operator, or the requester through
+// another channel, would).
+type Canceller interface {
+	CancelRequest(ctx context.Context, taskID string, call Call) error
+}
+
 // DecisionAPI resolves through the arap backend's decision API: it finds the
 // pending request for the call (tool and arguments) and posts a decision
-// as a decider client (scope decide).
+// as a decider client (scope decide). With CancelToken (a client holding
+// scope request, the one that submitted) it also cancels requests at the
+// backend.
 type DecisionAPI struct {
-	URL, Token string
-	HTTP       *http.Client
+	URL, Token  string
+	CancelToken string
+	HTTP        *http.Client
+
+	mu       sync.Mutex
+	deciders []string
+}
+
+// Deciders lists the voters the backend recorded for this adapter's
+// decisions (for example client:itsm) and their names.
+func (d *DecisionAPI) Deciders() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.deciders)
+}
+
+func (d *DecisionAPI) learn(body []byte) {
+	var view struct {
+		Votes []struct {
+			Voter string `json:"voter"`
+		} `json:"votes"`
+	}
+	if json.Unmarshal(body, &view) != nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, v := range view.Votes {
+		for _, s := range []string{v.Voter, v.Voter[strings.Index(v.Voter, ":")+1:]} {
+			if s != "" && !slices.Contains(d.deciders, s) {
+				d.deciders = append(d.deciders, s)
+			}
+		}
+	}
+}
+
+// CancelRequest cancels the call's pending request through the Access
+// Request Service's cancellation endpoint.
+func (d *DecisionAPI) CancelRequest(ctx context.Context, _ string, call Call) error {
+	if d.CancelToken == "" {
+		return errors.New("decision API: no cancel token")
+	}
+	id, err := d.find(ctx, call)
+	if err != nil {
+		return err
+	}
+	status, _, err := d.do(ctx, http.MethodPost, "/access/v1/requests/"+url.PathEscape(id)+"/cancel", d.CancelToken, []byte(`{"reason":"conformance"}`))
+	if err != nil {
+		return err
+	}
+	if status/100 != 2 {
+		return fmt.Errorf("decision API: cancel request %s: HTTP %d", id, status)
+	}
+	return nil
 }
 
 func (d *DecisionAPI) Resolve(ctx context.Context, _ string, call Call, approve bool, reason string) error {
@@ -41,13 +112,14 @@ func (d *DecisionAPI) Resolve(ctx context.Context, _ string, call Call, approve 
 		decision = "approve"
 	}
 	body, _ := json.Marshal(map[string]any{"decision": decision, "reason": reason})
-	resp, err := d.do(ctx, http.MethodPost, "/v1/requests/"+url.PathEscape(id)+"/decisions", body)
+	status, resp, err := d.do(ctx, http.MethodPost, "/v1/requests/"+url.PathEscape(id)+"/decisions", d.Token, body)
 	if err != nil {
 		return err
 	}
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("decision API: %s on request %s: HTTP %d", decision, id, resp.StatusCode)
+	if status/100 != 2 {
+		return fmt.Errorf("decision API: %s on request %s: HTTP %d", decision, id, status)
 	}
+	d.learn(resp)
 	return nil
 }
 
@@ -79,7 +151,7 @@ func (d *DecisionAPI) scan(ctx context.Context, call Call, status string) (strin
 	want := normalize(call.Arguments)
 	cursor := ""
 	for range 10 {
-		resp, err := d.do(ctx, http.MethodGet, "/v1/requests?limit=100&status="+status+"&cursor="+url.QueryEscape(cursor), nil)
+		code, body, err := d.do(ctx, http.MethodGet, "/v1/requests?limit=100&status="+status+"&cursor="+url.QueryEscape(cursor), d.Token, nil)
 		if err != nil {
 			return "", err
 		}
@@ -95,10 +167,9 @@ func (d *DecisionAPI) scan(ctx context.Context, call Call, status string) (strin
 			} `json:"requests"`
 			NextCursor string `json:"next_cursor"`
 		}
-		err = json.NewDecoder(resp.Body).Decode(&page)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || err != nil {
-			return "", fmt.Errorf("decision API: list requests: HTTP %d %v", resp.StatusCode, err)
+		err = json.Unmarshal(body, &page)
+		if code != http.StatusOK || err != nil {
+			return "", fmt.Errorf("decision API: list requests: HTTP %d %v", code, err)
 		}
 		for _, r := range page.Requests {
 			if r.Resource.ID == call.Name && reflect.DeepEqual(normalize(r.Resource.Properties.Arguments), want) {
@@ -112,12 +183,14 @@ func (d *DecisionAPI) scan(ctx context.Context, call Call, status string) (strin
 	return "", nil
 }
 
-func (d *DecisionAPI) do(ctx context.Context, method, path string, body []byte) (*http.Response, error) {
+// do sends one request with token and returns the status and the body
+// (at most 8 MiB).
+func (d *DecisionAPI) do(ctx context.Context, method, path, token string, body []byte) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(d.URL, "/")+path, bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+d.Token)
+	req.Header.Set("Authorization", "Bearer "+token)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -127,13 +200,14 @@ func (d *DecisionAPI) do(ctx context.Context, method, path string, body []byte) 
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("decision API: %s %s: %w", method, path, err)
+		return 0, nil, fmt.Errorf("decision API: %s %s: %w", method, path, err)
 	}
-	if method == http.MethodPost {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+	defer resp.Body.Close()
+	out, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return 0, nil, fmt.Errorf("decision API: %s %s: read: %w", method, path, err)
 	}
-	return resp, nil
+	return resp.StatusCode, out, nil
 }
 
 // normalize makes numbers and maps comparable after a JSON round trip.

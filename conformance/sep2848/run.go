@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,13 +42,20 @@ type Config struct {
 	// OtherToken is a second principal (access control, dedup scope);
 	// without it those checks are skipped.
 	OtherToken string
-	Profile    Profile
-	Resolver   Resolver
+	// LimitsToken is a third principal, spent on the per-caller limits: the
+	// limits scenario leaves it at its submission rate for a minute.
+	// Without it the limits checks are skipped.
+	LimitsToken string
+	Profile     Profile
+	Resolver    Resolver
 	// BackendURL, when known, must never appear in an MCP response.
 	BackendURL string
 	// Scenarios limits the run to these names (all when empty).
 	Scenarios []string
-	// Timeout bounds each scenario (default 2 minutes).
+	// Timeout bounds each scenario beyond the waits its profile declares,
+	// and how long the server may take to act on something that happened
+	// outside it (a backend cancel, a grant provisioning); default 2
+	// minutes.
 	Timeout time.Duration
 	HTTP    *http.Client
 	// Log receives a line per scenario and check as they finish.
@@ -67,7 +75,7 @@ func Run(ctx context.Context, cfg Config) []Result {
 		cfg.Log = io.Discard
 	}
 	r := &run{cfg: cfg, p: cfg.Profile, results: map[string]Result{},
-		c: &client{url: cfg.URL, token: cfg.Token, tasks: true, hc: cfg.HTTP, seen: &transcript{}}}
+		c: &client{url: cfg.URL, token: cfg.Token, exts: tasksOnly, hc: cfg.HTTP, seen: &transcript{}}}
 	for _, s := range scenarios {
 		if len(cfg.Scenarios) > 0 && !slices.Contains(cfg.Scenarios, s.name) {
 			continue
@@ -75,8 +83,8 @@ func Run(ctx context.Context, cfg Config) []Result {
 		r.scenario = s.name
 		start := time.Now()
 		// The bound is on the server's promptness, beyond the waits the
-		// profile itself declares (an expiry, a stall).
-		sctx, cancel := context.WithTimeout(ctx, cfg.Timeout+time.Duration(r.p.ExpiresWithin)+time.Duration(r.p.StallsFor))
+		// profile itself declares (an expiry, a stall, provisioning).
+		sctx, cancel := context.WithTimeout(ctx, cfg.Timeout+r.p.waits())
 		err := s.run(sctx, r)
 		cancel()
 		for _, id := range checksOf(s.name) {
@@ -114,6 +122,21 @@ func Summary(rs []Result) (passed, failed, skipped int) {
 	return
 }
 
+// waits is the longest a scenario may legitimately wait on the profile's
+// own timers.
+func (p Profile) waits() time.Duration {
+	d := time.Duration(p.ExpiresWithin)
+	if p.Stalling != nil {
+		d += time.Duration(p.Stalling.For)
+	}
+	for _, x := range []*Delayed{p.Provisioning, p.Outliving, p.Reinput} {
+		if x != nil {
+			d += time.Duration(x.After) * time.Duration(p.MaxRequests+2)
+		}
+	}
+	return d
+}
+
 // run is the state of one run.
 type run struct {
 	cfg      Config
@@ -122,6 +145,23 @@ type run struct {
 	scenario string
 	mu       sync.Mutex
 	results  map[string]Result
+	// poll is the latest pollIntervalMs the server suggested.
+	poll atomic.Int64
+}
+
+// settle is how long "nothing happens" is watched for: four poll intervals
+// of the server under test (as it suggests them), at least a second and at
+// most twenty.
+func (r *run) settle() time.Duration {
+	d := 4 * time.Duration(r.poll.Load()) * time.Millisecond
+	return min(max(d, time.Second), 20*time.Second)
+}
+
+// saw notes a task's suggested poll interval.
+func (r *run) saw(t *task) {
+	if t != nil && t.PollIntervalMs > 0 {
+		r.poll.Store(int64(t.PollIntervalMs))
+	}
 }
 
 func (r *run) record(id string, o Outcome, detail string) {
@@ -196,4 +236,10 @@ func Scenarios() []string {
 		names = append(names, s.name)
 	}
 	return names
+}
+
+// ScenarioOf returns the scenario that evaluates check id.
+func ScenarioOf(id string) (string, bool) {
+	c, ok := checkByID[id]
+	return c.Scenario, ok
 }

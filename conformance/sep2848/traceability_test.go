@@ -1,7 +1,9 @@
 package sep2848
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -23,8 +25,9 @@ type traceability struct {
 // TestTraceability keeps conformance/sep-2848.yaml, the SEP and the check
 // registry in step: every MUST and SHOULD of the SEP lies inside a row's
 // quoted text, every row quotes the SEP verbatim and has a registered check
-// or a reason, every registered check is traced, and no MUST check rests on
-// SHOULD sentences alone.
+// or a reason, every registered check is traced, no MUST check rests on
+// SHOULD sentences alone, and every test an exclusion points at exists
+// (with the subtest it quotes).
 func TestTraceability(t *testing.T) {
 	raw, err := os.ReadFile("../sep-2848.yaml")
 	require.NoError(t, err)
@@ -68,6 +71,13 @@ func TestTraceability(t *testing.T) {
 			t.Errorf("untraced %s: ...%s...", seed[loc[0]:loc[1]], seed[from:min(loc[1]+80, len(seed))])
 		}
 	}
+	for i, r := range doc.Requirements {
+		for _, ref := range testRef.FindAllStringSubmatch(r.Excluded, -1) {
+			if msg := testExists(ref[1], ref[2], ref[3]); msg != "" {
+				t.Errorf("row %d: %s", i, msg)
+			}
+		}
+	}
 	for _, c := range Checks {
 		if !traced[c.ID] {
 			t.Errorf("check %s is in no row of sep-2848.yaml", c.ID)
@@ -76,6 +86,27 @@ func TestTraceability(t *testing.T) {
 			t.Errorf("check %s is a MUST but traced only to SHOULD sentences", c.ID)
 		}
 	}
+}
+
+// testRef finds pkg.TestName in an exclusion, with the subtest it may quote
+// right after it: e2e.TestApprovalFlows ("grant pending...").
+var testRef = regexp.MustCompile(`\b([a-z][a-z0-9]*)\.(Test[A-Za-z0-9_]+)(?:,? \(?"([^"]+)")?`)
+
+// testExists reports what is missing of test name in package directory pkg
+// (relative to the repository root), and of its subtest, or "".
+func testExists(pkg, name, subtest string) string {
+	files, _ := filepath.Glob(filepath.Join("..", "..", pkg, "*_test.go"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil || !strings.Contains(string(b), "func "+name+"(") {
+			continue
+		}
+		if subtest != "" && !strings.Contains(string(b), `"`+subtest) {
+			return fmt.Sprintf("%s.%s has no subtest %q", pkg, name, subtest)
+		}
+		return ""
+	}
+	return fmt.Sprintf("no test %s.%s", pkg, name)
 }
 
 func indexFrom(s, sub string, from int) int {
