@@ -68,7 +68,7 @@ func envInt(t *testing.T, name string, def int) int {
 // submissions would take longer than the expiry being measured), but they
 // are the state a submission leaves, cloned from one real submission: the
 // request row, its Idempotency-Key, its spent jti, the first event of its
-// audit chain (hash-linked as audit.Append links it), as
+// audit chain (hash-linked as audit.Append links it) and the chain's head, as
 // requests.Service.create writes them; the expiry sweep finds them by their
 // deadline.
 func TestScaleExpiry(t *testing.T) {
@@ -279,6 +279,10 @@ func insertPending(t *testing.T, pool *pgxpool.Pool, templateID string, n int, d
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"arap", "audit_events"},
 			[]string{"chain", "seq", "at", "kind", "actor", "data", "prev_hash", "hash"}, pgx.CopyFromRows(events)); err != nil {
 			return fmt.Errorf("copy audit events: %w", err)
+		}
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"arap", "audit_heads"}, []string{"chain", "seq", "hash"},
+			pgx.CopyFromSlice(n, func(i int) ([]any, error) { return []any{events[i][0], events[i][1], events[i][7]}, nil })); err != nil {
+			return fmt.Errorf("copy audit heads: %w", err)
 		}
 		phase("audit")
 		return nil
