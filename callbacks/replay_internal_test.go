@@ -18,7 +18,7 @@ type fakeNow struct {
 	t  time.Time
 }
 
-func (c *fakeNow) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeNow) now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *fakeNow) set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
 
 func newTestVerifier(t *testing.T) (*Verifier, *fakeNow) {
