@@ -1,9 +1,11 @@
 // Package audit keeps the backend's audit trail as hash chains: one chain per
 // access request (its whole life, from submission to the last decision) and a
 // "system" chain for administrative events. Each event stores the SHA-256 of
-// the previous event's hash and its own canonical (RFC 8785) encoding, so a
-// changed, removed or reordered row breaks the chain at that point and Verify
-// names it.
+// the previous event's hash and the canonical (RFC 8785) encoding of every
+// column but its row id, so a changed, removed or reordered row breaks the
+// chain at that point and Verify names it. Each chain's head (its last seq
+// and hash) is kept apart, moved by the statement that appends, so events
+// removed from a chain's end, which break no link, are found too.
 //
 // Events are appended inside the transaction that makes the change they
 // record: the change and its audit event commit together or not at all.
@@ -55,49 +57,14 @@ type Record struct {
 
 // Append adds e to the end of its chain within tx.
 func Append(ctx context.Context, tx pgx.Tx, e Event) error {
-	if e.Chain == "" || e.Kind == "" || e.Actor == "" {
-		return errors.New("audit: event needs chain, kind and actor")
-	}
-	if e.At.IsZero() {
-		e.At = time.Now()
-	}
-	// PostgreSQL keeps microseconds; hash what will be read back.
-	e.At = e.At.UTC().Truncate(time.Microsecond)
-	data, err := json.Marshal(e.Data)
-	if err != nil {
-		return fmt.Errorf("audit: encode %s: %w", e.Kind, err)
-	}
-	if e.Data == nil {
-		data = []byte("{}")
-	}
-	// Appends to one chain are serialized for the rest of the transaction.
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", chainLock(e.Chain)); err != nil {
-		return fmt.Errorf("audit: lock chain: %w", err)
-	}
-	var seq int64
-	var prev []byte
-	err = tx.QueryRow(ctx, `SELECT seq, hash FROM arap.audit_events WHERE chain = $1 ORDER BY seq DESC LIMIT 1`, e.Chain).Scan(&seq, &prev)
-	if errors.Is(err, pgx.ErrNoRows) {
-		seq, prev = 0, nil
-	} else if err != nil {
-		return fmt.Errorf("audit: read chain head: %w", err)
-	}
-	seq++
-	h, err := linkHash(prev, e.Chain, seq, e.At, e.Kind, e.Actor, data)
-	if err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO arap.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, e.Chain, seq, e.At, e.Kind, e.Actor, data, prev, h); err != nil {
-		return fmt.Errorf("audit: insert %s: %w", e.Kind, err)
-	}
-	return nil
+	return AppendMany(ctx, tx, []Event{e})
 }
 
-// QueueFirst queues on b the first event of a new chain (seq 1). A new
-// chain needs no lock and no head: nobody else can know it yet, and if it
-// exists after all the insert fails on (chain, seq). It saves a submission
-// two round trips.
+// QueueFirst queues on b the first event of a new chain (seq 1) and the
+// chain's head, in one statement. A new chain needs no lock and no head
+// read: nobody else can know it yet, and if it exists after all the insert
+// fails on (chain, seq) or on the head. It saves a submission two round
+// trips.
 func QueueFirst(b *pgx.Batch, e Event) error {
 	if e.Chain == "" || e.Kind == "" || e.Actor == "" {
 		return errors.New("audit: event needs chain, kind and actor")
@@ -117,15 +84,18 @@ func QueueFirst(b *pgx.Batch, e Event) error {
 	if err != nil {
 		return err
 	}
-	b.Queue(`INSERT INTO arap.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash) VALUES ($1, 1, $2, $3, $4, $5, NULL, $6)`,
+	b.Queue(`WITH e AS (INSERT INTO arap.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash)
+		VALUES ($1, 1, $2, $3, $4, $5, NULL, $6) RETURNING chain, seq, hash)
+		INSERT INTO arap.audit_heads (chain, seq, hash) SELECT chain, seq, hash FROM e`,
 		e.Chain, e.At, e.Kind, e.Actor, data, h)
 	return nil
 }
 
-// AppendMany adds events to the ends of their chains within tx in three
-// statements, however many events there are: lock the chains (in a fixed
-// order, so two batches cannot deadlock on each other), read their heads,
-// insert. Events of one chain are appended in the order given.
+// AppendMany adds events to the ends of their chains within tx in two round
+// trips, however many events there are: lock the chains (in a fixed order,
+// so two batches cannot deadlock on each other) and read their heads; then
+// insert the events and move the heads. Events of one chain are appended in
+// the order given.
 func AppendMany(ctx context.Context, tx pgx.Tx, events []Event) error {
 	if len(events) == 0 {
 		return nil
@@ -147,12 +117,19 @@ func AppendMany(ctx context.Context, tx pgx.Tx, events []Event) error {
 			locks = append(locks, chainLock(e.Chain))
 		}
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(l) FROM (SELECT unnest($1::bigint[]) AS l ORDER BY 1) locks`, locks); err != nil {
+	// One round trip: the read runs after the locks are held, and (read
+	// committed) sees every append committed before.
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock(l) FROM (SELECT unnest($1::bigint[]) AS l ORDER BY 1) locks`, locks)
+	b.Queue(`SELECT chain, seq, hash FROM arap.audit_heads WHERE chain = ANY($1)`, chains)
+	res := tx.SendBatch(ctx, b)
+	if _, err := res.Exec(); err != nil {
+		res.Close()
 		return fmt.Errorf("audit: lock chains: %w", err)
 	}
-	rows, err := tx.Query(ctx, `SELECT DISTINCT ON (chain) chain, seq, hash FROM arap.audit_events
-		WHERE chain = ANY($1) ORDER BY chain, seq DESC`, chains)
+	rows, err := res.Query()
 	if err != nil {
+		res.Close()
 		return fmt.Errorf("audit: read chain heads: %w", err)
 	}
 	for rows.Next() {
@@ -160,12 +137,17 @@ func AppendMany(ctx context.Context, tx pgx.Tx, events []Event) error {
 		var h head
 		if err := rows.Scan(&c, &h.seq, &h.hash); err != nil {
 			rows.Close()
+			res.Close()
 			return fmt.Errorf("audit: read chain heads: %w", err)
 		}
 		*heads[c] = h
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
+		res.Close()
+		return fmt.Errorf("audit: read chain heads: %w", err)
+	}
+	if err := res.Close(); err != nil {
 		return fmt.Errorf("audit: read chain heads: %w", err)
 	}
 	n := len(events)
@@ -197,10 +179,21 @@ func AppendMany(ctx context.Context, tx pgx.Tx, events []Event) error {
 		datas, prevs, hashes = append(datas, string(data)), append(prevs, h.hash), append(hashes, sum)
 		h.seq, h.hash = seq, sum
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO arap.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash)
-		SELECT * FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::text[], $5::text[], $6::jsonb[], $7::bytea[], $8::bytea[])`,
-		cs, seqs, ats, kinds, actors, datas, prevs, hashes); err != nil {
+	// The events and the new heads in one statement. A head moves only
+	// forward; one that does not (it changed under the lock) fails the
+	// append rather than fork the chain.
+	tag, err := tx.Exec(ctx, `WITH e AS (INSERT INTO arap.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash)
+		SELECT * FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::text[], $5::text[], $6::jsonb[], $7::bytea[], $8::bytea[])
+		RETURNING chain, seq, hash)
+		INSERT INTO arap.audit_heads AS h (chain, seq, hash)
+		SELECT DISTINCT ON (chain) chain, seq, hash FROM e ORDER BY chain, seq DESC
+		ON CONFLICT (chain) DO UPDATE SET seq = excluded.seq, hash = excluded.hash WHERE h.seq < excluded.seq`,
+		cs, seqs, ats, kinds, actors, datas, prevs, hashes)
+	if err != nil {
 		return fmt.Errorf("audit: insert %d events: %w", n, err)
+	}
+	if int(tag.RowsAffected()) != len(chains) {
+		return fmt.Errorf("audit: insert %d events: %d of %d chain heads moved", n, tag.RowsAffected(), len(chains))
 	}
 	return nil
 }
@@ -271,11 +264,14 @@ func scan(ctx context.Context, q Querier, where string, args []any, fn func(Reco
 type Break struct {
 	Chain   string `json:"chain"`
 	Seq     int64  `json:"seq"`
-	EventID int64  `json:"event_id"`
+	EventID int64  `json:"event_id,omitempty"` // 0 when the event is missing
 	Problem string `json:"problem"`
 }
 
 func (b Break) String() string {
+	if b.EventID == 0 {
+		return fmt.Sprintf("chain %s: seq %d: %s", b.Chain, b.Seq, b.Problem)
+	}
 	return fmt.Sprintf("chain %s: event seq %d (id %d): %s", b.Chain, b.Seq, b.EventID, b.Problem)
 }
 
@@ -289,52 +285,119 @@ type Report struct {
 // OK reports whether every chain verified.
 func (r Report) OK() bool { return len(r.Breaks) == 0 }
 
-// Verify walks every chain and reports the first broken link of each.
+// Verify walks every chain and reports the first break of each: a link whose
+// hash does not match the event's contents or the event before it, a gap
+// in the sequence, or a chain that does not end where its head says (events
+// removed from its end, or added past it), including a head whose events
+// are all gone. It reads events and heads in one statement, so one snapshot:
+// appends committing meanwhile are either seen whole or not at all.
 func Verify(ctx context.Context, q Querier) (Report, error) {
 	rep := Report{Breaks: []Break{}}
-	var cur string
-	var prev []byte
-	var want int64
-	broken := false
-	err := scan(ctx, q, `ORDER BY chain, seq`, nil, func(r Record) error {
-		if r.Chain != cur || rep.Events == 0 {
-			cur, prev, want, broken = r.Chain, nil, 1, false
+	rows, err := q.Query(ctx, `SELECT false AS head, id, chain, seq, at, kind, actor, data::text, prev_hash, hash FROM arap.audit_events
+		UNION ALL
+		SELECT true, 0, chain, seq, 'epoch'::timestamptz, '', '', '{}', NULL, hash FROM arap.audit_heads
+		ORDER BY chain, seq, head`)
+	if err != nil {
+		return rep, fmt.Errorf("audit: query: %w", err)
+	}
+	defer rows.Close()
+	var (
+		c      chainState
+		inside bool
+	)
+	for rows.Next() {
+		var r Record
+		var isHead bool
+		var data string
+		var prev, h []byte
+		if err := rows.Scan(&isHead, &r.ID, &r.Chain, &r.Seq, &r.At, &r.Kind, &r.Actor, &data, &prev, &h); err != nil {
+			return rep, fmt.Errorf("audit: scan: %w", err)
+		}
+		if !inside || r.Chain != c.chain {
+			if inside {
+				c.end(&rep)
+			}
+			c, inside = chainState{chain: r.Chain, want: 1}, true
 			rep.Chains++
 		}
+		if isHead {
+			c.head, c.headSeq = h, r.Seq
+			continue
+		}
 		rep.Events++
-		if broken {
+		r.Data = json.RawMessage(data)
+		if err := c.event(&rep, r, prev, h); err != nil {
+			return rep, err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return rep, fmt.Errorf("audit: query: %w", err)
+	}
+	if inside {
+		c.end(&rep)
+	}
+	return rep, nil
+}
+
+// chainState is Verify's walk of one chain.
+type chainState struct {
+	chain   string
+	want    int64  // the next seq expected
+	prev    []byte // the hash of the last event read
+	lastID  int64
+	broken  bool
+	head    []byte // the recorded head's hash, nil if none was read
+	headSeq int64
+}
+
+func (c *chainState) fail(rep *Report, seq, id int64, problem string) {
+	rep.Breaks = append(rep.Breaks, Break{Chain: c.chain, Seq: seq, EventID: id, Problem: problem})
+	c.broken = true
+}
+
+func (c *chainState) event(rep *Report, r Record, storedPrev, stored []byte) error {
+	defer func() { c.prev, c.lastID = stored, r.ID; c.want++ }()
+	if c.broken {
+		return nil
+	}
+	switch {
+	case r.Seq != c.want:
+		c.fail(rep, r.Seq, r.ID, fmt.Sprintf("sequence gap: expected seq %d (an event was removed or reordered)", c.want))
+	case !bytes.Equal(storedPrev, c.prev):
+		c.fail(rep, r.Seq, r.ID, "prev_hash does not match the previous event's hash")
+	default:
+		canonData, err := jcs.Transform(r.Data)
+		if err != nil {
+			c.fail(rep, r.Seq, r.ID, "data is not valid JSON: "+err.Error())
 			return nil
 		}
-		fail := func(problem string) {
-			rep.Breaks = append(rep.Breaks, Break{Chain: r.Chain, Seq: r.Seq, EventID: r.ID, Problem: problem})
-			broken = true
+		h, err := linkHash(c.prev, r.Chain, r.Seq, r.At, r.Kind, r.Actor, canonData)
+		if err != nil {
+			return err
 		}
-		storedPrev, _ := hex.DecodeString(r.PrevHash)
-		stored, _ := hex.DecodeString(r.Hash)
-		switch {
-		case r.Seq != want:
-			fail(fmt.Sprintf("sequence gap: expected seq %d (an event was removed or reordered)", want))
-		case !bytes.Equal(storedPrev, prev):
-			fail("prev_hash does not match the previous event's hash")
-		default:
-			canonData, err := jcs.Transform(r.Data)
-			if err != nil {
-				fail("data is not valid JSON: " + err.Error())
-				break
-			}
-			h, err := linkHash(prev, r.Chain, r.Seq, r.At, r.Kind, r.Actor, canonData)
-			if err != nil {
-				return err
-			}
-			if !bytes.Equal(h, stored) {
-				fail("hash does not match the event's contents (the row was changed)")
-			}
+		if !bytes.Equal(h, stored) {
+			c.fail(rep, r.Seq, r.ID, "hash does not match the event's contents (the row was changed)")
 		}
-		prev = stored
-		want++
-		return nil
-	})
-	return rep, err
+	}
+	return nil
+}
+
+// end checks where the chain stops against its head.
+func (c *chainState) end(rep *Report) {
+	last := c.want - 1
+	switch {
+	case c.broken:
+	case last == 0:
+		c.fail(rep, c.headSeq, 0, fmt.Sprintf("the head records seq %d but the chain has no events: they were removed", c.headSeq))
+	case c.head == nil:
+		c.fail(rep, last, c.lastID, "the chain has no head: it was removed, or these events were written around audit.Append")
+	case c.headSeq > last:
+		c.fail(rep, last+1, 0, fmt.Sprintf("missing: the chain ends at seq %d but its head records seq %d (events were removed from its end)", last, c.headSeq))
+	case c.headSeq < last:
+		c.fail(rep, c.headSeq+1, 0, fmt.Sprintf("the chain goes on past its head (seq %d) to seq %d: events were added around audit.Append", c.headSeq, last))
+	case !bytes.Equal(c.head, c.prev):
+		c.fail(rep, last, c.lastID, "the last event is not the one the head records")
+	}
 }
 
 // Export writes every event as JSON lines, chain by chain.

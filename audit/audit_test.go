@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/migrations"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -47,37 +50,230 @@ func TestVerifyAcceptsIntactChains(t *testing.T) {
 	require.Empty(t, recs[0].PrevHash)
 }
 
+// TestVerifyFindsTampering changes, removes or reorders what is stored, one
+// column at a time, and requires Verify to name the chain and the point
+// where it breaks, and nothing else. Every column of both tables is
+// tampered with by some case (the test reads the columns from the catalog,
+// so a new column needs a case), but for audit_events.id, the row's storage
+// key: the order of a chain is its seq.
 func TestVerifyFindsTampering(t *testing.T) {
-	cases := map[string]struct {
-		sql     string
+	type want struct {
+		chain   string
+		seq     int64
 		problem string
-	}{
-		"changed data":   {`UPDATE arap.audit_events SET data = jsonb_set(data, '{amount}', '1') WHERE chain = 'arq_x' AND seq = 2`, "contents"},
-		"changed actor":  {`UPDATE arap.audit_events SET actor = 'user:mallory' WHERE chain = 'arq_x' AND seq = 2`, "contents"},
-		"removed event":  {`DELETE FROM arap.audit_events WHERE chain = 'arq_x' AND seq = 2`, "sequence gap"},
-		"rewritten link": {`UPDATE arap.audit_events SET prev_hash = '\x00' WHERE chain = 'arq_x' AND seq = 2`, "prev_hash"},
 	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
+	// arq_x has events 1-4, arq_ok 1-2, all appended by audit.Append.
+	cases := []struct {
+		name    string
+		columns []string // the columns the case tampers with, "table.column"
+		sql     []string
+		breaks  []want
+	}{
+		{"changed data", []string{"audit_events.data"},
+			[]string{`UPDATE arap.audit_events SET data = jsonb_set(data, '{amount}', '1') WHERE chain = 'arq_x' AND seq = 2`},
+			[]want{{"arq_x", 2, "contents"}}},
+		{"changed actor", []string{"audit_events.actor"},
+			[]string{`UPDATE arap.audit_events SET actor = 'user:mallory' WHERE chain = 'arq_x' AND seq = 2`},
+			[]want{{"arq_x", 2, "contents"}}},
+		{"changed kind", []string{"audit_events.kind"},
+			[]string{`UPDATE arap.audit_events SET kind = 'request.approved' WHERE chain = 'arq_x' AND seq = 2`},
+			[]want{{"arq_x", 2, "contents"}}},
+		{"changed time by a microsecond", []string{"audit_events.at"},
+			[]string{`UPDATE arap.audit_events SET at = at + interval '1 microsecond' WHERE chain = 'arq_x' AND seq = 2`},
+			[]want{{"arq_x", 2, "contents"}}},
+		{"changed hash", []string{"audit_events.hash"},
+			[]string{`UPDATE arap.audit_events SET hash = '\x00' WHERE chain = 'arq_x' AND seq = 2`},
+			[]want{{"arq_x", 2, "contents"}}},
+		{"rewritten link", []string{"audit_events.prev_hash"},
+			[]string{`UPDATE arap.audit_events SET prev_hash = '\x00' WHERE chain = 'arq_x' AND seq = 2`},
+			[]want{{"arq_x", 2, "prev_hash"}}},
+		{"removed event", nil,
+			[]string{`DELETE FROM arap.audit_events WHERE chain = 'arq_x' AND seq = 2`},
+			[]want{{"arq_x", 3, "sequence gap"}}},
+		{"renumbered event", []string{"audit_events.seq"},
+			[]string{`DELETE FROM arap.audit_events WHERE chain = 'arq_x' AND seq = 3`,
+				`UPDATE arap.audit_events SET seq = 3 WHERE chain = 'arq_x' AND seq = 4`,
+				`UPDATE arap.audit_heads SET seq = 3 WHERE chain = 'arq_x'`},
+			[]want{{"arq_x", 3, "prev_hash"}}},
+		{"reordered events", []string{"audit_events.seq"},
+			[]string{`UPDATE arap.audit_events SET seq = -2 WHERE chain = 'arq_x' AND seq = 2`,
+				`UPDATE arap.audit_events SET seq = 2 WHERE chain = 'arq_x' AND seq = 3`,
+				`UPDATE arap.audit_events SET seq = 3 WHERE chain = 'arq_x' AND seq = -2`},
+			[]want{{"arq_x", 2, "prev_hash"}}},
+		{"event moved to another chain", []string{"audit_events.chain"},
+			[]string{`UPDATE arap.audit_events SET chain = 'arq_ok' WHERE chain = 'arq_x' AND seq = 3`},
+			[]want{{"arq_ok", 3, "prev_hash"}, {"arq_x", 4, "sequence gap"}}},
+		{"last event removed", nil,
+			[]string{`DELETE FROM arap.audit_events WHERE chain = 'arq_x' AND seq = 4`},
+			[]want{{"arq_x", 4, "removed from its end"}}},
+		{"last two events removed", nil,
+			[]string{`DELETE FROM arap.audit_events WHERE chain = 'arq_x' AND seq >= 3`},
+			[]want{{"arq_x", 3, "removed from its end"}}},
+		{"every event removed", nil,
+			[]string{`DELETE FROM arap.audit_events WHERE chain = 'arq_x'`},
+			[]want{{"arq_x", 4, "no events"}}},
+		{"last event removed and head rewound", []string{"audit_heads.seq"},
+			[]string{`DELETE FROM arap.audit_events WHERE chain = 'arq_x' AND seq = 4`,
+				`UPDATE arap.audit_heads SET seq = 3 WHERE chain = 'arq_x'`},
+			[]want{{"arq_x", 3, "not the one the head records"}}},
+		{"head rewound", []string{"audit_heads.seq", "audit_heads.hash"},
+			[]string{`UPDATE arap.audit_heads h SET seq = 3, hash = e.hash FROM arap.audit_events e
+				WHERE h.chain = 'arq_x' AND e.chain = 'arq_x' AND e.seq = 3`},
+			[]want{{"arq_x", 4, "goes on past its head"}}},
+		{"last event replaced", []string{"audit_events.hash"},
+			[]string{`UPDATE arap.audit_events SET hash = '\x01', kind = 'x' WHERE chain = 'arq_x' AND seq = 4`},
+			[]want{{"arq_x", 4, "contents"}}},
+		{"head hash changed", []string{"audit_heads.hash"},
+			[]string{`UPDATE arap.audit_heads SET hash = '\x00' WHERE chain = 'arq_x'`},
+			[]want{{"arq_x", 4, "not the one the head records"}}},
+		{"head removed", nil,
+			[]string{`DELETE FROM arap.audit_heads WHERE chain = 'arq_x'`},
+			[]want{{"arq_x", 4, "no head"}}},
+		{"head moved to another chain", []string{"audit_heads.chain"},
+			[]string{`DELETE FROM arap.audit_heads WHERE chain = 'arq_ok'`,
+				`UPDATE arap.audit_heads SET chain = 'arq_ok' WHERE chain = 'arq_x'`},
+			[]want{{"arq_ok", 3, "removed from its end"}, {"arq_x", 4, "no head"}}},
+	}
+
+	t.Run("every column is tampered with", func(t *testing.T) {
+		db := dbtest.New(t)
+		rows, err := db.Query(context.Background(), `SELECT c.relname || '.' || a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+			WHERE c.relnamespace = 'arap'::regnamespace AND c.relname IN ('audit_events', 'audit_heads') AND a.attnum > 0 AND NOT a.attisdropped`)
+		require.NoError(t, err)
+		columns, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		covered := map[string]bool{"audit_events.id": true}
+		for _, tc := range cases {
+			for _, c := range tc.columns {
+				covered[c] = true
+			}
+		}
+		for _, c := range columns {
+			require.True(t, covered[c], "no case tampers with %s", c)
+		}
+	})
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			db := dbtest.New(t)
 			appendEvents(t, db, "arq_x", 4)
 			appendEvents(t, db, "arq_ok", 2)
-			_, err := db.Exec(ctx, tc.sql)
-			require.NoError(t, err)
 			rep, err := audit.Verify(ctx, db)
 			require.NoError(t, err)
-			require.Len(t, rep.Breaks, 1, "only the tampered chain breaks, once")
-			b := rep.Breaks[0]
-			require.Equal(t, "arq_x", b.Chain)
-			require.Contains(t, b.Problem, tc.problem)
-			if name != "removed event" {
-				require.EqualValues(t, 2, b.Seq)
-			} else {
-				require.EqualValues(t, 3, b.Seq)
+			require.True(t, rep.OK(), "%v", rep.Breaks)
+			for _, q := range tc.sql {
+				tag, err := db.Exec(ctx, q)
+				require.NoError(t, err)
+				require.Positive(t, tag.RowsAffected(), q)
+			}
+			rep, err = audit.Verify(ctx, db)
+			require.NoError(t, err)
+			var got []want
+			for _, b := range rep.Breaks {
+				got = append(got, want{b.Chain, b.Seq, b.Problem})
+			}
+			require.Len(t, got, len(tc.breaks), "%v", rep.Breaks)
+			for i, w := range tc.breaks {
+				require.Equal(t, w.chain, got[i].chain, "%v", rep.Breaks)
+				require.Equal(t, w.seq, got[i].seq, "%v", rep.Breaks)
+				require.Contains(t, got[i].problem, w.problem)
 			}
 		})
 	}
+}
+
+// TestHeadsFollowEveryAppend: Append, AppendMany and QueueFirst each leave
+// every chain's head at its last event, from several goroutines at once,
+// and Verify finds nothing amiss.
+func TestHeadsFollowEveryAppend(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.New(t)
+	var wg sync.WaitGroup
+	const writers, each = 6, 8
+	errs := make(chan error, writers*each)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				errs <- pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+					if w%2 == 0 {
+						return audit.Append(ctx, tx, audit.Event{Chain: "arq_shared", Kind: "test.append", Actor: "system", Data: map[string]any{"w": w, "i": i}})
+					}
+					return audit.AppendMany(ctx, tx, []audit.Event{
+						{Chain: "arq_shared", Kind: "test.many", Actor: "system"},
+						{Chain: fmt.Sprintf("arq_w%d", w), Kind: "test.many", Actor: "system"},
+						{Chain: "arq_shared", Kind: "test.many", Actor: "system"},
+					})
+				})
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		if err := audit.QueueFirst(b, audit.Event{Chain: "arq_first", Kind: "request.submitted", Actor: "client:x"}); err != nil {
+			return err
+		}
+		return tx.SendBatch(ctx, b).Close()
+	}))
+	rows, err := db.Query(ctx, `SELECT h.chain, h.seq, h.hash = e.hash, (SELECT max(seq) FROM arap.audit_events WHERE chain = h.chain)
+		FROM arap.audit_heads h LEFT JOIN arap.audit_events e ON e.chain = h.chain AND e.seq = h.seq ORDER BY h.chain`)
+	require.NoError(t, err)
+	type head struct {
+		Chain    string
+		Seq      int64
+		SameHash bool
+		Last     int64
+	}
+	heads, err := pgx.CollectRows(rows, pgx.RowToStructByPos[head])
+	require.NoError(t, err)
+	shared := int64(writers/2*each + writers/2*each*2)
+	require.Equal(t, []head{{"arq_first", 1, true, 1}, {"arq_shared", shared, true, shared},
+		{"arq_w1", each, true, each}, {"arq_w3", each, true, each}, {"arq_w5", each, true, each}}, heads)
+	rep, err := audit.Verify(ctx, db)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "%v", rep.Breaks)
+	require.Equal(t, 5, rep.Chains)
+}
+
+// TestHeadsMigrationBackfills: chains written before the heads table
+// existed get their heads from migration 0009, and verify.
+func TestHeadsMigrationBackfills(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.New(t)
+	appendEvents(t, db, "arq_a", 3)
+	appendEvents(t, db, audit.SystemChain, 2)
+	all, err := migrations.All()
+	require.NoError(t, err)
+	var sql string
+	for _, m := range all {
+		if m.Schema == "arap" && m.Name == "audit_heads" {
+			sql = m.SQL
+		}
+	}
+	require.NotEmpty(t, sql, "migration arap/audit_heads")
+	_, err = db.Exec(ctx, `DROP TABLE arap.audit_heads`)
+	require.NoError(t, err)
+	rep, err := audit.Verify(ctx, db)
+	require.Error(t, err, "no heads table")
+	_, err = db.Exec(ctx, sql)
+	require.NoError(t, err)
+	rep, err = audit.Verify(ctx, db)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "%v", rep.Breaks)
+	require.Equal(t, 2, rep.Chains)
+	appendEvents(t, db, "arq_a", 1)
+	_, err = db.Exec(ctx, `DELETE FROM arap.audit_events WHERE chain = 'arq_a' AND seq = 4`)
+	require.NoError(t, err)
+	rep, err = audit.Verify(ctx, db)
+	require.NoError(t, err)
+	require.Len(t, rep.Breaks, 1)
+	require.Equal(t, "chain arq_a: seq 4: missing: the chain ends at seq 3 but its head records seq 4 (events were removed from its end)", rep.Breaks[0].String())
 }
 
 func TestExportWritesJSONLines(t *testing.T) {

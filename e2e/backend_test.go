@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,8 +21,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/internal/contract"
 	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/requests"
 )
 
 const e2ePolicy = `version: 1
@@ -96,46 +100,141 @@ func setupDeployment(t *testing.T) (env []string, policyFile, token string, pool
 	return env, policyFile, token, pool
 }
 
-// TestTwoReplicasExpireOnce runs two `arapd serve` processes on one database
-// behind one public URL; requests go to either; one replica is killed with
-// SIGKILL; every request still expires, exactly once.
+// TestTwoReplicasExpireOnce: two `arapd serve` replicas on one database
+// sweep the same due requests at the same time, and every request expires
+// exactly once (one request.expired event, one callback), some by each
+// replica; then one replica is killed in the middle of its sweep
+// transactions, and the other expires what it held, each request once.
+//
+// To have both sweeping at once rather than hope for it, the test holds the
+// audit table (LOCK TABLE ... IN SHARE MODE) from before the deadline: a
+// sweep then takes its batch of rows and waits at its audit insert, inside
+// its transaction, keeping its worker. Due requests for one more
+// transaction than a replica has sweep workers ensure that the other
+// replica's sweep takes a batch too. The test waits until it sees each
+// replica's sweep waiting (pg_stat_activity, by the application_name each
+// replica connects with), then lets them all go.
 func TestTwoReplicasExpireOnce(t *testing.T) {
 	t.Parallel()
 	env, policy, token, pool := setupDeployment(t)
+	require.NoError(t, os.WriteFile(policy, []byte(e2ePolicy+scalePolicy), 0o600))
 	args := []string{"serve", "--addr", "127.0.0.1:0", "--public-url", "https://arap.example", "--policy", policy}
-	a := startArapd(t, env, args...)
-	b := startArapd(t, env, args...)
-	// Each replica behind its own contract proxy (see internal/contract).
-	apiA, apiB := contract.Proxy(t, a.url(), nil), contract.Proxy(t, b.url(), nil)
-
-	const n = 20
-	ids := make([]string, n)
-	for i := range n {
-		eval, sub := apiA, apiB
-		if i%2 == 1 {
-			eval, sub = apiB, apiA
+	dbURL := strings.TrimPrefix(env[0], "DATABASE_URL=")
+	replica := func(name string) *proc {
+		sep := "?"
+		if strings.Contains(dbURL, "?") {
+			sep = "&"
 		}
-		ids[i] = request(t, eval, sub, token, toolCall("quick", map[string]any{"i": i}))
+		// The later DATABASE_URL wins (os/exec keeps the last of duplicates).
+		return startArapd(t, append(slices.Clone(env), "DATABASE_URL="+dbURL+sep+"application_name="+name), args...)
 	}
-	// One replica dies without warning; the other carries on.
+	a, b := replica("replica-a"), replica("replica-b")
+	ctx := context.Background()
+	rc := newCallbackReceiver(t)
+	templateID := submitTemplate(t, env, a, b, token, rc.URL)
+
+	// holdAudit takes the audit table; the returned func lets it go.
+	holdAudit := func() func() {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `LOCK TABLE arap.audit_events IN SHARE MODE`)
+		require.NoError(t, err)
+		return sync.OnceFunc(func() { require.NoError(t, tx.Rollback(ctx)) })
+	}
+	// waitingSweeps is which replicas have a sweep waiting at its audit
+	// insert, with its batch of requests locked.
+	waitingSweeps := func(c require.TestingT) map[string]int {
+		rows, err := pool.Query(ctx, `SELECT application_name, count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO arap.audit_events%' GROUP BY 1`)
+		require.NoError(c, err)
+		out := map[string]int{}
+		for rows.Next() {
+			var name string
+			var n int
+			require.NoError(c, rows.Scan(&name, &n))
+			out[name] = n
+		}
+		require.NoError(c, rows.Err())
+		return out
+	}
+	// expiredOnce checks that every request in ids expired, with one
+	// request.expired audit event and one callback delivery each.
+	expiredOnce := func(ids []string) {
+		t.Helper()
+		var expired, events, deliveries int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM arap.requests WHERE id = ANY($1) AND status = 'expired'),
+			(SELECT count(*) FROM (SELECT chain FROM arap.audit_events WHERE chain = ANY($1) AND kind = 'request.expired' GROUP BY chain HAVING count(*) = 1) x),
+			(SELECT count(*) FROM (SELECT request_id FROM arap.deliveries WHERE request_id = ANY($1) AND event = 'expired' GROUP BY request_id HAVING count(*) = 1) y)`,
+			ids).Scan(&expired, &events, &deliveries))
+		require.Equal(t, len(ids), expired, "requests expired")
+		require.Equal(t, len(ids), events, "requests with exactly one request.expired event")
+		require.Equal(t, len(ids), deliveries, "requests with exactly one callback delivery")
+	}
+	pendingAmong := func(ids []string) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM arap.requests WHERE id = ANY($1) AND status = 'pending'`, ids).Scan(&n))
+		return n
+	}
+
+	// Round 1: both replicas sweep at once.
+	n := (requests.MaintenanceWorkers+1)*requests.ExpireBatch + requests.ExpireBatch/2
+	ids := insertPending(t, pool, templateID, n, time.Now().Add(3*time.Second))
+	release := holdAudit()
+	defer release()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		w := waitingSweeps(c)
+		assert.Positive(c, w["replica-a"], "sweeps of replica a waiting with their batch")
+		assert.Positive(c, w["replica-b"], "sweeps of replica b waiting with their batch")
+	}, 90*time.Second, 100*time.Millisecond)
+	t.Logf("sweeping at once: %v", waitingSweeps(t))
+	release()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Zero(c, pendingAmong(ids), "requests still pending")
+	}, 90*time.Second, 200*time.Millisecond)
+	expiredOnce(ids)
+	// Each replica logs what each of its sweep transactions expired.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, n, countLogged(a, 0, "requests expired")+countLogged(b, 0, "requests expired"))
+	}, 30*time.Second, 50*time.Millisecond)
+	byA, byB := countLogged(a, 0, "requests expired"), countLogged(b, 0, "requests expired")
+	t.Logf("replica a expired %d, replica b %d", byA, byB)
+	require.Positive(t, byA, "replica a expired some")
+	require.Positive(t, byB, "replica b expired some")
+	// Every callback arrives, one per request.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var open int
+		require.NoError(c, pool.QueryRow(ctx, `SELECT count(*) FROM arap.deliveries WHERE request_id = ANY($1) AND status <> 'delivered'`, ids).Scan(&open))
+		assert.Zero(c, open, "callbacks not delivered yet")
+	}, 90*time.Second, 200*time.Millisecond)
+	total, tasks := rc.counts()
+	require.Equal(t, n, tasks, "a callback for every request")
+	require.Equal(t, n, total, "and one each")
+
+	// Round 2: replica a dies with its sweep transactions open; replica b
+	// expires their requests, once each.
+	n2 := 2 * requests.ExpireBatch
+	ids2 := insertPending(t, pool, templateID, n2, time.Now().Add(3*time.Second))
+	release = holdAudit()
+	defer release()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Positive(c, waitingSweeps(c)["replica-a"], "sweeps of replica a waiting with their batch")
+	}, 90*time.Second, 100*time.Millisecond)
+	markB := b.mark()
 	require.NoError(t, a.cmd.Process.Kill())
 	a.wait(10 * time.Second)
-
-	ctx := context.Background()
+	release()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		var pending int
-		require.NoError(c, pool.QueryRow(ctx, `SELECT count(*) FROM arap.requests WHERE status = 'pending'`).Scan(&pending))
-		assert.Zero(c, pending, "requests still pending")
-	}, 90*time.Second, 200*time.Millisecond)
-	for _, id := range ids {
-		var status string
-		var expiredEvents int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, id).Scan(&status))
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM arap.audit_events WHERE chain = $1 AND kind = 'request.expired'`, id).Scan(&expiredEvents))
-		require.Equal(t, "expired", status)
-		require.Equal(t, 1, expiredEvents, "request %s expired exactly once", id)
-	}
-	_ = b
+		assert.Zero(c, pendingAmong(ids2), "requests still pending")
+	}, 120*time.Second, 200*time.Millisecond)
+	expiredOnce(ids2)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, n2, countLogged(b, markB, "requests expired"), "replica b expired them all")
+	}, 30*time.Second, 50*time.Millisecond)
+	require.NoError(t, b.alive())
+	rep, err := audit.Verify(ctx, pool)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "audit chains break: %v", rep.Breaks)
 }
 
 // TestReloadAndGracefulShutdown: SIGHUP reloads the policy, a bad file is

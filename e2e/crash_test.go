@@ -78,10 +78,9 @@ func TestCrashAtEachFaultPoint(t *testing.T) {
 			_, m, _ := resultText(t, d)
 			require.Equal(t, tc.disposition, m["io.modelcontextprotocol/tool-approval-disposition"])
 			require.Equal(t, tc.executions, s.ledger(taskID), "never executed twice")
-			// Nothing runs it again: not a callback (each one answered),
-			// nor the reconciler (every second: watched over two runs).
-			s.callbacksSettled(taskID)
-			s.ledgerStays(taskID, tc.executions, 2500*time.Millisecond)
+			// Nothing runs it again: not a callback, not its tracking job,
+			// not the reconciler.
+			s.nothingMoreRuns(map[string]int{taskID: tc.executions})
 			var orphans int
 			require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM arap.requests r WHERE r.status = 'pending'
 				AND NOT EXISTS (SELECT 1 FROM pep.approval_tasks a WHERE a.backend_id = r.id AND a.phase <> 'done')`).Scan(&orphans))
@@ -103,6 +102,7 @@ func TestApproveCancelRace(t *testing.T) {
 	ctx := context.Background()
 	alice := s.client(s.alice)
 	outcomes := map[string]int{}
+	executions := map[string]int{}
 	bothSeen := func() bool { return outcomes[string(tasks.Cancelled)] > 0 && outcomes[string(tasks.Completed)] > 0 }
 	for i := 0; i < 60 && (i < 20 || !bothSeen()); i++ {
 		r, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-race", "amount": 40000 + i}, nil)
@@ -136,12 +136,11 @@ func TestApproveCancelRace(t *testing.T) {
 			t.Fatalf("unexpected status %s", d.Status)
 		}
 		outcomes[string(d.Status)]++
-		// Nothing runs after the end: the approval's callback was
-		// answered, and a run it may have started in the background would
-		// show within the window.
-		s.callbacksSettled(r.Task.TaskID)
-		s.ledgerStays(r.Task.TaskID, executed, 500*time.Millisecond)
+		executions[r.Task.TaskID] = executed
 	}
+	// Nothing runs after the end: not the approval's callback, not a
+	// tracking job, not the reconciler.
+	s.nothingMoreRuns(executions)
 	t.Logf("outcomes: %v", outcomes)
 	require.True(t, bothSeen(), "the race never went both ways: %v", outcomes)
 }

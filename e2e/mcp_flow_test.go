@@ -158,8 +158,7 @@ func TestApprovalFlows(t *testing.T) {
 		require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM pep.intents WHERE task_id = $1`, r.Task.TaskID).Scan(&gens))
 		require.Equal(t, 2, gens, "two generations, each with its own key")
 		// A late callback or poll for the first, consumed generation does nothing.
-		s.callbacksSettled(r.Task.TaskID)
-		s.ledgerStays(r.Task.TaskID, 1, time.Second)
+		s.nothingMoreRuns(map[string]int{r.Task.TaskID: 1})
 	})
 
 	t.Run("a policy that denies at re-evaluation ends the task denied", func(t *testing.T) {

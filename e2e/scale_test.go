@@ -68,7 +68,7 @@ func envInt(t *testing.T, name string, def int) int {
 // submissions would take longer than the expiry being measured), but they
 // are the state a submission leaves, cloned from one real submission: the
 // request row, its Idempotency-Key, its spent jti, the first event of its
-// audit chain (hash-linked as audit.Append links it), as
+// audit chain (hash-linked as audit.Append links it) and the chain's head, as
 // requests.Service.create writes them; the expiry sweep finds them by their
 // deadline.
 func TestScaleExpiry(t *testing.T) {
@@ -84,25 +84,8 @@ func TestScaleExpiry(t *testing.T) {
 
 	// Callbacks go to a receiver that takes them (the delivery itself is
 	// not what is measured here: that each expiry enqueues one is).
-	arapctl(t, env, "clients", "secret", "rotate", "pep")
-	var received atomic.Int64
-	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		received.Add(1)
-	}))
-	t.Cleanup(rc.Close)
-
-	// One real submission, the template of the others.
-	call := toolCall("scale", map[string]any{"i": "template"})
-	status, d := postJSON(t, a.url()+"/access/v1/evaluation", token, call)
-	require.Equal(t, 200, status, "evaluate the template call: %v", d)
-	hint := d["context"].(map[string]any)["access_request"].(map[string]any)
-	call["denial"] = map[string]any{"expires_at": hint["expires_at"], "binding_token": hint["binding_token"],
-		"evaluation_id": d["context"].(map[string]any)["evaluation_id"]}
-	call["callback"] = map[string]any{"endpoint": rc.URL + "/arap-callback", "state": "scale"}
-	status, r := postJSON(t, b.url()+"/access/v1/requests", token, call, "Idempotency-Key", "scale-template")
-	require.Equal(t, 202, status, "submit the template request: %v", r)
-	templateID := r["task"].(map[string]any)["id"].(string)
+	rc := newCallbackReceiver(t)
+	templateID := submitTemplate(t, env, a, b, token, rc.URL)
 
 	// The deadline leaves time to write them all (about 100 µs a request
 	// on a loaded 2-core machine, measured), with a margin.
@@ -170,15 +153,70 @@ func TestScaleExpiry(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rep.OK(), "audit chains break: %v", rep.Breaks)
 	require.Equal(t, total+2, rep.Chains, "one chain per request, the template's and the system chain")
-	t.Logf("replica a expired %d, replica b %d; %d callbacks delivered so far", countLogged(a, "requests expired"), countLogged(b, "requests expired"), received.Load())
+	total, _ = rc.counts()
+	t.Logf("replica a expired %d, replica b %d; %d callbacks delivered so far", countLogged(a, 0, "requests expired"), countLogged(b, 0, "requests expired"), total)
 }
 
-// countLogged sums the count field of a process's log lines with msg.
-func countLogged(p *proc, msg string) int {
+// callbackReceiver takes callbacks and counts them by the task they name.
+type callbackReceiver struct {
+	*httptest.Server
+	mu    sync.Mutex
+	tasks map[string]int
+}
+
+func newCallbackReceiver(t *testing.T) *callbackReceiver {
+	rc := &callbackReceiver{tasks: map[string]int{}}
+	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Task struct {
+				ID string `json:"id"`
+			} `json:"task"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		rc.mu.Lock()
+		rc.tasks[body.Task.ID]++
+		rc.mu.Unlock()
+	}))
+	t.Cleanup(rc.Close)
+	return rc
+}
+
+// counts is how many callbacks arrived, and for how many tasks.
+func (rc *callbackReceiver) counts() (total, tasks int) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, n := range rc.tasks {
+		total += n
+	}
+	return total, len(rc.tasks)
+}
+
+// submitTemplate makes one real request for the tool "scale" (a one-hour
+// lifetime, so it stays pending while it is cloned) that subscribes to
+// callbacks at endpoint: the template insertPending clones. Evaluated at a,
+// submitted at b.
+func submitTemplate(t *testing.T, env []string, a, b *proc, token, endpoint string) string {
+	t.Helper()
+	arapctl(t, env, "clients", "secret", "rotate", "pep")
+	call := toolCall("scale", map[string]any{"i": "template"})
+	status, d := postJSON(t, a.url()+"/access/v1/evaluation", token, call)
+	require.Equal(t, 200, status, "evaluate the template call: %v", d)
+	hint := d["context"].(map[string]any)["access_request"].(map[string]any)
+	call["denial"] = map[string]any{"expires_at": hint["expires_at"], "binding_token": hint["binding_token"],
+		"evaluation_id": d["context"].(map[string]any)["evaluation_id"]}
+	call["callback"] = map[string]any{"endpoint": endpoint + "/arap-callback", "state": "scale"}
+	status, r := postJSON(t, b.url()+"/access/v1/requests", token, call, "Idempotency-Key", "scale-template")
+	require.Equal(t, 202, status, "submit the template request: %v", r)
+	return r["task"].(map[string]any)["id"].(string)
+}
+
+// countLogged sums the count field of a process's log lines with msg,
+// among those collected after mark (see proc.mark).
+func countLogged(p *proc, mark int, msg string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := 0
-	for _, l := range p.lines {
+	for _, l := range p.lines[min(mark, len(p.lines)):] {
 		if l["msg"] == msg {
 			n, _ := l["count"].(float64)
 			c += int(n)
@@ -189,8 +227,8 @@ func countLogged(p *proc, msg string) int {
 
 // insertPending clones the pending request templateID n times, each with
 // its own id, evaluation_id, Idempotency-Key, jti and audit chain, all due at
-// deadline, in one transaction.
-func insertPending(t *testing.T, pool *pgxpool.Pool, templateID string, n int, deadline time.Time) {
+// deadline, in one transaction, and returns their ids.
+func insertPending(t *testing.T, pool *pgxpool.Pool, templateID string, n int, deadline time.Time) []string {
 	t.Helper()
 	ctx := context.Background()
 	began := time.Now()
@@ -281,11 +319,16 @@ func insertPending(t *testing.T, pool *pgxpool.Pool, templateID string, n int, d
 			[]string{"chain", "seq", "at", "kind", "actor", "data", "prev_hash", "hash"}, pgx.CopyFromRows(events)); err != nil {
 			return fmt.Errorf("copy audit events: %w", err)
 		}
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"arap", "audit_heads"}, []string{"chain", "seq", "hash"},
+			pgx.CopyFromSlice(n, func(i int) ([]any, error) { return []any{events[i][0], events[i][1], events[i][7]}, nil })); err != nil {
+			return fmt.Errorf("copy audit heads: %w", err)
+		}
 		phase("audit")
 		return nil
 	}))
 	phase("commit")
 	t.Logf("bulk write: prepared in %s, then %s", prepared.Sub(began).Round(time.Millisecond), strings.Join(phases, ", "))
+	return ids
 }
 
 // firstLinkHash is the hash audit.Append gives the first event of a chain:

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/omcp/arap/internal/contract"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -96,7 +98,7 @@ func (s *stack) startMCP(extraEnv ...string) *proc {
 		addr = s.mcp.addr // a restart keeps the address the backend calls back
 	}
 	args := []string{"mcp", "--addr", addr, "--backend-url", s.api,
-		"--poll-interval", "500ms", "--reconcile-every", "1s"}
+		"--poll-interval", "500ms", "--reconcile-every", reconcileEvery.String()}
 	args = append(args, s.mcpArgs...)
 	if s.mcpBinary != "" {
 		return startBinary(s.t, s.mcpBinary, env, args...)
@@ -183,17 +185,60 @@ func (s *stack) callbacksSettled(taskID string) {
 	}, 60*time.Second, 50*time.Millisecond)
 }
 
-// ledgerStays watches the task's executions for window and fails as soon
-// as they are not n. It is for "nothing more runs" once a task has ended
-// and the events that could still act on it have been waited for
-// (callbacksSettled): what is left is periodic (the reconciler), with no
-// event to wait for.
-func (s *stack) ledgerStays(taskID string, n int, window time.Duration) {
+// reconcileEvery is the front-end's reconciler period in these stacks.
+const reconcileEvery = time.Second
+
+// nothingMoreRuns checks that ended tasks never run their tool again:
+// executed maps each task to the executions its ledger holds. It waits for
+// every event that could still act on a task, failing as soon as a ledger
+// changes: its callbacks answered (callbacksSettled), and its tracking jobs
+// run and finished (see tracksOpen). What is left is periodic with no event
+// to wait for, the reconciler: the ledgers are then watched over two and a
+// half of its periods.
+func (s *stack) nothingMoreRuns(executed map[string]int) {
 	s.t.Helper()
-	require.Never(s.t, func() bool {
-		got, err := s.ledgerCount(taskID)
-		return err != nil || got != n
-	}, window, 50*time.Millisecond, "task %s: its ledger changed from %d rows after it ended", taskID, n)
+	ctx := context.Background()
+	ids := make([]string, 0, len(executed))
+	for id := range executed {
+		s.callbacksSettled(id)
+		ids = append(ids, id)
+	}
+	changed := func() error {
+		for id, n := range executed {
+			got, err := s.ledgerCount(id)
+			if err != nil {
+				return err
+			}
+			if got != n {
+				return fmt.Errorf("task %s: its ledger went from %d rows to %d after it ended", id, n, got)
+			}
+		}
+		return nil
+	}
+	// A tracking job sleeps up to the safety poll (30 s) between looks:
+	// the sleeping ones are brought forward, as if their time had come
+	// (what River's scheduler does then), and each must look at its ended
+	// task and finish without acting. A job left running by a killed
+	// process is rescued by River after twice the job timeout (two
+	// minutes), and is waited for.
+	_, err := s.pool.Exec(ctx, `UPDATE pep_river.river_job SET state = 'available', scheduled_at = now()
+		WHERE kind = $1 AND args->>'task_id' = ANY($2) AND state IN ('scheduled', 'retryable')`, mcp.TrackArgs{}.Kind(), ids)
+	require.NoError(s.t, err)
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		require.NoError(s.t, changed())
+		var open int
+		require.NoError(s.t, s.pool.QueryRow(ctx, `SELECT count(*) FROM pep_river.river_job WHERE kind = $1 AND args->>'task_id' = ANY($2)
+			AND state NOT IN ('completed', 'cancelled', 'discarded')`, mcp.TrackArgs{}.Kind(), ids).Scan(&open))
+		if open == 0 {
+			break
+		}
+		require.False(s.t, time.Now().After(deadline), "%d tracking jobs of ended tasks still to run after 4 minutes", open)
+		time.Sleep(100 * time.Millisecond) // polling
+	}
+	require.Never(s.t, func() bool { return changed() != nil }, 5*reconcileEvery/2, 50*time.Millisecond,
+		"a task's ledger changed after it ended (want %v)", executed)
+	require.NoError(s.t, changed())
 }
 
 // deliveryAnswered waits until callback delivery id has more than after

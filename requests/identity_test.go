@@ -249,3 +249,59 @@ func TestActorChainDepth(t *testing.T) {
 	require.Contains(t, err.Error(), "user:bob")
 	require.Equal(t, 1, count(t, f, "arap.requests"))
 }
+
+// TestSeparationOfDutiesThroughSubmittedChains: bob named anywhere in the
+// chains a PEP submits (deep in subject.properties.act, or in client.actor
+// and its act chain) is kept with the request and leaves him unable to
+// decide it or to revoke its approval; carol, named nowhere, decides it.
+// Eligible's own tests build the stored request by hand; this goes through
+// Submit and storage.
+func TestSeparationOfDutiesThroughSubmittedChains(t *testing.T) {
+	f := setupWith(t, "testdata/resolution.yaml")
+	ctx := context.Background()
+	lax := f.caller(clients.NewStore(f.db), "any-actor-pep", []string{"*"})
+	deep := make([]string, authzen.MaxActorDepth)
+	for i := range deep {
+		deep[i] = fmt.Sprintf("agent:a%d", i)
+	}
+	deep[len(deep)-1] = "user:bob"
+	cases := map[string]struct {
+		act    map[string]any // subject.properties.act
+		client map[string]any // client.actor
+	}{
+		"second link of the subject's chain":  {act: chain("agent:demo", "bob")},
+		"last link of a chain at the limit":   {act: chain(deep...)},
+		"client.actor":                        {act: chain("agent:demo"), client: map[string]any{"id": "user:bob"}},
+		"second link of client.actor's chain": {act: chain("agent:demo"), client: map[string]any{"id": "agent:demo", "act": map[string]any{"sub": "BOB@example.com"}}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			call := withActors(toolCall("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000}), tc.act)
+			d, hint := f.deny(lax, call)
+			body := submission(call, d, hint)
+			if tc.client != nil {
+				body["client"] = map[string]any{"actor": tc.client}
+			}
+			res, err := f.svc.Submit(ctx, lax, "", mustJSON(t, body))
+			require.NoError(t, err)
+			id := res.Request.ID
+			stored, err := f.svc.Get(ctx, lax, id)
+			require.NoError(t, err)
+			ok, why := requests.MayDecide(bob, stored, nil, time.Now())
+			require.False(t, ok, "the stored request still names bob")
+			require.Contains(t, why, "on their behalf or through them")
+
+			_, err = f.svc.Decide(ctx, bob, id, requests.Decision{Approve: true})
+			require.Equal(t, authzen.ProblemIneligibleApprover, requests.ErrorCode(err), "%v", err)
+			votes, err := f.svc.Votes(ctx, id)
+			require.NoError(t, err)
+			require.Empty(t, votes, "a refused vote records nothing")
+
+			decided, err := f.svc.Decide(ctx, carol, id, requests.Decision{Approve: true})
+			require.NoError(t, err)
+			require.Equal(t, requests.Approved, decided.Status)
+			_, err = f.svc.Revoke(ctx, bob, id, "")
+			require.Equal(t, authzen.ProblemIneligibleApprover, requests.ErrorCode(err), "%v", err)
+		})
+	}
+}

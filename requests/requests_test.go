@@ -133,6 +133,68 @@ func TestConcurrentDuplicatesCreateOneRequest(t *testing.T) {
 	require.Equal(t, 1, count(t, f, "arap.audit_events WHERE kind = 'request.submitted'"))
 }
 
+// TestDuplicateCommittedDuringChecksIsReplayed forces the interleaving the
+// 50-goroutine test above only sometimes hits: a duplicate finds no key at
+// its idempotency lookup, then its twin commits while it is still being
+// checked, so its jti check finds the token spent. It is answered as the
+// retry it is (the twin's handle, replayed), not refused; a different body
+// under the key in the same position gets duplicate_request. The caller's
+// actor check (MayAssertActor), which runs between the lookup and the jti
+// check, holds it there.
+func TestDuplicateCommittedDuringChecksIsReplayed(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	// held returns a caller that stops in its actor check until release is
+	// closed, and says when it got there.
+	held := func() (requests.Caller, <-chan struct{}, chan<- struct{}) {
+		checking, release := make(chan struct{}), make(chan struct{})
+		c := f.pep
+		once := sync.OnceFunc(func() { close(checking); <-release })
+		c.MayAssertActor = func(id string) bool { once(); return f.pep.MayAssertActor(id) }
+		return c, checking, release
+	}
+	type result struct {
+		sub *requests.Submitted
+		err error
+	}
+	for _, sameBody := range []bool{true, false} {
+		t.Run(fmt.Sprint("same body ", sameBody), func(t *testing.T) {
+			key := fmt.Sprint("key-", sameBody)
+			raw := f.fresh("wire_transfer", map[string]any{"to": key, "amount": 50000})
+			body := raw
+			if !sameBody {
+				body = patch(raw, "context", map[string]any{"tenant": "acme", "note": "other"})
+			}
+			caller, checking, release := held()
+			got := make(chan result, 1)
+			go func() {
+				sub, err := f.svc.Submit(ctx, caller, key, body)
+				got <- result{sub, err}
+			}()
+			select {
+			case <-checking: // past its idempotency lookup, which found nothing
+			case r := <-got:
+				t.Fatalf("the submission ended before its actor check: %v", r.err)
+			}
+			first, err := f.svc.Submit(ctx, f.pep, key, raw)
+			require.NoError(t, err)
+			require.False(t, first.Replayed)
+			close(release)
+			r := <-got
+			if sameBody {
+				require.NoError(t, r.err)
+				require.True(t, r.sub.Replayed)
+				require.Equal(t, first.Request.ID, r.sub.Request.ID)
+			} else {
+				require.Equal(t, authzen.ProblemDuplicateRequest, requests.ErrorCode(r.err), "%v", r.err)
+			}
+			require.Equal(t, 1, count(t, f, fmt.Sprintf("arap.requests WHERE id = '%s'", first.Request.ID)))
+		})
+	}
+	require.Equal(t, 2, count(t, f, "arap.requests"))
+	require.Equal(t, 2, count(t, f, "arap.audit_events WHERE kind = 'request.submitted'"))
+}
+
 func TestSubmissionErrors(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()

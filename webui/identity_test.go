@@ -2,11 +2,13 @@ package webui_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dev"
 )
@@ -14,7 +16,8 @@ import (
 // TestSameApproverWrittenDifferently: bob cannot approve in the web UI a
 // request made for him or through him under any spelling (case, type
 // prefix, e-mail; and, in a stored request, whitespace, invisible and
-// compatibility characters). He sees why, has no buttons, and a posted
+// compatibility characters), wherever the chains name him (a later link of
+// the subject's, the last link of one at the depth limit, client.actor's). He sees why, has no buttons, and a posted
 // vote is refused and records nothing.
 func TestSameApproverWrittenDifferently(t *testing.T) {
 	env := backendtest.Start(t, backendtest.Options{})
@@ -45,6 +48,29 @@ func TestSameApproverWrittenDifferently(t *testing.T) {
 			check(t, env.Submit(t, call))
 		})
 	}
+	// Deep in the chains: the last link of a subject chain at the depth
+	// limit, and a later link of client.actor's chain.
+	t.Run("actor at the depth limit", func(t *testing.T) {
+		var act map[string]any
+		for i := authzen.MaxActorDepth - 1; i >= 0; i-- {
+			link := map[string]any{"sub": fmt.Sprintf("agent:a%d", i)}
+			if i == authzen.MaxActorDepth-1 {
+				link["sub"] = "agent:bob"
+			}
+			if act != nil {
+				link["act"] = act
+			}
+			act = link
+		}
+		call := wireCall("alice", 50000)
+		call["subject"].(map[string]any)["properties"] = map[string]any{"act": act}
+		check(t, env.Submit(t, call))
+	})
+	t.Run("client actor chain", func(t *testing.T) {
+		call := wireCall("alice", 50000)
+		call["client"] = map[string]any{"actor": map[string]any{"id": "agent:demo", "act": map[string]any{"sub": "agent:Bob"}}}
+		check(t, env.Submit(t, call))
+	})
 	for _, s := range []string{" bob", "bob ", "b\u200bob", "\u202ebob", "bo\u00adb", "ｂｏｂ", "b\u00a0ob", "\u1d2e\u1d3c\u1d2e"} {
 		t.Run("stored subject "+s, func(t *testing.T) {
 			id := env.Submit(t, wireCall("alice", 50000))

@@ -82,6 +82,13 @@ func TestClientsKeysAudit(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 3, "client created, client revoked, key rotated")
 
+	// The last event removed breaks no link; the chain's head tells.
+	_, err = db.Exec(ctx, `DELETE FROM arap.audit_events WHERE chain = 'system' AND seq = 3`)
+	require.NoError(t, err)
+	out, err = ctl(t, "audit", "verify")
+	require.Error(t, err)
+	require.Contains(t, out, "BROKEN: chain system: seq 3: missing: the chain ends at seq 2 but its head records seq 3")
+
 	_, err = db.Exec(ctx, `UPDATE arap.audit_events SET actor = 'operator:mallory' WHERE seq = 2`)
 	require.NoError(t, err)
 	out, err = ctl(t, "audit", "verify")

@@ -105,7 +105,8 @@ func Start(t testing.TB, o Options) *Env {
 }
 
 // Submit evaluates call as the dev PEP and submits the access request its
-// requestable denial offers, returning the request id.
+// requestable denial offers (with call's client member, if any, which
+// only a submission has), returning the request id.
 func (e *Env) Submit(t testing.TB, call map[string]any) string {
 	t.Helper()
 	post := func(path string, body any) map[string]any {
@@ -127,7 +128,14 @@ func (e *Env) Submit(t testing.TB, call map[string]any) string {
 		}
 		return out
 	}
-	d := post(authzen.PathEvaluation, call)
+	// client is a submission's member, not an evaluation's.
+	eval := map[string]any{}
+	for k, v := range call {
+		if k != "client" {
+			eval[k] = v
+		}
+	}
+	d := post(authzen.PathEvaluation, eval)
 	ctx, _ := d["context"].(map[string]any)
 	hint, _ := ctx["access_request"].(map[string]any)
 	if hint == nil {
