@@ -15,7 +15,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -27,7 +26,7 @@ import (
 	"github.com/gowebpki/jcs"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/omcp/arap/authzen"
+	hashchain "github.com/omcp/arap/internal/chain"
 )
 
 // SystemChain holds events that belong to no request.
@@ -206,7 +205,7 @@ func chainLock(chain string) int64 {
 
 // linkHash is SHA-256(prev || JCS({chain, seq, at, kind, actor, data})).
 func linkHash(prev []byte, chain string, seq int64, at time.Time, kind, actor string, data []byte) ([]byte, error) {
-	body, err := authzen.Canonical(map[string]any{
+	return hashchain.Hash(prev, map[string]any{
 		"chain": chain,
 		"seq":   seq,
 		"at":    at.UTC().Format(time.RFC3339Nano),
@@ -214,13 +213,6 @@ func linkHash(prev []byte, chain string, seq int64, at time.Time, kind, actor st
 		"actor": actor,
 		"data":  json.RawMessage(data),
 	})
-	if err != nil {
-		return nil, fmt.Errorf("audit: canonical form: %w", err)
-	}
-	h := sha256.New()
-	h.Write(prev)
-	h.Write(body)
-	return h.Sum(nil), nil
 }
 
 // Querier runs queries; *pgxpool.Pool and pgx.Tx both are.

@@ -16,22 +16,17 @@ package chain
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/json"
 	"fmt"
 	"time"
 
-	"github.com/gowebpki/jcs"
+	"github.com/omcp/arap/authzen"
 )
 
 // Hash is one event's hash: SHA-256(prev || JCS(fields)). fields must hold
 // every stored field of the event but the hashes, in a form that survives
 // the store (times through Time, JSON data as json.RawMessage).
 func Hash(prev []byte, fields map[string]any) ([]byte, error) {
-	raw, err := json.Marshal(fields)
-	if err != nil {
-		return nil, fmt.Errorf("chain: encode: %w", err)
-	}
-	canon, err := jcs.Transform(raw)
+	canon, err := authzen.Canonical(fields)
 	if err != nil {
 		return nil, fmt.Errorf("chain: canonical form: %w", err)
 	}
