@@ -349,10 +349,13 @@ func approvalExpiry(ctx context.Context, r *run) error {
 	// can give one only once the server has opened a new request.
 	first := time.Now()
 	approvedAt, approvals, left, stalled := first, 1, time.Duration(-1), ""
-	// The grant's own delay, and two watches' worth of slack: a server that
-	// waits the retry hint out and then stops is within it, one that keeps
-	// retrying on the expired approval is not.
-	bound := time.Duration(r.p.Outliving.After) + 2*r.settle()
+	// The grant's own delay, two watches, and half a minute for a busy
+	// server: a server that waits the retry hint out (or less) and then
+	// stops is within it, one that keeps retrying on the expired approval
+	// never is. A liveness bound: the loop moves on as soon as the server
+	// does, so its width costs a passing run nothing, while a narrow one
+	// failed a correct server on a loaded machine.
+	bound := time.Duration(r.p.Outliving.After) + 2*r.settle() + 30*time.Second
 	var done *task
 	for {
 		g, err := r.get(ctx, r.c, t.TaskID)
