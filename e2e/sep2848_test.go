@@ -337,9 +337,12 @@ func TestMaxWindowEndsLongPendingTasks(t *testing.T) {
 	require.Equal(t, "denied-not-executed", m["io.modelcontextprotocol/tool-approval-disposition"])
 	require.Contains(t, text, "did not run")
 	require.Zero(t, s.ledger(r.Task.TaskID))
-	var status string
-	require.NoError(t, s.pool.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, s.requestOf(r.Task.TaskID)).Scan(&status))
-	require.Equal(t, "cancelled", status)
+	// The task ends first, then its request is cancelled: wait for it.
+	req := s.requestOf(r.Task.TaskID)
+	require.Eventually(t, func() bool {
+		var status string
+		return s.pool.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, req).Scan(&status) == nil && status == "cancelled"
+	}, 60*time.Second, 50*time.Millisecond, "the backend request is cancelled")
 }
 
 // TestForgedCallbackCannotExecute: a callback only wakes a task. A forged
