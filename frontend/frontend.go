@@ -21,9 +21,9 @@ import (
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/pep"
 )
 
 // Config configures the front-end.
@@ -41,7 +41,7 @@ type Config struct {
 	// WebhookSecrets verify the backend's callbacks; none: poll only.
 	WebhookSecrets []string
 	Migrate        bool
-	Tools          []mcp.Tool
+	Tools          []pep.Tool
 	// Gate tuning (zero values take the gate's defaults).
 	PollInterval time.Duration
 	ExecTimeout  time.Duration
@@ -60,7 +60,7 @@ type Config struct {
 	Extra func(s *sdk.Server, ts *tasks.Server) error
 	// Anonymous is the principal of requests without an Authorization
 	// header (conformance fixture mode only; nil in production).
-	Anonymous *mcp.Principal
+	Anonymous *pep.Principal
 	// Stopping, when set, is called by Stop once HTTP has drained and
 	// before the workers stop and the pool closes (the conformance
 	// fixtures settle their running tasks there).
@@ -71,7 +71,7 @@ type Config struct {
 // Frontend is a running (or ready to run) MCP front-end.
 type Frontend struct {
 	cfg  Config
-	gate *mcp.Gate
+	gate *pep.Gate
 	host *host.Host
 }
 
@@ -84,7 +84,7 @@ func New(ctx context.Context, cfg Config) (*Frontend, error) {
 		return nil, errors.New("frontend: database URL, backend URL and backend token are required")
 	}
 	if cfg.Tools == nil {
-		cfg.Tools = mcp.DemoTools()
+		cfg.Tools = pep.DemoTools()
 	}
 	h, err := host.New(ctx, host.Config{Name: "mcp front-end", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log})
 	if err != nil {
@@ -106,9 +106,9 @@ func (f *Frontend) build(ctx context.Context) error {
 	}
 	callbackURL := ""
 	if len(cfg.WebhookSecrets) > 0 {
-		callbackURL = f.host.URL() + mcp.PathCallback
+		callbackURL = f.host.URL() + pep.PathCallback
 	}
-	if f.gate, err = mcp.NewGate(mcp.Config{
+	if f.gate, err = pep.NewGate(pep.Config{
 		DB: pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
 		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow, Log: cfg.Log,
 	}); err != nil {
@@ -118,14 +118,14 @@ func (f *Frontend) build(ctx context.Context) error {
 	if jobTimeout == 0 {
 		jobTimeout = max(cfg.ExecTimeout, 30*time.Second) + 30*time.Second
 	}
-	counters := ratelimit.NewCounters(pool, mcp.RateCounters)
+	counters := ratelimit.NewCounters(pool, pep.RateCounters)
 	workers := river.NewWorkers()
 	f.gate.AddWorkers(workers)
 	counters.AddWorker(workers)
 	jobs, err := f.host.River(&river.Config{
 		Schema: migrations.PEPRiverSchema, Workers: workers,
-		Queues:               map[string]river.QueueConfig{mcp.Queue: {MaxWorkers: 20}},
-		PeriodicJobs:         append(f.gate.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: mcp.Queue})),
+		Queues:               map[string]river.QueueConfig{pep.Queue: {MaxWorkers: 20}},
+		PeriodicJobs:         append(f.gate.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: pep.Queue})),
 		JobTimeout:           jobTimeout,
 		RescueStuckJobsAfter: 2 * jobTimeout,
 		FetchPollInterval:    200 * time.Millisecond,
@@ -134,12 +134,12 @@ func (f *Frontend) build(ctx context.Context) error {
 		return fmt.Errorf("frontend: %w", err)
 	}
 	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
-	srv, err := mcp.NewServer(f.gate, mcp.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
-		Counters: counters, Replay: &mcp.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Log: cfg.Log})
+	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
+		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Log: cfg.Log})
 	if err != nil {
 		return err
 	}
-	reconciler := &mcp.Reconciler{Gate: f.gate, Every: cmp.Or(cfg.ReconcileEvery, 10*time.Second)}
+	reconciler := &pep.Reconciler{Gate: f.gate, Every: cmp.Or(cfg.ReconcileEvery, 10*time.Second)}
 	f.host.Mount(host.Parts{
 		Handler: srv, Workers: jobs,
 		// They stop in reverse once HTTP has drained: the notifier (its
@@ -149,13 +149,13 @@ func (f *Frontend) build(ctx context.Context) error {
 		// Shutdown waits for open requests, and a listen stream never ends
 		// by itself: ending them is the first thing Shutdown does.
 		OnShutdown: []func(){notifier.Stop},
-		Started:    func() []any { return []any{"mcp", f.host.URL() + mcp.PathMCP, "backend", cfg.BackendURL} },
+		Started:    func() []any { return []any{"mcp", f.host.URL() + pep.PathMCP, "backend", cfg.BackendURL} },
 	})
 	return nil
 }
 
 // reconciling runs the reconciler as a host service.
-type reconciling struct{ *mcp.Reconciler }
+type reconciling struct{ *pep.Reconciler }
 
 func (r reconciling) Start(context.Context) error { r.Reconciler.Start(); return nil }
 
@@ -193,7 +193,7 @@ func (f *Frontend) Run(ctx context.Context) error {
 func (f *Frontend) URL() string { return f.host.URL() }
 
 // Gate is the approval gate.
-func (f *Frontend) Gate() *mcp.Gate { return f.gate }
+func (f *Frontend) Gate() *pep.Gate { return f.gate }
 
 // Pool is the database pool.
 func (f *Frontend) Pool() *pgxpool.Pool { return f.host.Pool() }

@@ -26,8 +26,8 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/pep"
 	"github.com/omcp/arap/signing"
 )
 
@@ -339,7 +339,7 @@ func auditVerify(args []string, out io.Writer) error {
 // pepAuditVerify verifies the MCP front-end's trail: one chain per approval
 // task, each against its recorded head.
 func pepAuditVerify(ctx context.Context, db *pgxpool.Pool, out io.Writer) error {
-	rep, err := mcp.VerifyAudit(ctx, db)
+	rep, err := pep.VerifyAudit(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -356,7 +356,7 @@ func pepAuditVerify(ctx context.Context, db *pgxpool.Pool, out io.Writer) error 
 func auditExport(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("audit export", flag.ContinueOnError)
 	file := fs.String("out", "", "write to FILE instead of standard output")
-	pep := fs.Bool("pep", false, "export the MCP front-end's audit trail (schema pep) instead of the backend's")
+	frontEnd := fs.Bool("pep", false, "export the MCP front-end's audit trail (schema pep) instead of the backend's")
 	ctx, db, _, err := dbCommand(fs, args, 0, "")
 	if err != nil {
 		return err
@@ -371,8 +371,8 @@ func auditExport(args []string, out io.Writer) error {
 		defer f.Close()
 		w = f
 	}
-	if *pep {
-		return mcp.ExportAudit(ctx, db, w)
+	if *frontEnd {
+		return pep.ExportAudit(ctx, db, w)
 	}
 	return audit.Export(ctx, db, w)
 }
@@ -457,7 +457,7 @@ func mcpCallers(sub string, args []string, out io.Writer) error {
 		return err
 	}
 	defer db.Close()
-	c := &mcp.Callers{DB: db}
+	c := &pep.Callers{DB: db}
 	if sub == "revoke" {
 		if err := c.Revoke(ctx, pos[0]); err != nil {
 			return err
@@ -468,7 +468,7 @@ func mcpCallers(sub string, args []string, out io.Writer) error {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	token := "mcp_" + base64.RawURLEncoding.EncodeToString(b)
-	if err := c.Create(ctx, pos[0], token, mcp.Principal{SubjectType: *subjectType, SubjectID: *subject, ActorID: *actor}); err != nil {
+	if err := c.Create(ctx, pos[0], token, pep.Principal{SubjectType: *subjectType, SubjectID: *subject, ActorID: *actor}); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "created caller %s (acts for %s:%s through %q)\ntoken: %s\nThe token is shown once; store it now.\n", pos[0], *subjectType, *subject, *actor, token)

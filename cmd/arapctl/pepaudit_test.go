@@ -16,9 +16,9 @@ import (
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/pep"
 )
 
 // TestAuditVerifyPEP: `arapctl audit verify --pep` checks the MCP
@@ -34,14 +34,14 @@ func TestAuditVerifyPEP(t *testing.T) {
 	t.Cleanup(db.Close)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := mcp.NewGate(mcp.Config{DB: db, Backend: &authzen.Client{BaseURL: env.URL, Token: dev.PEPToken}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: mcp.DemoTools()})
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: env.URL, Token: dev.PEPToken}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
-	require.NoError(t, g.Callers().Create(ctx, "alice-agent", "alice-token-0123", mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
-	srv, err := mcp.NewServer(g, mcp.ServerOptions{Name: "test", Version: "0"})
+	require.NoError(t, g.Callers().Create(ctx, "alice-agent", "alice-token-0123", pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
+	srv, err := pep.NewServer(g, pep.ServerOptions{Name: "test", Version: "0"})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)
-	alice := &tasks.Client{URL: h.URL + mcp.PathMCP, Token: "alice-token-0123"}
+	alice := &tasks.Client{URL: h.URL + pep.PathMCP, Token: "alice-token-0123"}
 	r, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-ctl", "amount": 50000}, nil)
 	require.NoError(t, err)
 	require.Equal(t, tasks.ResultTypeTask, r.ResultType)
@@ -53,10 +53,10 @@ func TestAuditVerifyPEP(t *testing.T) {
 	require.Equal(t, "pep audit: 1 chains, 1 events, all intact\n", out)
 	out, err = ctl(t, "audit", "export", "--pep")
 	require.NoError(t, err)
-	var rec mcp.AuditRecord
+	var rec pep.AuditRecord
 	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &rec), out)
 	require.Equal(t, r.Task.TaskID, rec.Chain)
-	require.Equal(t, mcp.AuditCancelled, rec.Kind)
+	require.Equal(t, pep.AuditCancelled, rec.Kind)
 
 	_, err = db.Exec(ctx, `UPDATE pep.audit_events SET data = jsonb_set(data, '{reason}', '"approved"')`)
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package mcp_test
+package pep_test
 
 import (
 	"bytes"
@@ -21,8 +21,8 @@ import (
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/ratelimit"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/pep"
 	"github.com/omcp/arap/webhook"
 )
 
@@ -51,7 +51,7 @@ func startReceiver(t *testing.T, url, secret string, calls *atomic.Int32, procee
 	rc.status.Store(http.StatusNoContent)
 	v, err := webhook.NewVerifier(secret)
 	require.NoError(t, err)
-	v.Replay = &mcp.WebhookIDs{DB: rc.pool}
+	v.Replay = &pep.WebhookIDs{DB: rc.pool}
 	rc.srv = httptest.NewServer(v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		if proceed != nil {
@@ -175,7 +175,7 @@ func TestWebhookReplayAcrossReplicas(t *testing.T) {
 // pools (two replicas) are won exactly once, round after round.
 func TestWebhookIDsClaimIsAtomic(t *testing.T) {
 	url := dbtest.URL(t)
-	stores := []*mcp.WebhookIDs{{DB: connect(t, url)}, {DB: connect(t, url)}}
+	stores := []*pep.WebhookIDs{{DB: connect(t, url)}, {DB: connect(t, url)}}
 	const rounds, claimers = 30, 16
 	for round := range rounds {
 		id := "msg_round_" + strconv.Itoa(round)
@@ -209,7 +209,7 @@ func TestWebhookIDsExpireAndPurge(t *testing.T) {
 	ctx := context.Background()
 	db := dbtest.New(t)
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	s := &mcp.WebhookIDs{DB: db, Now: func() time.Time { return now }}
+	s := &pep.WebhookIDs{DB: db, Now: func() time.Time { return now }}
 	ok, err := s.Claim(ctx, "msg_1", now.Add(10*time.Minute))
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -250,13 +250,13 @@ func frontEnd(t *testing.T, url, secret string, perMinute int) string {
 	db := connect(t, url)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := mcp.NewGate(mcp.Config{DB: db, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
-		MasterKey: make([]byte, 32), Jobs: jobs, Tools: mcp.DemoTools()})
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
+		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	// A fixed clock for the budget, so that no window ends mid-test.
-	counters := ratelimit.NewCounters(db, mcp.RateCounters)
+	counters := ratelimit.NewCounters(db, pep.RateCounters)
 	counters.Now = func() time.Time { return time.Date(2030, 1, 1, 0, 0, 10, 0, time.UTC) }
-	srv, err := mcp.NewServer(g, mcp.ServerOptions{Name: "test", Version: "0", WebhookSecrets: []string{secret},
+	srv, err := pep.NewServer(g, pep.ServerOptions{Name: "test", Version: "0", WebhookSecrets: []string{secret},
 		RequestsPerMinute: perMinute, Counters: counters})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
@@ -274,16 +274,16 @@ func TestFrontEndReplicasShareLimitsAndReplayMemory(t *testing.T) {
 	setup := connect(t, url)
 	jobs, err := river.NewClient(riverpgxv5.New(setup), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := mcp.NewGate(mcp.Config{DB: setup, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: mcp.DemoTools()})
+	g, err := pep.NewGate(pep.Config{DB: setup, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
-	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
+	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
 
 	for i := range 3 {
-		status, body := post(t, []string{a, b}[i%2]+mcp.PathMCP, "Bearer alice-token-0123")
+		status, body := post(t, []string{a, b}[i%2]+pep.PathMCP, "Bearer alice-token-0123")
 		require.Equal(t, http.StatusOK, status, body)
 	}
 	for _, base := range []string{a, b} {
-		req, err := http.NewRequest(http.MethodPost, base+mcp.PathMCP, bytes.NewReader([]byte(`{}`)))
+		req, err := http.NewRequest(http.MethodPost, base+pep.PathMCP, bytes.NewReader([]byte(`{}`)))
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer alice-token-0123")
 		resp, err := http.DefaultClient.Do(req)
@@ -297,10 +297,10 @@ func TestFrontEndReplicasShareLimitsAndReplayMemory(t *testing.T) {
 	}
 
 	d := sign(t, secret, "msg_front")
-	code, err := d.send(a + mcp.PathCallback)
+	code, err := d.send(a + pep.PathCallback)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusNoContent, code)
-	code, err = d.send(b + mcp.PathCallback)
+	code, err = d.send(b + pep.PathCallback)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusConflict, code, "the other replica knows the id")
 }

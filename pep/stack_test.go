@@ -1,4 +1,4 @@
-package mcp_test
+package pep_test
 
 import (
 	"bytes"
@@ -21,20 +21,20 @@ import (
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/pep"
 	"github.com/omcp/arap/webhook"
 )
 
-// pep is the real gate and MCP server in front of a real backend (dev seed
+// stack is the real gate and MCP server in front of a real backend (dev seed
 // policy), on loopback, with nothing tracking tasks in the background: the
 // test advances them itself (Gate.Advance is what the tracking job and a
 // callback run), so every step happens when the test says.
-type pep struct {
+type stack struct {
 	env    *backendtest.Env
 	db     *pgxpool.Pool // the front-end's database
-	gate   *mcp.Gate
+	gate   *pep.Gate
 	url    string // MCP endpoint
 	server string // the front-end's base URL
 	secret string // the callback endpoint's webhook secret
@@ -51,39 +51,39 @@ type pepOptions struct {
 	maxWindow   time.Duration
 	execTimeout time.Duration
 	// run, when set, wraps wire_transfer's Run.
-	run func(next func(context.Context, mcp.Invocation) (mcp.Output, error)) func(context.Context, mcp.Invocation) (mcp.Output, error)
+	run func(next func(context.Context, pep.Invocation) (pep.Output, error)) func(context.Context, pep.Invocation) (pep.Output, error)
 }
 
 const aliceToken = "alice-token-0123"
 
-func newPEP(t *testing.T, o pepOptions) *pep {
+func newPEP(t *testing.T, o pepOptions) *stack {
 	t.Helper()
-	p := &pep{env: backendtest.Start(t, backendtest.Options{Policy: o.policy}), db: dbtest.New(t), secret: webhook.NewSecret()}
+	p := &stack{env: backendtest.Start(t, backendtest.Options{Policy: o.policy}), db: dbtest.New(t), secret: webhook.NewSecret()}
 	jobs, err := river.NewClient(riverpgxv5.New(p.db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	tools := mcp.DemoTools()
+	tools := pep.DemoTools()
 	for i := range tools {
 		if tools[i].Name == "wire_transfer" && o.run != nil {
 			tools[i].Run = o.run(tools[i].Run)
 		}
 	}
-	p.gate, err = mcp.NewGate(mcp.Config{DB: p.db, MasterKey: make([]byte, 32), Jobs: jobs, Tools: tools,
+	p.gate, err = pep.NewGate(pep.Config{DB: p.db, MasterKey: make([]byte, 32), Jobs: jobs, Tools: tools,
 		Backend:   &authzen.Client{BaseURL: p.env.URL, Token: dev.PEPToken, HTTP: &http.Client{Transport: hooked{p}, Timeout: time.Minute}},
 		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout,
 		Now: func() time.Time { return time.Now().Add(time.Duration(p.offset.Load())) }})
 	require.NoError(t, err)
-	require.NoError(t, p.gate.Callers().Create(context.Background(), "alice-agent", aliceToken, mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
-	srv, err := mcp.NewServer(p.gate, mcp.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}})
+	require.NoError(t, p.gate.Callers().Create(context.Background(), "alice-agent", aliceToken, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
+	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)
-	p.server, p.url = h.URL, h.URL+mcp.PathMCP
+	p.server, p.url = h.URL, h.URL+pep.PathMCP
 	p.alice = &tasks.Client{URL: p.url, Token: aliceToken}
 	return p
 }
 
-// hooked sends the gate's backend requests through pep.hook first.
-type hooked struct{ p *pep }
+// hooked sends the gate's backend requests through stack.hook first.
+type hooked struct{ p *stack }
 
 func (h hooked) RoundTrip(r *http.Request) (*http.Response, error) {
 	if f := h.p.hook.Load(); f != nil {
@@ -98,7 +98,7 @@ func (h hooked) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // onBackend sets the hook (nil removes it).
-func (p *pep) onBackend(f func(*http.Request, []byte)) {
+func (p *stack) onBackend(f func(*http.Request, []byte)) {
 	if f == nil {
 		p.hook.Store(nil)
 		return
@@ -114,7 +114,7 @@ func reevaluation(r *http.Request, body []byte) bool {
 
 // transfer calls wire_transfer (requestable over 25000) as alice and returns
 // the task id.
-func (p *pep) transfer(t *testing.T, amount int) string {
+func (p *stack) transfer(t *testing.T, amount int) string {
 	t.Helper()
 	r, err := p.alice.CallTool(context.Background(), "wire_transfer", map[string]any{"to": "acct-" + strconv.Itoa(amount), "amount": amount}, nil)
 	require.NoError(t, err)
@@ -123,7 +123,7 @@ func (p *pep) transfer(t *testing.T, amount int) string {
 }
 
 // request is the backend request a task waits on now.
-func (p *pep) request(t *testing.T, taskID string) string {
+func (p *stack) request(t *testing.T, taskID string) string {
 	t.Helper()
 	var id string
 	require.NoError(t, p.db.QueryRow(context.Background(), `SELECT backend_id FROM pep.approval_tasks WHERE task_id = $1`, taskID).Scan(&id))
@@ -131,7 +131,7 @@ func (p *pep) request(t *testing.T, taskID string) string {
 }
 
 // backendAPI sends one request to the backend with token.
-func (p *pep) backendAPI(t *testing.T, token, method, path string, body any) (int, map[string]any) {
+func (p *stack) backendAPI(t *testing.T, token, method, path string, body any) (int, map[string]any) {
 	t.Helper()
 	raw, err := json.Marshal(body)
 	require.NoError(t, err)
@@ -149,7 +149,7 @@ func (p *pep) backendAPI(t *testing.T, token, method, path string, body any) (in
 
 // approve approves backend request id as the dev ITSM system, until the
 // time given (zero: the policy's default).
-func (p *pep) approve(t *testing.T, id string, until time.Time) {
+func (p *stack) approve(t *testing.T, id string, until time.Time) {
 	t.Helper()
 	body := map[string]any{"decision": "approve", "reason": "test"}
 	if !until.IsZero() {
@@ -161,7 +161,7 @@ func (p *pep) approve(t *testing.T, id string, until time.Time) {
 
 // approval reads backend request id's status as the PEP and returns its
 // approval.
-func (p *pep) approval(t *testing.T, id string) *authzen.Approval {
+func (p *stack) approval(t *testing.T, id string) *authzen.Approval {
 	t.Helper()
 	c := &authzen.Client{BaseURL: p.env.URL, Token: dev.PEPToken}
 	tr, _, err := c.Status(context.Background(), p.env.URL+authzen.PathRequests+"/"+id)
@@ -173,14 +173,14 @@ func (p *pep) approval(t *testing.T, id string) *authzen.Approval {
 }
 
 // advance runs Advance once, as the tracking job or a callback would.
-func (p *pep) advance(t *testing.T, taskID string) {
+func (p *stack) advance(t *testing.T, taskID string) {
 	t.Helper()
 	_, err := p.gate.Advance(context.Background(), taskID)
 	require.NoError(t, err)
 }
 
 // get reads the task over MCP (tasks/get), as its caller.
-func (p *pep) get(t *testing.T, taskID string) *tasks.Detailed {
+func (p *stack) get(t *testing.T, taskID string) *tasks.Detailed {
 	t.Helper()
 	d, _, err := p.alice.Get(context.Background(), taskID)
 	require.NoError(t, err)
@@ -195,12 +195,12 @@ func disposition(t *testing.T, d *tasks.Detailed) string {
 		Meta map[string]any `json:"_meta"`
 	}
 	require.NoError(t, json.Unmarshal(d.Result, &r))
-	s, _ := r.Meta[mcp.MetaDisposition].(string)
+	s, _ := r.Meta[pep.MetaDisposition].(string)
 	return s
 }
 
 // ledger counts the task's executions.
-func (p *pep) ledger(t *testing.T, taskID string) int {
+func (p *stack) ledger(t *testing.T, taskID string) int {
 	t.Helper()
 	var n int
 	require.NoError(t, p.db.QueryRow(context.Background(), `SELECT count(*) FROM pep.ledger WHERE task_id = $1`, taskID).Scan(&n))
@@ -208,9 +208,9 @@ func (p *pep) ledger(t *testing.T, taskID string) int {
 }
 
 // trail is the kinds of the task's audit events, in order.
-func (p *pep) trail(t *testing.T, taskID string) []string {
+func (p *stack) trail(t *testing.T, taskID string) []string {
 	t.Helper()
-	recs, err := mcp.AuditChain(context.Background(), p.db, taskID)
+	recs, err := pep.AuditChain(context.Background(), p.db, taskID)
 	require.NoError(t, err)
 	kinds := []string{}
 	for _, r := range recs {
@@ -220,9 +220,9 @@ func (p *pep) trail(t *testing.T, taskID string) []string {
 }
 
 // requireIntact verifies the whole audit trail.
-func (p *pep) requireIntact(t *testing.T) mcp.AuditReport {
+func (p *stack) requireIntact(t *testing.T) pep.AuditReport {
 	t.Helper()
-	rep, err := mcp.VerifyAudit(context.Background(), p.db)
+	rep, err := pep.VerifyAudit(context.Background(), p.db)
 	require.NoError(t, err)
 	require.True(t, rep.OK(), "%v", rep.Breaks)
 	return rep
@@ -231,7 +231,7 @@ func (p *pep) requireIntact(t *testing.T) mcp.AuditReport {
 // callback sends a signed callback about backend request id for taskID to
 // the front-end's callback endpoint, as the backend would, and returns the
 // status code.
-func (p *pep) callback(t *testing.T, taskID, id, status string) int {
+func (p *stack) callback(t *testing.T, taskID, id, status string) int {
 	t.Helper()
 	key, err := webhook.ParseSecret(p.secret)
 	require.NoError(t, err)
@@ -239,7 +239,7 @@ func (p *pep) callback(t *testing.T, taskID, id, status string) int {
 	require.NoError(t, err)
 	msg := "msg_" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	ts := time.Now().Unix()
-	req, err := http.NewRequest(http.MethodPost, p.server+mcp.PathCallback, bytes.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, p.server+pep.PathCallback, bytes.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(webhook.HeaderID, msg)

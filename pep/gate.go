@@ -1,4 +1,4 @@
-package mcp
+package pep
 
 import (
 	"context"
@@ -87,11 +87,11 @@ const KindApproval = "tool-approval"
 // NewGate checks cfg and builds a Gate.
 func NewGate(cfg Config) (*Gate, error) {
 	if cfg.DB == nil || cfg.Backend == nil || cfg.Jobs == nil {
-		return nil, errors.New("mcp: DB, Backend and Jobs are required")
+		return nil, errors.New("pep: DB, Backend and Jobs are required")
 	}
 	box, err := seal.New(cfg.MasterKey)
 	if err != nil {
-		return nil, fmt.Errorf("mcp: %w", err)
+		return nil, fmt.Errorf("pep: %w", err)
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -135,11 +135,11 @@ func compileTools(list []Tool) (map[string]Tool, map[string]*jsonschema.Schema, 
 		c := jsonschema.NewCompiler()
 		url := "urn:arap:tool:" + t.Name
 		if err := c.AddResource(url, toJSONValue(t.InputSchema)); err != nil {
-			return nil, nil, fmt.Errorf("mcp: tool %s schema: %w", t.Name, err)
+			return nil, nil, fmt.Errorf("pep: tool %s schema: %w", t.Name, err)
 		}
 		sch, err := c.Compile(url)
 		if err != nil {
-			return nil, nil, fmt.Errorf("mcp: tool %s schema: %w", t.Name, err)
+			return nil, nil, fmt.Errorf("pep: tool %s schema: %w", t.Name, err)
 		}
 		tools[t.Name], schemas[t.Name] = t, sch
 	}

@@ -1,4 +1,4 @@
-package mcp_test
+package pep_test
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/mcp"
+	"github.com/omcp/arap/pep"
 	"github.com/omcp/arap/webhook"
 )
 
@@ -22,8 +22,8 @@ import (
 func TestBadBytesAtTheFrontEnd(t *testing.T) {
 	t.Parallel()
 	secret := webhook.NewSecret()
-	url := serverWith(t, mcp.ServerOptions{Name: "test", Version: "0", WebhookSecrets: []string{secret}})
-	base := strings.TrimSuffix(url, mcp.PathMCP)
+	url := serverWith(t, pep.ServerOptions{Name: "test", Version: "0", WebhookSecrets: []string{secret}})
+	base := strings.TrimSuffix(url, pep.PathMCP)
 
 	for _, c := range []struct {
 		method, path string
@@ -67,7 +67,7 @@ func TestBadBytesAtTheFrontEnd(t *testing.T) {
 	} {
 		id := "msg_" + string(rune('a'+i))
 		now := time.Now().Unix()
-		req, err := http.NewRequest("POST", base+mcp.PathCallback, bytes.NewReader([]byte(c.body)))
+		req, err := http.NewRequest("POST", base+pep.PathCallback, bytes.NewReader([]byte(c.body)))
 		require.NoError(t, err)
 		req.Header.Set(webhook.HeaderID, id)
 		req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(now, 10))

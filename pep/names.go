@@ -1,4 +1,4 @@
-// Package mcp is the policy enforcement point: an MCP server (official Go
+// Package pep is the policy enforcement point: an MCP server (official Go
 // SDK, protocol 2026-07-28, stateless) whose every tools/call is decided by
 // the AuthZEN PDP. A requestable denial becomes a durable MCP task (the
 // tasks extension, package tasks) bound to an ARAP access request; when the
@@ -13,7 +13,7 @@
 // reads the stored result. The claim and every way a task ends are recorded,
 // in the same transaction, in the front-end's own hash-chained audit trail
 // (audit.go), which VerifyAudit (arapctl audit verify --pep) checks.
-package mcp
+package pep
 
 // Wire names of the extensions this package speaks (drafts: they may move).
 const (

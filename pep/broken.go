@@ -1,6 +1,6 @@
 //go:build arapbroken
 
-package mcp
+package pep
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package mcp
+package pep
 
 import (
 	"context"
@@ -166,7 +166,7 @@ func (g *Gate) Reconcile(ctx context.Context) error {
 	rows, err := g.cfg.DB.Query(ctx, `SELECT key, state FROM pep.intents WHERE state IN ('intent', 'abandoned') AND updated_at < $1 ORDER BY updated_at LIMIT 100`,
 		g.now().Add(-IntentGrace))
 	if err != nil {
-		return fmt.Errorf("mcp: reconcile: %w", err)
+		return fmt.Errorf("pep: reconcile: %w", err)
 	}
 	type open struct{ key, state string }
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (open, error) {

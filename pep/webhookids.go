@@ -1,4 +1,4 @@
-package mcp
+package pep
 
 import (
 	"context"
@@ -45,7 +45,7 @@ func (s *WebhookIDs) Claim(ctx context.Context, id string, until time.Time) (boo
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("mcp: claim webhook id: %w", err)
+		return false, fmt.Errorf("pep: claim webhook id: %w", err)
 	}
 	return ok, nil
 }
@@ -53,7 +53,7 @@ func (s *WebhookIDs) Claim(ctx context.Context, id string, until time.Time) (boo
 // Release forgets the claim of id.
 func (s *WebhookIDs) Release(ctx context.Context, id string) error {
 	if _, err := s.DB.Exec(ctx, `DELETE FROM pep.webhook_ids WHERE id = $1`, id); err != nil {
-		return fmt.Errorf("mcp: release webhook id: %w", err)
+		return fmt.Errorf("pep: release webhook id: %w", err)
 	}
 	return nil
 }
@@ -62,7 +62,7 @@ func (s *WebhookIDs) Release(ctx context.Context, id string) error {
 func (s *WebhookIDs) Purge(ctx context.Context) (int64, error) {
 	tag, err := s.DB.Exec(ctx, `DELETE FROM pep.webhook_ids WHERE expires_at <= $1`, s.now())
 	if err != nil {
-		return 0, fmt.Errorf("mcp: purge webhook ids: %w", err)
+		return 0, fmt.Errorf("pep: purge webhook ids: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }

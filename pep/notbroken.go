@@ -1,6 +1,6 @@
 //go:build !arapbroken
 
-package mcp
+package pep
 
 // Every build but the deliberately broken one (broken.go): constants, so
 // broken(v) is false at compile time and its branches are compiled out.

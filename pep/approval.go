@@ -1,4 +1,4 @@
-package mcp
+package pep
 
 import (
 	"context"
@@ -74,7 +74,7 @@ func (g *Gate) binding(a *approvalTask) (binding, error) {
 	var b binding
 	plain, err := g.box.Open(a.ArgsSealed, a.TaskID)
 	if err != nil {
-		return b, fmt.Errorf("mcp: task %s: call binding does not open: %w", a.TaskID, err)
+		return b, fmt.Errorf("pep: task %s: call binding does not open: %w", a.TaskID, err)
 	}
 	if err := json.Unmarshal(plain, &b); err != nil {
 		return b, err
@@ -84,7 +84,7 @@ func (g *Gate) binding(a *approvalTask) (binding, error) {
 		return b, err
 	}
 	if d != a.ArgsDigest || b.Tool != a.Tool || b.Principal.Key() != a.Principal {
-		return b, fmt.Errorf("mcp: task %s: call binding does not match its digest", a.TaskID)
+		return b, fmt.Errorf("pep: task %s: call binding does not match its digest", a.TaskID)
 	}
 	return b, nil
 }
@@ -138,7 +138,7 @@ func (g *Gate) submission(p Principal, tool string, args map[string]any, decisio
 const lockLimits = 0x70657031 // "pep1"
 
 // errDuplicate means a live task for the same call exists.
-var errDuplicate = errors.New("mcp: an identical call has a live task")
+var errDuplicate = errors.New("pep: an identical call has a live task")
 
 // open makes the approval task for a requestable denial, crash-consistently:
 // (1) in one transaction, under the principal's limit lock, the dedup check,
@@ -246,7 +246,7 @@ func (g *Gate) insert(ctx context.Context, p Principal, tool string, args map[st
 	case errors.Is(err, errDuplicate), errors.As(err, &le), errors.As(err, &pgErr) && pgErr.Code == "23505":
 		return opened{}, err
 	}
-	return opened{}, fmt.Errorf("mcp: record intent: %w", err)
+	return opened{}, fmt.Errorf("pep: record intent: %w", err)
 }
 
 // existing returns the live approval task with dedup key, waiting (briefly)
@@ -467,7 +467,7 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("mcp: bind handle: %w", err)
+		return fmt.Errorf("pep: bind handle: %w", err)
 	}
 	fault.Point("pep.after-handle")
 	if !bound && cancelURL != "" {
@@ -596,7 +596,7 @@ func (g *Gate) extendDeadline(ctx context.Context, a *approvalTask, expiresAt *t
 		return g.tasks.ExtendTTLTx(ctx, tx, a.TaskID, tasks.TTLUntil(created, deadline.Add(g.cfg.ResultRetention)))
 	})
 	if err != nil {
-		return fmt.Errorf("mcp: task %s: extend deadline: %w", a.TaskID, err)
+		return fmt.Errorf("pep: task %s: extend deadline: %w", a.TaskID, err)
 	}
 	if !deadline.IsZero() {
 		a.Deadline = &deadline

@@ -1,4 +1,4 @@
-package mcp
+package pep
 
 import (
 	"bufio"
@@ -58,14 +58,14 @@ const actorPEP = "pep"
 func (g *Gate) audit(ctx context.Context, tx pgx.Tx, id, kind, actor string, at time.Time, data map[string]any) error {
 	raw, err := json.Marshal(data)
 	if err != nil {
-		return fmt.Errorf("mcp: audit %s: encode: %w", kind, err)
+		return fmt.Errorf("pep: audit %s: encode: %w", kind, err)
 	}
 	at = at.UTC().Truncate(time.Microsecond)
 	var seq int64
 	var prev []byte
 	err = tx.QueryRow(ctx, `SELECT seq, hash FROM pep.audit_heads WHERE chain = $1 FOR UPDATE`, id).Scan(&seq, &prev)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("mcp: audit %s: read head: %w", kind, err)
+		return fmt.Errorf("pep: audit %s: read head: %w", kind, err)
 	}
 	seq++
 	h, err := chain.Hash(prev, auditFields(id, seq, at, kind, actor, raw))
@@ -81,10 +81,10 @@ func (g *Gate) audit(ctx context.Context, tx pgx.Tx, id, kind, actor string, at 
 		ON CONFLICT (chain) DO UPDATE SET seq = excluded.seq, hash = excluded.hash WHERE pep.audit_heads.seq = excluded.seq - 1`,
 		id, seq, at, kind, actor, raw, prev, h)
 	if err != nil {
-		return fmt.Errorf("mcp: audit %s: %w", kind, err)
+		return fmt.Errorf("pep: audit %s: %w", kind, err)
 	}
 	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("mcp: audit %s: chain %s moved during the append", kind, id)
+		return fmt.Errorf("pep: audit %s: chain %s moved during the append", kind, id)
 	}
 	return nil
 }
@@ -100,7 +100,7 @@ func auditFields(chainID string, seq int64, at time.Time, kind, actor string, da
 func resultDigest(raw []byte) (string, error) {
 	c, err := jcs.Transform(raw)
 	if err != nil {
-		return "", fmt.Errorf("mcp: result digest: %w", err)
+		return "", fmt.Errorf("pep: result digest: %w", err)
 	}
 	s := sha256.Sum256(c)
 	return hex.EncodeToString(s[:]), nil
@@ -169,7 +169,7 @@ func VerifyAudit(ctx context.Context, q AuditQuerier) (AuditReport, error) {
 	rows, err := q.Query(ctx, `SELECT e.chain, e.seq, e.at, e.kind, e.actor, e.data::text, e.prev_hash, e.hash, h.seq, h.hash
 		FROM pep.audit_events e LEFT JOIN pep.audit_heads h ON h.chain = e.chain ORDER BY e.chain, e.seq`)
 	if err != nil {
-		return rep, fmt.Errorf("mcp: audit verify: %w", err)
+		return rep, fmt.Errorf("pep: audit verify: %w", err)
 	}
 	for rows.Next() {
 		var r AuditRecord
@@ -178,7 +178,7 @@ func VerifyAudit(ctx context.Context, q AuditQuerier) (AuditReport, error) {
 		var headSeq *int64
 		if err := rows.Scan(&r.Chain, &r.Seq, &r.At, &r.Kind, &r.Actor, &data, &prev, &hash, &headSeq, &headHash); err != nil {
 			rows.Close()
-			return rep, fmt.Errorf("mcp: audit verify: %w", err)
+			return rep, fmt.Errorf("pep: audit verify: %w", err)
 		}
 		if r.Chain != cur || v == nil {
 			if err := end(); err != nil {
@@ -196,7 +196,7 @@ func VerifyAudit(ctx context.Context, q AuditQuerier) (AuditReport, error) {
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return rep, fmt.Errorf("mcp: audit verify: %w", err)
+		return rep, fmt.Errorf("pep: audit verify: %w", err)
 	}
 	if err := end(); err != nil {
 		return rep, err
@@ -205,7 +205,7 @@ func VerifyAudit(ctx context.Context, q AuditQuerier) (AuditReport, error) {
 	orphans, err := q.Query(ctx, `SELECT h.chain, h.seq FROM pep.audit_heads h
 		WHERE NOT EXISTS (SELECT 1 FROM pep.audit_events e WHERE e.chain = h.chain) ORDER BY h.chain`)
 	if err != nil {
-		return rep, fmt.Errorf("mcp: audit verify: %w", err)
+		return rep, fmt.Errorf("pep: audit verify: %w", err)
 	}
 	lost, err := pgx.CollectRows(orphans, func(r pgx.CollectableRow) (AuditBreak, error) {
 		var b AuditBreak
@@ -214,7 +214,7 @@ func VerifyAudit(ctx context.Context, q AuditQuerier) (AuditReport, error) {
 		return b, err
 	})
 	if err != nil {
-		return rep, fmt.Errorf("mcp: audit verify: %w", err)
+		return rep, fmt.Errorf("pep: audit verify: %w", err)
 	}
 	rep.Chains += len(lost)
 	rep.Breaks = append(rep.Breaks, lost...)
@@ -244,7 +244,7 @@ func ExportAudit(ctx context.Context, q AuditQuerier, w io.Writer) error {
 func scanAudit(ctx context.Context, q AuditQuerier, where string, args []any, fn func(AuditRecord) error) error {
 	rows, err := q.Query(ctx, `SELECT chain, seq, at, kind, actor, data::text, prev_hash, hash FROM pep.audit_events `+where, args...)
 	if err != nil {
-		return fmt.Errorf("mcp: audit: %w", err)
+		return fmt.Errorf("pep: audit: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -252,7 +252,7 @@ func scanAudit(ctx context.Context, q AuditQuerier, where string, args []any, fn
 		var data string
 		var prev, h []byte
 		if err := rows.Scan(&r.Chain, &r.Seq, &r.At, &r.Kind, &r.Actor, &data, &prev, &h); err != nil {
-			return fmt.Errorf("mcp: audit: %w", err)
+			return fmt.Errorf("pep: audit: %w", err)
 		}
 		r.Data, r.PrevHash, r.Hash = json.RawMessage(data), hex.EncodeToString(prev), hex.EncodeToString(h)
 		if err := fn(r); err != nil {

@@ -1,4 +1,4 @@
-package mcp_test
+package pep_test
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/dev"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/pep"
 )
 
 // wait receives from ch or fails the test after a minute (a step that never
@@ -32,7 +32,7 @@ func wait[T any](t *testing.T, ch <-chan T, what string) T {
 }
 
 // task reads a task from the store (its caller's token may be revoked).
-func (p *pep) task(t *testing.T, id string) *tasks.Detailed {
+func (p *stack) task(t *testing.T, id string) *tasks.Detailed {
 	t.Helper()
 	tk, err := p.gate.Tasks().Get(context.Background(), p.db, id)
 	require.NoError(t, err)
@@ -112,10 +112,10 @@ func TestCallerInvalidAtExecution(t *testing.T) {
 	check := func(id string) {
 		t.Helper()
 		d := p.task(t, id)
-		require.Equal(t, mcp.DeniedNotExecuted, disposition(t, d))
+		require.Equal(t, pep.DeniedNotExecuted, disposition(t, d))
 		require.Contains(t, string(d.Result), "The caller is no longer authorized")
 		require.Zero(t, p.ledger(t, id))
-		require.Equal(t, []string{mcp.AuditDenied}, p.trail(t, id), "no claim recorded")
+		require.Equal(t, []string{pep.AuditDenied}, p.trail(t, id), "no claim recorded")
 	}
 
 	// Revoked between the approval and the next look at the task.
@@ -129,7 +129,7 @@ func TestCallerInvalidAtExecution(t *testing.T) {
 	// re-evaluates the approved call (which it allows: the PDP knows nothing
 	// of MCP tokens).
 	const token2 = "alice-token-4567"
-	require.NoError(t, p.gate.Callers().Create(ctx, "alice-agent-2", token2, mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
+	require.NoError(t, p.gate.Callers().Create(ctx, "alice-agent-2", token2, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
 	p.alice.Token = token2
 	id = p.transfer(t, 50003)
 	p.approve(t, p.request(t, id), time.Time{})
@@ -157,8 +157,8 @@ func TestApprovalExpiresDuringRun(t *testing.T) {
 	var hold atomic.Bool
 	var once sync.Once
 	p := newPEP(t, pepOptions{execTimeout: time.Hour,
-		run: func(next func(context.Context, mcp.Invocation) (mcp.Output, error)) func(context.Context, mcp.Invocation) (mcp.Output, error) {
-			return func(ctx context.Context, x mcp.Invocation) (mcp.Output, error) {
+		run: func(next func(context.Context, pep.Invocation) (pep.Output, error)) func(context.Context, pep.Invocation) (pep.Output, error) {
+			return func(ctx context.Context, x pep.Invocation) (pep.Output, error) {
 				if hold.Load() {
 					once.Do(func() { close(started) })
 					<-release
@@ -182,10 +182,10 @@ func TestApprovalExpiresDuringRun(t *testing.T) {
 		p.onBackend(nil)
 		p.offset.Store(0)
 		d := p.task(t, id)
-		require.Equal(t, mcp.DeniedNotExecuted, disposition(t, d))
+		require.Equal(t, pep.DeniedNotExecuted, disposition(t, d))
 		require.Contains(t, string(d.Result), "The approval expired before the tool could run")
 		require.Zero(t, p.ledger(t, id))
-		require.Equal(t, []string{mcp.AuditDenied}, p.trail(t, id))
+		require.Equal(t, []string{pep.AuditDenied}, p.trail(t, id))
 	})
 
 	t.Run("expires while the claimed tool runs", func(t *testing.T) {
@@ -199,13 +199,13 @@ func TestApprovalExpiresDuringRun(t *testing.T) {
 		close(release)
 		require.NoError(t, wait(t, done, "the run to end"))
 		p.offset.Store(0)
-		require.Equal(t, mcp.ApprovedExecuted, disposition(t, p.task(t, id)))
+		require.Equal(t, pep.ApprovedExecuted, disposition(t, p.task(t, id)))
 		require.Equal(t, 1, p.ledger(t, id))
-		recs, err := mcp.AuditChain(ctx, p.db, id)
+		recs, err := pep.AuditChain(ctx, p.db, id)
 		require.NoError(t, err)
 		require.Len(t, recs, 2)
-		require.Equal(t, mcp.AuditClaimed, recs[0].Kind)
-		require.Equal(t, mcp.AuditCompleted, recs[1].Kind)
+		require.Equal(t, pep.AuditClaimed, recs[0].Kind)
+		require.Equal(t, pep.AuditCompleted, recs[1].Kind)
 		require.True(t, recs[0].At.Before(until), "claimed while the approval held")
 		require.True(t, recs[1].At.After(until), "finished after it lapsed")
 	})
@@ -282,7 +282,7 @@ func TestTTLExtendedWhenLaterDeadlineLearned(t *testing.T) {
 		// Past the window's end the task ends, whatever the backend says.
 		p.offset.Store(int64(time.Until(windowEnd) + time.Minute))
 		p.advance(t, id)
-		require.Equal(t, mcp.DeniedNotExecuted, disposition(t, p.get(t, id)))
+		require.Equal(t, pep.DeniedNotExecuted, disposition(t, p.get(t, id)))
 		require.Zero(t, p.ledger(t, id))
 	})
 
@@ -334,7 +334,7 @@ func TestExecuteTwiceOnStaleSnapshot(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	p := newPEP(t, pepOptions{})
-	approved := func(amount int) (string, *mcp.Snapshot, string, time.Time) {
+	approved := func(amount int) (string, *pep.Snapshot, string, time.Time) {
 		t.Helper()
 		id := p.transfer(t, amount)
 		req := p.request(t, id)
@@ -353,8 +353,8 @@ func TestExecuteTwiceOnStaleSnapshot(t *testing.T) {
 		err := p.gate.ExecuteSnapshot(ctx, s, apID, until) // the same runner, or another with the same snapshot
 		require.Equal(t, 1, p.ledger(t, id), "run once")
 		require.NoError(t, err)
-		require.Equal(t, mcp.ApprovedExecuted, disposition(t, p.task(t, id)))
-		require.Equal(t, []string{mcp.AuditClaimed, mcp.AuditCompleted}, p.trail(t, id))
+		require.Equal(t, pep.ApprovedExecuted, disposition(t, p.task(t, id)))
+		require.Equal(t, []string{pep.AuditClaimed, pep.AuditCompleted}, p.trail(t, id))
 	})
 	t.Run("cancel first", func(t *testing.T) {
 		id, s, apID, until := approved(50008)
@@ -363,15 +363,15 @@ func TestExecuteTwiceOnStaleSnapshot(t *testing.T) {
 		require.Zero(t, p.ledger(t, id), "a cancelled task never runs")
 		require.NoError(t, err)
 		require.Equal(t, tasks.Cancelled, p.task(t, id).Status)
-		require.Equal(t, []string{mcp.AuditCancelled}, p.trail(t, id))
+		require.Equal(t, []string{pep.AuditCancelled}, p.trail(t, id))
 	})
 	t.Run("claim first", func(t *testing.T) {
 		id, s, apID, until := approved(50009)
 		require.NoError(t, p.gate.ExecuteSnapshot(ctx, s, apID, until))
 		_ = p.alice.Cancel(ctx, id) // refused or a no-op: either way it changes nothing
 		require.Equal(t, 1, p.ledger(t, id))
-		require.Equal(t, mcp.ApprovedExecuted, disposition(t, p.task(t, id)))
-		require.Equal(t, []string{mcp.AuditClaimed, mcp.AuditCompleted}, p.trail(t, id))
+		require.Equal(t, pep.ApprovedExecuted, disposition(t, p.task(t, id)))
+		require.Equal(t, []string{pep.AuditClaimed, pep.AuditCompleted}, p.trail(t, id))
 	})
 	p.requireIntact(t)
 }
@@ -405,8 +405,8 @@ func TestConcurrentAdvanceClaimsOnce(t *testing.T) {
 	require.Equal(t, 1, p.ledger(t, id), "run once")
 	require.NoError(t, err1)
 	require.NoError(t, err2)
-	require.Equal(t, mcp.ApprovedExecuted, disposition(t, p.task(t, id)))
-	require.Equal(t, []string{mcp.AuditClaimed, mcp.AuditCompleted}, p.trail(t, id))
+	require.Equal(t, pep.ApprovedExecuted, disposition(t, p.task(t, id)))
+	require.Equal(t, []string{pep.AuditClaimed, pep.AuditCompleted}, p.trail(t, id))
 	p.requireIntact(t)
 }
 
@@ -463,6 +463,6 @@ func TestMaxWindowDenialIsNotOvertakenByItsCancel(t *testing.T) {
 	p.offset.Store(int64(2 * time.Hour))
 	p.advance(t, id)
 	require.True(t, inside.Load(), "the backend request was cancelled")
-	require.Equal(t, mcp.DeniedNotExecuted, disposition(t, p.get(t, id)))
+	require.Equal(t, pep.DeniedNotExecuted, disposition(t, p.get(t, id)))
 	require.Zero(t, p.ledger(t, id))
 }

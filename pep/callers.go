@@ -1,4 +1,4 @@
-package mcp
+package pep
 
 import (
 	"context"
@@ -46,12 +46,12 @@ func (p Principal) Subject() authzen.Object {
 type Callers struct{ DB *pgxpool.Pool }
 
 // ErrUnknownCaller means the token is unknown or revoked.
-var ErrUnknownCaller = errors.New("mcp: unknown or revoked token")
+var ErrUnknownCaller = errors.New("pep: unknown or revoked token")
 
 // Create registers a caller token.
 func (c *Callers) Create(ctx context.Context, name, token string, p Principal) error {
 	if len(token) < 12 || name == "" || p.SubjectID == "" {
-		return errors.New("mcp: a caller needs a name, a subject and a token of at least 12 characters")
+		return errors.New("pep: a caller needs a name, a subject and a token of at least 12 characters")
 	}
 	if p.SubjectType == "" {
 		p.SubjectType = "user"
@@ -63,7 +63,7 @@ func (c *Callers) Create(ctx context.Context, name, token string, p Principal) e
 			continue
 		}
 		if err := identity.Check(id); err != nil {
-			return fmt.Errorf("mcp: the caller's %s %q %v", what, id, err)
+			return fmt.Errorf("pep: the caller's %s %q %v", what, id, err)
 		}
 	}
 	h := sha256.Sum256([]byte(token))
@@ -71,7 +71,7 @@ func (c *Callers) Create(ctx context.Context, name, token string, p Principal) e
 		h[:], name, p.SubjectType, p.SubjectID, p.ActorID)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return fmt.Errorf("mcp: caller %q exists", name)
+		return fmt.Errorf("pep: caller %q exists", name)
 	}
 	return err
 }
@@ -105,7 +105,7 @@ func (c *Callers) Valid(ctx context.Context, key string) (bool, error) {
 func (c *Callers) Revoke(ctx context.Context, name string) error {
 	tag, err := c.DB.Exec(ctx, `UPDATE pep.callers SET revoked_at = coalesce(revoked_at, now()) WHERE name = $1`, name)
 	if err == nil && tag.RowsAffected() == 0 {
-		return fmt.Errorf("mcp: no caller %q", name)
+		return fmt.Errorf("pep: no caller %q", name)
 	}
 	return err
 }

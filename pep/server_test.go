@@ -1,4 +1,4 @@
-package mcp_test
+package pep_test
 
 import (
 	"bytes"
@@ -16,8 +16,8 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/dbtest"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/pep"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -25,26 +25,26 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 // server builds the real MCP server on a fresh database; anon is the
 // fixture-mode anonymous principal (nil: production). The backend is never
 // reached by these requests.
-func server(t *testing.T, anon *mcp.Principal) string {
+func server(t *testing.T, anon *pep.Principal) string {
 	t.Helper()
-	return serverWith(t, mcp.ServerOptions{Name: "test", Version: "0", Anonymous: anon})
+	return serverWith(t, pep.ServerOptions{Name: "test", Version: "0", Anonymous: anon})
 }
 
 // serverWith is server with any options.
-func serverWith(t *testing.T, o mcp.ServerOptions) string {
+func serverWith(t *testing.T, o pep.ServerOptions) string {
 	t.Helper()
 	db := dbtest.New(t)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := mcp.NewGate(mcp.Config{DB: db, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
-		MasterKey: make([]byte, 32), Jobs: jobs, Tools: mcp.DemoTools()})
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
+		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
-	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
-	srv, err := mcp.NewServer(g, o)
+	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
+	srv, err := pep.NewServer(g, o)
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)
-	return h.URL + mcp.PathMCP
+	return h.URL + pep.PathMCP
 }
 
 // post sends tools/list with the given Authorization header ("" for none).
@@ -109,7 +109,7 @@ func TestAuthenticationProductionAndFixtureMode(t *testing.T) {
 	})
 	t.Run("fixture mode", func(t *testing.T) {
 		t.Parallel()
-		url := server(t, &mcp.Principal{Name: "conformance", SubjectType: "user", SubjectID: "anonymous"})
+		url := server(t, &pep.Principal{Name: "conformance", SubjectType: "user", SubjectID: "anonymous"})
 		status, body := post(t, url, "")
 		require.Equal(t, http.StatusOK, status, body)
 		status, _ = post(t, url, "Bearer wrong-token-0123")
@@ -126,7 +126,7 @@ func TestAuthenticationProductionAndFixtureMode(t *testing.T) {
 	})
 	t.Run("fixture mode, with a token", func(t *testing.T) {
 		t.Parallel()
-		url := server(t, &mcp.Principal{Name: "conformance", SubjectType: "user", SubjectID: "anonymous"})
+		url := server(t, &pep.Principal{Name: "conformance", SubjectType: "user", SubjectID: "anonymous"})
 		// A caller with a token reaches the gate (whose backend here is
 		// unreachable, so the evaluation fails: it was attempted).
 		_, body := send(t, url, "Bearer alice-token-0123", "tools/call", `{"name":"get_balance","arguments":{}}`)

@@ -1,4 +1,4 @@
-package mcp_test
+package pep_test
 
 import (
 	"context"
@@ -18,8 +18,8 @@ import (
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/pep"
 )
 
 // gated is the real MCP server in front of a real backend (dev seed policy),
@@ -36,15 +36,15 @@ func gatedServer(t *testing.T, maxPending, perMinute int) *gated {
 	db := dbtest.New(t)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := mcp.NewGate(mcp.Config{DB: db, Backend: &authzen.Client{BaseURL: env.URL, Token: dev.PEPToken},
-		MasterKey: make([]byte, 32), Jobs: jobs, Tools: mcp.DemoTools(), MaxPending: maxPending, SubmitsPerMinute: perMinute})
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: env.URL, Token: dev.PEPToken},
+		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools(), MaxPending: maxPending, SubmitsPerMinute: perMinute})
 	require.NoError(t, err)
-	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
-	srv, err := mcp.NewServer(g, mcp.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000})
+	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
+	srv, err := pep.NewServer(g, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)
-	return &gated{url: h.URL + mcp.PathMCP, backend: env.Pool, pep: db}
+	return &gated{url: h.URL + pep.PathMCP, backend: env.Pool, pep: db}
 }
 
 // transfer calls wire_transfer (requestable over 25000) with the tasks

@@ -1,4 +1,4 @@
-package mcp_test
+package pep_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/omcp/arap/internal/chain"
 	"github.com/omcp/arap/internal/dev"
-	"github.com/omcp/arap/mcp"
+	"github.com/omcp/arap/pep"
 )
 
 // TestPEPAuditTrail: every way an approval task ends is recorded in the
@@ -30,8 +30,8 @@ func TestPEPAuditTrail(t *testing.T) {
 	ctx := context.Background()
 	release := make(chan struct{})
 	p := newPEP(t, pepOptions{execTimeout: time.Minute,
-		run: func(next func(context.Context, mcp.Invocation) (mcp.Output, error)) func(context.Context, mcp.Invocation) (mcp.Output, error) {
-			return func(ctx context.Context, x mcp.Invocation) (mcp.Output, error) {
+		run: func(next func(context.Context, pep.Invocation) (pep.Output, error)) func(context.Context, pep.Invocation) (pep.Output, error) {
+			return func(ctx context.Context, x pep.Invocation) (pep.Output, error) {
 				if x.Args["to"] == "acct-50013" {
 					<-release // a run that outlives its execution deadline
 				}
@@ -45,12 +45,12 @@ func TestPEPAuditTrail(t *testing.T) {
 	p.approve(t, req, time.Time{})
 	ap := p.approval(t, req)
 	p.advance(t, ran)
-	require.Equal(t, mcp.ApprovedExecuted, disposition(t, p.task(t, ran)))
-	recs, err := mcp.AuditChain(ctx, p.db, ran)
+	require.Equal(t, pep.ApprovedExecuted, disposition(t, p.task(t, ran)))
+	recs, err := pep.AuditChain(ctx, p.db, ran)
 	require.NoError(t, err)
 	require.Len(t, recs, 2)
 	claim, done := recs[0], recs[1]
-	require.Equal(t, mcp.AuditClaimed, claim.Kind)
+	require.Equal(t, pep.AuditClaimed, claim.Kind)
 	require.Equal(t, "pep", claim.Actor)
 	var cd map[string]any
 	require.NoError(t, json.Unmarshal(claim.Data, &cd))
@@ -60,10 +60,10 @@ func TestPEPAuditTrail(t *testing.T) {
 		"backend_request_id": req, "approval_id": ap.ID, "approved_until": ap.ApprovedUntil.UTC().Format(time.RFC3339Nano),
 		"exec_deadline": cd["exec_deadline"]}, cd)
 	require.Equal(t, principal, cd["principal"])
-	require.Equal(t, mcp.AuditCompleted, done.Kind)
+	require.Equal(t, pep.AuditCompleted, done.Kind)
 	var dd map[string]any
 	require.NoError(t, json.Unmarshal(done.Data, &dd))
-	require.Equal(t, mcp.ApprovedExecuted, dd["disposition"])
+	require.Equal(t, pep.ApprovedExecuted, dd["disposition"])
 	var stored string
 	require.NoError(t, p.db.QueryRow(ctx, `SELECT result::text FROM pep.tasks WHERE id = $1`, ran).Scan(&stored))
 	canon, err := jcs.Transform([]byte(stored))
@@ -78,7 +78,7 @@ func TestPEPAuditTrail(t *testing.T) {
 	code, out := p.backendAPI(t, dev.ITSMToken, "POST", "/v1/requests/"+p.request(t, denied)+"/decisions", map[string]any{"decision": "deny", "reason": "no"})
 	require.Equal(t, 200, code, "%v", out)
 	p.advance(t, denied)
-	require.Equal(t, []string{mcp.AuditDenied}, p.trail(t, denied))
+	require.Equal(t, []string{pep.AuditDenied}, p.trail(t, denied))
 
 	// Claimed, and the run outlives its execution deadline: reaped as
 	// outcome-unknown; the run's late end records nothing more.
@@ -88,25 +88,25 @@ func TestPEPAuditTrail(t *testing.T) {
 	go func() { _, err := p.gate.Advance(context.Background(), unknown); late <- err }()
 	require.Eventually(t, func() bool {
 		var n int
-		_ = p.db.QueryRow(ctx, `SELECT count(*) FROM pep.audit_events WHERE chain = $1 AND kind = $2`, unknown, mcp.AuditClaimed).Scan(&n)
+		_ = p.db.QueryRow(ctx, `SELECT count(*) FROM pep.audit_events WHERE chain = $1 AND kind = $2`, unknown, pep.AuditClaimed).Scan(&n)
 		return n == 1
 	}, time.Minute, 20*time.Millisecond, "claimed")
 	p.offset.Store(int64(2 * time.Minute))
 	require.NoError(t, p.gate.Reconcile(ctx))
 	p.offset.Store(0)
-	require.Equal(t, mcp.OutcomeUnknown, disposition(t, p.task(t, unknown)))
+	require.Equal(t, pep.OutcomeUnknown, disposition(t, p.task(t, unknown)))
 	close(release)
 	require.NoError(t, wait(t, late, "the late run to end"))
 	require.Equal(t, 1, p.ledger(t, unknown), "it did run, late")
-	require.Equal(t, []string{mcp.AuditClaimed, mcp.AuditOutcomeUnknown}, p.trail(t, unknown), "its late end changes nothing")
+	require.Equal(t, []string{pep.AuditClaimed, pep.AuditOutcomeUnknown}, p.trail(t, unknown), "its late end changes nothing")
 
 	// Cancelled by its caller.
 	cancelled := p.transfer(t, 50014)
 	require.NoError(t, p.alice.Cancel(ctx, cancelled))
-	recs, err = mcp.AuditChain(ctx, p.db, cancelled)
+	recs, err = pep.AuditChain(ctx, p.db, cancelled)
 	require.NoError(t, err)
 	require.Len(t, recs, 1)
-	require.Equal(t, mcp.AuditCancelled, recs[0].Kind)
+	require.Equal(t, pep.AuditCancelled, recs[0].Kind)
 	require.Equal(t, principal, recs[0].Actor, "the caller cancelled it")
 
 	rep := p.requireIntact(t)
@@ -118,7 +118,7 @@ func TestPEPAuditTrail(t *testing.T) {
 	at := time.Now().UTC().Truncate(time.Microsecond)
 	prev, err := hex.DecodeString(done.Hash)
 	require.NoError(t, err)
-	forged, err := chain.Hash(prev, map[string]any{"chain": ran, "seq": 3, "at": chain.Time(at), "kind": mcp.AuditCompleted, "actor": "pep",
+	forged, err := chain.Hash(prev, map[string]any{"chain": ran, "seq": 3, "at": chain.Time(at), "kind": pep.AuditCompleted, "actor": "pep",
 		"data": json.RawMessage(`{"disposition":"denied-not-executed"}`)})
 	require.NoError(t, err)
 
@@ -145,7 +145,7 @@ func TestPEPAuditTrail(t *testing.T) {
 		"every event removed": {`DELETE FROM pep.audit_events WHERE chain = $1`, nil, 2, "every event is missing"},
 		"head removed":        {`DELETE FROM pep.audit_heads WHERE chain = $1`, nil, 2, "no recorded head"},
 		"head hash changed":   {`UPDATE pep.audit_heads SET hash = sha256(hash) WHERE chain = $1`, nil, 2, "head's hash"},
-		"event appended":      {`INSERT INTO pep.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash) VALUES ($1, 3, $2, $3, 'pep', $4, $5, $6)`, []any{at, mcp.AuditCompleted, `{"disposition":"denied-not-executed"}`, prev, forged}, 3, "past its recorded head"},
+		"event appended":      {`INSERT INTO pep.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash) VALUES ($1, 3, $2, $3, 'pep', $4, $5, $6)`, []any{at, pep.AuditCompleted, `{"disposition":"denied-not-executed"}`, prev, forged}, 3, "past its recorded head"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			tx, err := p.db.Begin(ctx)
@@ -158,9 +158,9 @@ func TestPEPAuditTrail(t *testing.T) {
 				_, err = tx.Exec(ctx, tc.sql, append([]any{ran}, tc.args...)...)
 			}
 			require.NoError(t, err)
-			rep, err := mcp.VerifyAudit(ctx, tx)
+			rep, err := pep.VerifyAudit(ctx, tx)
 			require.NoError(t, err)
-			var found []mcp.AuditBreak
+			var found []pep.AuditBreak
 			for _, b := range rep.Breaks {
 				if b.Chain == ran {
 					found = append(found, b)
