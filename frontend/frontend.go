@@ -7,7 +7,6 @@
 package frontend
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,6 +48,9 @@ type Config struct {
 	// JobTimeout bounds background jobs; a job whose worker died is retried
 	// after twice this. Default: ExecTimeout plus 30s.
 	JobTimeout time.Duration
+	// IntentGrace is how long an unbound intent is left to the process
+	// that wrote it before the reconciler takes it over (default 15s).
+	IntentGrace time.Duration
 	// ReconcileEvery is how often crash leftovers are repaired (default 10s).
 	ReconcileEvery time.Duration
 	// ListenStreams bounds the subscriptions/listen streams one caller may
@@ -110,7 +112,8 @@ func (f *Frontend) build(ctx context.Context) error {
 	}
 	if f.gate, err = pep.NewGate(pep.Config{
 		DB: pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
-		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow, Log: cfg.Log,
+		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
+		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Log: cfg.Log,
 	}); err != nil {
 		return err
 	}
@@ -139,13 +142,13 @@ func (f *Frontend) build(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	reconciler := &pep.Reconciler{Gate: f.gate, Every: cmp.Or(cfg.ReconcileEvery, 10*time.Second)}
 	f.host.Mount(host.Parts{
 		Handler: srv, Workers: jobs,
 		// They stop in reverse once HTTP has drained: the notifier (its
 		// streams already ended by OnShutdown), then the Stopping hook,
-		// then the reconciler; the workers after them.
-		Services: []host.Service{reconciling{reconciler}, stopping(cfg.Stopping), notifier},
+		// then the gate (its callback wake-ups and the reconciler, waited
+		// for); the workers after them.
+		Services: []host.Service{f.gate, stopping(cfg.Stopping), notifier},
 		// Shutdown waits for open requests, and a listen stream never ends
 		// by itself: ending them is the first thing Shutdown does.
 		OnShutdown: []func(){notifier.Stop},
@@ -153,11 +156,6 @@ func (f *Frontend) build(ctx context.Context) error {
 	})
 	return nil
 }
-
-// reconciling runs the reconciler as a host service.
-type reconciling struct{ *pep.Reconciler }
-
-func (r reconciling) Start(context.Context) error { r.Reconciler.Start(); return nil }
 
 // stopping runs Config.Stopping as a host service stops.
 type stopping func()

@@ -16,7 +16,13 @@ import (
 )
 
 // Principal is an authenticated MCP caller: the subject it acts for and the
-// actor (agent) acting. Tasks are bound to it; approvals are for it.
+// actor (agent) acting. Tasks are bound to it; approvals are for it. In Go
+// it is always a Principal; wherever it is stored or compared it is its Key
+// (the task store's and the approval tasks' principal columns, the
+// requestState, the audit trail, callerKey in SQL), which is all mcp/tasks
+// knows of it: an opaque owner. The one exception is data already on disk:
+// the sealed call binding holds the struct as encoding/json writes it, and
+// binding checks its Key against the task's.
 type Principal struct {
 	Name        string // caller name
 	SubjectType string
@@ -92,12 +98,18 @@ func (c *Callers) Authenticate(ctx context.Context, token string) (Principal, er
 // callerKey is Principal.Key over a pep.callers row c, for SQL.
 const callerKey = `c.subject_type || ':' || c.subject_id || '|' || c.actor_id`
 
+// callerLive is, in SQL, "the principal whose Key is in column col still
+// has a live token": the execution claim checks it in its own statement.
+func callerLive(col string) string {
+	return `EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND ` + callerKey + ` = ` + col + `)`
+}
+
 // Valid reports whether the principal still has a live token: an approval
 // never outlives the caller it was for. The execution claim makes the same
 // check in its own statement (execute).
-func (c *Callers) Valid(ctx context.Context, key string) (bool, error) {
+func (c *Callers) Valid(ctx context.Context, p Principal) (bool, error) {
 	var ok bool
-	err := c.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND `+callerKey+` = $1)`, key).Scan(&ok)
+	err := c.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND `+callerKey+` = $1)`, p.Key()).Scan(&ok)
 	return ok, err
 }
 

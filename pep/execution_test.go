@@ -94,7 +94,7 @@ func TestStaleCallbackForConsumedGeneration(t *testing.T) {
 	after, err := p.gate.Snapshot(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, 2, after.Generation)
-	require.Equal(t, "pending", after.Phase)
+	require.EqualValues(t, "pending", after.Phase)
 	require.Equal(t, second, p.request(t, id), "still waiting on the second request")
 	require.Equal(t, 2, requests(), "no third request opened for a consumed generation")
 	require.Empty(t, p.trail(t, id), "nothing was claimed or ended")
@@ -342,7 +342,7 @@ func TestExecuteTwiceOnStaleSnapshot(t *testing.T) {
 		ap := p.approval(t, req)
 		s, err := p.gate.Snapshot(ctx, id)
 		require.NoError(t, err)
-		require.Equal(t, "pending", s.Phase)
+		require.EqualValues(t, "pending", s.Phase)
 		return id, s, ap.ID, ap.ApprovedUntil
 	}
 

@@ -7,7 +7,7 @@ import (
 	"github.com/omcp/arap/authzen"
 )
 
-// Hooks for the external tests (package mcp_test), which run the gate
+// Hooks for the external tests (package pep_test), which run the gate
 // against the real backend (internal/backendtest imports this package, so
 // only an external test can use it) and need to act as a runner that read
 // the task at one moment and acts on it later.
@@ -17,7 +17,7 @@ type Snapshot = approvalTask
 
 // Snapshot reads task id as Advance does before it acts.
 func (g *Gate) Snapshot(ctx context.Context, id string) (*Snapshot, error) {
-	return g.loadApproval(ctx, g.cfg.DB, id)
+	return getApproval(ctx, g.cfg.DB, id)
 }
 
 // ExecuteSnapshot is what a runner holding s does once the PDP allowed the
@@ -36,3 +36,6 @@ func (g *Gate) ReevaluateSnapshot(ctx context.Context, s *Snapshot, approval *au
 	_, err := g.reevaluate(ctx, s, approval)
 	return err
 }
+
+// Stopping is closed once Stop has begun.
+func (g *Gate) Stopping() <-chan struct{} { return g.bg.life.Done() }

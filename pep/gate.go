@@ -2,21 +2,14 @@ package pep
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
-	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
@@ -65,8 +58,15 @@ type Config struct {
 	SubmitsPerMinute int
 	// StateTTL bounds an MRTR requestState's life; default 10 minutes.
 	StateTTL time.Duration
-	Now      func() time.Time
-	Log      *slog.Logger
+	// IntentGrace is how long an intent may stay unbound before Reconcile
+	// takes it over (the process that wrote it has probably died); default
+	// 15s.
+	IntentGrace time.Duration
+	// ReconcileEvery is how often Start's reconciler repairs crash
+	// leftovers (Reconcile); default 10s.
+	ReconcileEvery time.Duration
+	Now            func() time.Time
+	Log            *slog.Logger
 }
 
 // Gate is the enforcement point: it decides every tools/call through the PDP
@@ -79,10 +79,8 @@ type Gate struct {
 	tools   map[string]Tool
 	schemas map[string]*jsonschema.Schema
 	advance chan struct{} // bounds concurrent Advance runs started by callbacks
+	bg      background    // what the gate runs on its own: wake-ups, the reconciler
 }
-
-// KindApproval is the task kind of approval tasks.
-const KindApproval = "tool-approval"
 
 // NewGate checks cfg and builds a Gate.
 func NewGate(cfg Config) (*Gate, error) {
@@ -103,6 +101,8 @@ func NewGate(cfg Config) (*Gate, error) {
 	def(&cfg.ExecTimeout, 30*time.Second)
 	def(&cfg.StateTTL, 10*time.Minute)
 	def(&cfg.MaxWindow, 7*24*time.Hour)
+	def(&cfg.IntentGrace, 15*time.Second)
+	def(&cfg.ReconcileEvery, 10*time.Second)
 	if brokenBuild && broken(violateNoRetention) { // keeps a result a minute
 		cfg.ResultRetention = time.Minute
 	}
@@ -122,6 +122,7 @@ func NewGate(cfg Config) (*Gate, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB}, advance: make(chan struct{}, 16)}
+	g.bg.life, g.bg.end = context.WithCancel(context.Background())
 	if g.tools, g.schemas, err = compileTools(cfg.Tools); err != nil {
 		return nil, err
 	}
@@ -160,50 +161,6 @@ func (g *Gate) Tasks() *tasks.Store { return g.tasks }
 
 // Callers is the gate's caller store.
 func (g *Gate) Callers() *Callers { return g.callers }
-
-// binding is the immutable call binding of an approval task.
-type binding struct {
-	Tool      string         `json:"tool"`
-	Args      map[string]any `json:"args"`
-	Principal Principal      `json:"principal"`
-}
-
-// digest is the JCS SHA-256 of tool and arguments (hex).
-func digest(tool string, args map[string]any) (string, error) {
-	c, err := authzen.Canonical(map[string]any{"tool": tool, "arguments": args})
-	if err != nil {
-		return "", err
-	}
-	s := sha256.Sum256(c)
-	return hex.EncodeToString(s[:]), nil
-}
-
-// dedupKey identifies (principal, tool, arguments): a repeated call with all
-// three equal returns the live task instead of opening a second approval.
-func dedupKey(p Principal, tool, argsDigest string) string {
-	if brokenBuild && broken(violateDedupOff) {
-		return newKey()
-	}
-	if brokenBuild && broken(violateDedupAcrossPrincipals) {
-		p = Principal{}
-	}
-	s := sha256.Sum256([]byte(p.Key() + "\x00" + tool + "\x00" + argsDigest))
-	return hex.EncodeToString(s[:])
-}
-
-// evaluation is the AuthZEN request for a call (COAZ-style mapping):
-// subject = the principal with its actor, action tools/call, resource the
-// tool with its arguments.
-func evaluation(p Principal, tool string, args map[string]any) authzen.EvaluationRequest {
-	return authzen.EvaluationRequest{
-		Subject:  p.Subject(),
-		Action:   authzen.Object{"name": "tools/call"},
-		Resource: authzen.Object{"type": "mcp_tool", "id": tool, "properties": map[string]any{"arguments": args}},
-	}
-}
-
-// rpcError is a JSON-RPC error result.
-func rpcError(code int64, msg string) *jsonrpc.Error { return &jsonrpc.Error{Code: code, Message: msg} }
 
 // Call handles tools/call for principal p. It returns a CallToolResult, a
 // CreateTaskResult, an input_required result, or a JSON-RPC error.
@@ -292,7 +249,7 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	if ask != nil {
 		return ask, nil
 	}
-	t, err := g.open(ctx, p, tool.Name, args, decision, hint, extra)
+	t, err := g.open(ctx, binding{Tool: tool.Name, Args: args, Principal: p}, decision, hint, extra)
 	var le *limitError
 	if errors.As(err, &le) {
 		return denied(le.msg, RemediationUnavailable), nil
@@ -306,18 +263,6 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		return res, nil
 	}
 	return created(t), nil
-}
-
-// created is the CreateTaskResult for an approval task.
-func created(t *tasks.Task) sdk.Result {
-	if t == nil {
-		return nil
-	}
-	immediate := "This action is waiting for an out-of-band approval and has not run. Continue with other work and check the task later."
-	if brokenBuild && broken(violatePendingShownDone) {
-		immediate = "Transfer completed."
-	}
-	return tasks.NewCreateResult(t, map[string]any{MetaImmediate: immediate})
 }
 
 // arguments decodes and validates the call's arguments against the tool's
@@ -344,8 +289,6 @@ func (g *Gate) arguments(req *sdk.CallToolRequest) (map[string]any, error) {
 	return args, nil
 }
 
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
-
 // runDirect runs an allowed call at once: no task, no approval.
 func (g *Gate) runDirect(ctx context.Context, p Principal, tool Tool, args map[string]any) (sdk.Result, error) {
 	out, err := tool.Run(ctx, Invocation{DB: g.cfg.DB, Principal: p, Args: args})
@@ -359,102 +302,4 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool Tool, args map[s
 		res.StructuredContent = out.Structured
 	}
 	return res, nil
-}
-
-// denied is a plain denial: the tool did not run, with the SEP-2643 envelope.
-func denied(text, remediation string) *sdk.CallToolResult {
-	return &sdk.CallToolResult{
-		IsError: true,
-		Content: []sdk.Content{&sdk.TextContent{Text: text}},
-		Meta:    sdk.Meta{MetaAuthorization: envelope(remediation, false)},
-	}
-}
-
-// degraded answers a requestable denial for a client without the tasks
-// extension: an error with next steps, and no submission (it could not be
-// resumed anyway).
-func degraded(hint *authzen.AccessRequestHint) *sdk.CallToolResult {
-	why := describe(hint)
-	text := "This call needs an approval (" + why + ") and did not run. " +
-		"Your client did not declare the tasks extension (io.modelcontextprotocol/tasks), so it cannot wait for an out-of-band decision here. " +
-		"Retry from a client that supports tasks, or ask a person to request the access."
-	return denied(text, RemediationUndisclosed)
-}
-
-// describe is model-safe text about what the approval is for, taken from the
-// backend's display hints and sanitized.
-func describe(hint *authzen.AccessRequestHint) string {
-	if hint == nil {
-		return "approval required"
-	}
-	for _, k := range []string{"description", "title"} {
-		if s, ok := hint.Display[k].(string); ok && s != "" {
-			return sanitize(s, 160)
-		}
-	}
-	return "approval required"
-}
-
-// sanitize keeps text safe to show a model: letters, digits, spaces and
-// plain punctuation only, no markup or control characters, bounded length.
-func sanitize(s string, max int) string {
-	var b strings.Builder
-	for _, r := range s {
-		switch {
-		case unicode.IsLetter(r) || unicode.IsDigit(r) || r == ' ':
-			b.WriteRune(r)
-		case strings.ContainsRune(".,:;$%()'-/?!", r):
-			b.WriteRune(r)
-		case unicode.IsSpace(r):
-			b.WriteRune(' ')
-		}
-	}
-	out := strings.Join(strings.Fields(b.String()), " ")
-	if len(out) > max {
-		out = strings.TrimSpace(out[:max]) + "..."
-	}
-	return out
-}
-
-// Limit denials: non-requestable, so the agent does not loop.
-const (
-	msgBusy        = "The approval service is busy; the tool did not run. Try again later."
-	msgRate        = "Too many approval requests in the last minute; the tool did not run and no request was made. Wait before asking again."
-	msgOutstanding = "Too many approval requests are already waiting for a decision; the tool did not run and no request was made. Wait for them or cancel some."
-)
-
-// limitError is a call refused by the per-caller limits.
-type limitError struct{ msg string }
-
-func (e *limitError) Error() string { return e.msg }
-
-// limited says why p may not open another approval request now, or "".
-// Approval fatigue is a known bypass, so requests per caller are bounded in
-// rate and in number outstanding. Only a count taken under p's limit lock
-// (lockLimits, in open) binds: two counts read outside it may both see room
-// for one more.
-func (g *Gate) limited(ctx context.Context, q tasks.Querier, p Principal) (string, error) {
-	var recent, pending int
-	// Two counts, each served by its own index (migrations/pep/0002).
-	err := q.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND created_at > $2),
-		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND phase <> 'done')`, p.Key(), g.now().Add(-time.Minute)).Scan(&recent, &pending)
-	switch {
-	case err != nil:
-		return "", err
-	case brokenBuild && broken(violateLimitsOff):
-		return "", nil
-	case recent >= g.cfg.SubmitsPerMinute:
-		return msgRate, nil
-	case pending >= g.cfg.MaxPending:
-		return msgOutstanding, nil
-	}
-	return "", nil
-}
-
-// newKey is a fresh, high-entropy idempotency key for one submission.
-func newKey() string {
-	b := make([]byte, 24)
-	_, _ = rand.Read(b)
-	return "pep_" + base64.RawURLEncoding.EncodeToString(b)
 }

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -109,34 +108,6 @@ func (g *Gate) resume(ctx context.Context, p Principal, tool string, args map[st
 		return &inputAnswers{declined: true}, nil
 	}
 	return &inputAnswers{content: ans.Content}, nil
-}
-
-// schemaCache keeps fetched request schemas for a minute.
-var schemaCache = struct {
-	sync.Mutex
-	m map[string]cachedSchema
-}{m: map[string]cachedSchema{}}
-
-type cachedSchema struct {
-	doc map[string]any
-	at  time.Time
-}
-
-func (g *Gate) requestSchema(ctx context.Context, url string) (map[string]any, error) {
-	schemaCache.Lock()
-	c, ok := schemaCache.m[url]
-	schemaCache.Unlock()
-	if ok && time.Since(c.at) < time.Minute {
-		return c.doc, nil
-	}
-	doc, err := g.cfg.Backend.Schema(ctx, url)
-	if err != nil {
-		return nil, err
-	}
-	schemaCache.Lock()
-	schemaCache.m[url] = cachedSchema{doc: doc, at: time.Now()}
-	schemaCache.Unlock()
-	return doc, nil
 }
 
 // contextFields is the part of a request schema describing the context

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
 	"github.com/omcp/arap/authzen"
@@ -56,6 +55,10 @@ func (w *TrackWorker) Timeout(*river.Job[TrackArgs]) time.Duration {
 // soon reports whether next is a look sooner than the safety poll.
 func soon(next time.Time) bool { return !next.IsZero() && time.Until(next) < SafetyPoll }
 
+func trackOpts(at time.Time) *river.InsertOpts {
+	return &river.InsertOpts{Queue: Queue, ScheduledAt: at, MaxAttempts: 1000}
+}
+
 // FollowUp schedules a follow-up look at next if it is sooner than the
 // tracking job would look.
 func (g *Gate) FollowUp(ctx context.Context, id string, next time.Time) error {
@@ -99,59 +102,6 @@ func (g *Gate) PeriodicJobs() []*river.PeriodicJob {
 	}
 }
 
-// Reconciler runs Reconcile on a timer in every replica. It is not a River
-// periodic job on purpose: those run on the leader only, and a leader that
-// was killed keeps its lease for a while, which is exactly when repair is
-// needed. Replicas do not collide: each intent is leased before use.
-type Reconciler struct {
-	Gate  *Gate
-	Every time.Duration
-	stop  chan struct{}
-	done  chan struct{}
-}
-
-// Start begins reconciling.
-func (r *Reconciler) Start() {
-	r.stop, r.done = make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(r.done)
-		t := time.NewTicker(r.Every)
-		defer t.Stop()
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), r.Every+30*time.Second)
-			if err := r.Gate.Reconcile(ctx); err != nil {
-				r.Gate.cfg.Log.Warn("reconcile failed", "error", err)
-			}
-			cancel()
-			select {
-			case <-r.stop:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-}
-
-// Stop ends reconciling, waiting for a run in progress.
-func (r *Reconciler) Stop() {
-	if r.stop != nil {
-		close(r.stop)
-		<-r.done
-	}
-}
-
-// IntentGrace is how long an intent may stay unbound before Reconcile takes
-// it over (the process that wrote it has probably died).
-var IntentGrace = 15 * time.Second
-
-// lease takes intent key for this run if it is still in state and idle for
-// IntentGrace; only one replica gets it.
-func (g *Gate) lease(ctx context.Context, key, state string) (bool, error) {
-	tag, err := g.cfg.DB.Exec(ctx, `UPDATE pep.intents SET updated_at = now() WHERE key = $1 AND state = $2 AND updated_at < $3`,
-		key, state, g.now().Add(-IntentGrace))
-	return tag.RowsAffected() == 1, err
-}
-
 // Reconcile repairs what a crash can leave behind:
 //   - an intent never bound to its task is resubmitted under its key (the
 //     backend returns the request it already has, or creates it) and bound;
@@ -163,21 +113,13 @@ func (g *Gate) lease(ctx context.Context, key, state string) (bool, error) {
 //
 // No intent is ever submitted under a new key, so nothing is submitted twice.
 func (g *Gate) Reconcile(ctx context.Context) error {
-	rows, err := g.cfg.DB.Query(ctx, `SELECT key, state FROM pep.intents WHERE state IN ('intent', 'abandoned') AND updated_at < $1 ORDER BY updated_at LIMIT 100`,
-		g.now().Add(-IntentGrace))
+	idleBefore := g.now().Add(-g.cfg.IntentGrace)
+	list, err := idleIntents(ctx, g.cfg.DB, idleBefore)
 	if err != nil {
 		return fmt.Errorf("pep: reconcile: %w", err)
 	}
-	type open struct{ key, state string }
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (open, error) {
-		var o open
-		return o, r.Scan(&o.key, &o.state)
-	})
-	if err != nil {
-		return err
-	}
 	for _, o := range list {
-		if ok, err := g.lease(ctx, o.key, o.state); err != nil || !ok {
+		if ok, err := leaseIntent(ctx, g.cfg.DB, o.key, o.state, idleBefore); err != nil || !ok {
 			continue
 		}
 		in, err := g.loadIntent(ctx, o.key)
@@ -190,34 +132,31 @@ func (g *Gate) Reconcile(ctx context.Context) error {
 		case errors.Is(err, errUncertain):
 			continue // try again next round
 		case err != nil: // refused: no request exists under this key
-			if o.state == "intent" {
-				_ = g.failIntent(ctx, in, true, err)
+			if o.state == intentOpen {
+				err = g.failIntent(ctx, in, true, err)
 			} else {
-				_, _ = g.cfg.DB.Exec(ctx, `UPDATE pep.intents SET state = 'failed', updated_at = now() WHERE key = $1`, in.Key)
+				err = intentSettled.apply(ctx, g.cfg.DB, in.Key, ``)
 			}
-		case o.state == "intent":
+		case o.state == intentOpen:
 			g.cfg.Log.Info("reconcile: binding an intent left unbound", "task_id", in.TaskID)
-			if err := g.bind(ctx, in, tr); err != nil {
-				g.cfg.Log.Error("reconcile: bind failed", "error", err)
-			}
+			err = g.bind(ctx, in, tr)
 		default: // abandoned, and the request exists: cancel it
 			if cancelURL, _ := tr.Task.Links["cancel"].(string); cancelURL != "" && tr.Task.Status == authzen.StatusPending {
 				g.cancelBackend(ctx, cancelURL)
 			}
-			_, _ = g.cfg.DB.Exec(ctx, `UPDATE pep.intents SET state = 'failed', updated_at = now() WHERE key = $1`, in.Key)
+			err = intentSettled.apply(ctx, g.cfg.DB, in.Key, ``)
+		}
+		if err != nil {
+			g.cfg.Log.Error("reconcile: intent not settled; next round retries", "task_id", in.TaskID, "error", err)
 		}
 	}
 
-	claimed, err := g.cfg.DB.Query(ctx, `SELECT task_id FROM pep.approval_tasks WHERE phase = 'claimed' AND exec_deadline < $1`, g.now())
+	ids, err := overdueClaims(ctx, g.cfg.DB, g.now())
 	if err != nil {
-		return err
-	}
-	ids, err := pgx.CollectRows(claimed, pgx.RowTo[string])
-	if err != nil {
-		return err
+		return fmt.Errorf("pep: reconcile: %w", err)
 	}
 	for _, id := range ids {
-		a, err := g.loadApproval(ctx, g.cfg.DB, id)
+		a, err := getApproval(ctx, g.cfg.DB, id)
 		if err == nil {
 			_, err = g.reapClaim(ctx, a)
 		}

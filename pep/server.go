@@ -323,9 +323,7 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 }
 
 // callback receives the backend's signed callbacks (verified by the
-// middleware). A callback only wakes the task: Advance re-reads the status
-// endpoint before acting, and a callback about a stale generation is
-// ignored.
+// middleware) and hands them to the gate (Wake), which only wakes the task.
 func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	raw, _ := io.ReadAll(r.Body)
 	body, err := webhook.ParseBody(raw)
@@ -333,30 +331,10 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "malformed callback: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	var current bool
-	if err := s.gate.cfg.DB.QueryRow(r.Context(), `SELECT EXISTS (SELECT 1 FROM pep.approval_tasks WHERE task_id = $1 AND backend_id = $2 AND phase = 'pending')`,
-		body.State, body.Task.ID).Scan(&current); err != nil {
+	if err := s.gate.Wake(r.Context(), body.State, body.Task.ID); err != nil {
+		s.log.Error("callback: task lookup failed", "error", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
-	if !current {
-		return
-	}
-	select {
-	case s.gate.advance <- struct{}{}:
-		go func() {
-			defer func() { <-s.gate.advance }()
-			ctx, cancel := context.WithTimeout(context.Background(), s.gate.cfg.ExecTimeout+30*time.Second)
-			defer cancel()
-			next, err := s.gate.Advance(ctx, body.State)
-			if err == nil {
-				err = s.gate.FollowUp(ctx, body.State, next)
-			}
-			if err != nil {
-				s.log.Warn("advance after callback failed; the poll will retry", "task_id", body.State, "error", err)
-			}
-		}()
-	default: // busy: the polling job will get to it
-	}
 }

@@ -72,6 +72,7 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout,
 		Now: func() time.Time { return time.Now().Add(time.Duration(p.offset.Load())) }})
 	require.NoError(t, err)
+	t.Cleanup(p.gate.Stop) // before the pool closes: cleanups run last first
 	require.NoError(t, p.gate.Callers().Create(context.Background(), "alice-agent", aliceToken, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
 	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}})
 	require.NoError(t, err)
