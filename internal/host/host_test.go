@@ -226,3 +226,36 @@ func TestServerBoundsRequests(t *testing.T) {
 	_, err = io.ReadAll(conn)
 	require.NoError(t, err, "the server closed the connection (a read deadline error means it kept waiting)")
 }
+
+// blocking is a service whose Start waits for its context, as River's does
+// while it connects.
+type blocking struct{ started chan struct{} }
+
+func (b *blocking) Start(ctx context.Context) error {
+	close(b.started)
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (b *blocking) Stop() {}
+
+// TestRunCancelledWhileStartingIsAStop: a signal that arrives while the
+// process is still starting (arapd dev's front-end starts after its
+// backend has said so) stops it cleanly: Run returns no error, so the
+// process exits 0, and everything is released.
+func TestRunCancelledWhileStartingIsAStop(t *testing.T) {
+	t.Parallel()
+	b := &blocking{started: make(chan struct{})}
+	h := setup(t, http.NotFoundHandler(), host.Parts{Services: []host.Service{b}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx, nil) }()
+	<-b.started
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	require.Error(t, h.Pool().Ping(context.Background()), "the pool is closed")
+}
