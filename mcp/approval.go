@@ -17,6 +17,7 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/fault"
+	"github.com/omcp/arap/internal/schemamsg"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -1064,7 +1065,7 @@ func (g *Gate) Update(ctx context.Context, t *tasks.Task, responses map[string]j
 		return g.deny(ctx, a, "The information needed for a new approval was declined; the tool did not run.")
 	}
 	if v := validateAnswers(a.InputSchema, ans.Content); len(v) > 0 {
-		return &tasks.InputError{Msg: "the answer does not satisfy the request schema: " + strings.Join(v, "; ")}
+		return &tasks.InputError{Msg: "the answer does not satisfy the request schema: " + schemamsg.Join(v)}
 	}
 	b, err := g.binding(a)
 	if err != nil {
