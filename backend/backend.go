@@ -1,7 +1,8 @@
-// Package backend assembles the approval backend (`arapd serve`): the
-// database pool, signing keys, policy engine, request service, River workers
-// and the HTTP server, with an orderly Start and Stop. It holds no logic of its
-// own; everything it wires is tested in its own package.
+// Package backend assembles the approval backend (`arapd serve`): signing
+// keys, policy engine, request service, callbacks, River workers and the
+// HTTP surface, on an internal/host that owns the listener, pool and
+// lifecycle. It holds no logic of its own; everything it wires is tested in
+// its own package.
 package backend
 
 import (
@@ -10,17 +11,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/attributes"
@@ -29,7 +27,7 @@ import (
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/evaluation"
-	"github.com/omcp/arap/internal/logs"
+	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/requests"
@@ -71,8 +69,6 @@ type Config struct {
 // Backend is a running (or ready to run) backend.
 type Backend struct {
 	cfg       Config
-	pool      *pgxpool.Pool
-	river     *river.Client[pgx.Tx]
 	engine    *evaluation.Engine
 	requests  *requests.Service
 	keys      *signing.Keys
@@ -80,11 +76,7 @@ type Backend struct {
 	people    *directory.Store
 	attrs     *attributes.Store
 	callbacks *callbacks.Service
-	server    *http.Server
-	listener  net.Listener
-	started   atomic.Bool
-	stopping  atomic.Bool
-	serveErr  chan error
+	host      *host.Host
 }
 
 // New connects to the database and builds every part; nothing listens or
@@ -105,14 +97,18 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if cfg.PolicyFile == "" {
 		return nil, errors.New("backend: a policy file is required (--policy)")
 	}
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("backend: listen on %s: %w", cfg.Addr, err)
+	if public := strings.TrimRight(cfg.PublicURL, "/"); public != "" {
+		if u, err := url.Parse(public); err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+			return nil, fmt.Errorf("backend: public URL %q must be an absolute http(s) URL", cfg.PublicURL)
+		}
 	}
-	b := &Backend{cfg: cfg, listener: ln, serveErr: make(chan error, 1)}
+	h, err := host.New(ctx, host.Config{Name: "backend", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log})
+	if err != nil {
+		return nil, fmt.Errorf("backend: %w", err)
+	}
+	b := &Backend{cfg: cfg, host: h}
 	if err := b.build(ctx); err != nil {
-		_ = ln.Close()
-		b.closePool()
+		h.Close()
 		return nil, err
 	}
 	return b, nil
@@ -120,47 +116,36 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 
 func (b *Backend) build(ctx context.Context) error {
 	cfg := b.cfg
-	public := strings.TrimRight(cfg.PublicURL, "/")
-	if public == "" {
-		public = "http://" + b.listener.Addr().String()
-	}
-	if u, err := url.Parse(public); err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-		return fmt.Errorf("backend: public URL %q must be an absolute http(s) URL", cfg.PublicURL)
-	}
+	public := b.host.URL()
 	if !strings.HasPrefix(public, "https://") && !isLoopback(public) {
 		cfg.Log.Warn("public URL is not https; ARAP requires HTTPS endpoints outside local development", "public_url", public)
 	}
-	b.cfg.PublicURL = public
-
+	pool := b.host.Pool()
 	var err error
-	if b.pool, err = migrations.Open(ctx, cfg.DatabaseURL, cfg.Migrate, cfg.Log); err != nil {
-		return fmt.Errorf("backend: %w", err)
-	}
-	if b.keys, err = signing.Open(ctx, b.pool, signing.Options{MasterKey: cfg.MasterKey}); err != nil {
+	if b.keys, err = signing.Open(ctx, pool, signing.Options{MasterKey: cfg.MasterKey}); err != nil {
 		return err
 	}
 	requestsURL := public + authzen.PathRequests
-	b.attrs = attributes.NewStore(b.pool)
-	b.people = directory.NewStore(b.pool)
+	b.attrs = attributes.NewStore(pool)
+	b.people = directory.NewStore(pool)
 	if b.engine, err = evaluation.New(evaluation.Options{
 		PolicyFile: cfg.PolicyFile, Keys: b.keys, Issuer: public, RequestsURL: requestsURL,
 		SchemaURL:  func(tpl string) string { return public + authzen.PathSchemas + "/" + url.PathEscape(tpl) },
 		Attributes: b.attrs,
-		Approvals:  &requests.ApprovalStore{DB: b.pool, Now: time.Now},
+		Approvals:  &requests.ApprovalStore{DB: pool, Now: time.Now},
 		Log:        cfg.Log,
 	}); err != nil {
 		return err
 	}
 	// Jobs are inserted through a client without workers, so the services can
 	// be built before the worker client that needs them.
-	riverLog := logs.Quiet(cfg.Log, slog.LevelWarn)
-	inserter, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{Schema: migrations.RiverSchema, Logger: riverLog})
+	inserter, err := b.host.River(&river.Config{Schema: migrations.RiverSchema})
 	if err != nil {
-		return fmt.Errorf("backend: river: %w", err)
+		return fmt.Errorf("backend: %w", err)
 	}
 	statusEndpoint := func(id string) string { return requestsURL + "/" + id }
 	if b.callbacks, err = callbacks.NewService(callbacks.Config{
-		DB: b.pool, Jobs: inserter, MasterKey: cfg.MasterKey, StatusEndpoint: statusEndpoint,
+		DB: pool, Jobs: inserter, MasterKey: cfg.MasterKey, StatusEndpoint: statusEndpoint,
 		Schedule: cfg.CallbackSchedule, Log: cfg.Log,
 	}); err != nil {
 		return err
@@ -169,23 +154,22 @@ func (b *Backend) build(ctx context.Context) error {
 		return err
 	}
 	if b.requests, err = requests.NewService(requests.Config{
-		DB: b.pool, Jobs: inserter, Keys: b.keys, Policy: b.engine, Issuer: public, RequestsURL: requestsURL,
+		DB: pool, Jobs: inserter, Keys: b.keys, Policy: b.engine, Issuer: public, RequestsURL: requestsURL,
 		Retention: cfg.RequestRetention, Log: cfg.Log,
 		CheckCallback: b.callbacks.CheckCallback, OnTerminal: b.callbacks.OnTerminal,
 	}); err != nil {
 		return err
 	}
-	b.clients = clients.NewStore(b.pool)
-	counters := ratelimit.NewCounters(b.pool, pgx.Identifier{"arap", "rate_counters"})
+	b.clients = clients.NewStore(pool)
+	counters := ratelimit.NewCounters(pool, pgx.Identifier{"arap", "rate_counters"})
 	counters.Now = cfg.RateLimitClock
 
 	workers := river.NewWorkers()
 	b.requests.AddWorkers(workers)
 	b.callbacks.AddWorkers(workers)
 	counters.AddWorker(workers)
-	if b.river, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{
+	jobs, err := b.host.River(&river.Config{
 		Schema:  migrations.RiverSchema,
-		Logger:  riverLog,
 		Workers: workers,
 		Queues: map[string]river.QueueConfig{
 			river.QueueDefault:        {MaxWorkers: cfg.Workers},
@@ -203,13 +187,14 @@ func (b *Backend) build(ctx context.Context) error {
 		FetchCooldown:     10 * time.Millisecond,
 		// A job whose worker died (kill -9) is retried after this.
 		RescueStuckJobsAfter: 2 * cfg.JobTimeout,
-	}); err != nil {
-		return fmt.Errorf("backend: river: %w", err)
+	})
+	if err != nil {
+		return fmt.Errorf("backend: %w", err)
 	}
 
 	origin, _ := url.Parse(public)
 	ui, err := webui.New(webui.Deps{
-		DB: b.pool, Requests: b.requests, Directory: b.people, Counters: counters,
+		DB: pool, Requests: b.requests, Directory: b.people, Counters: counters,
 		Secure: origin.Scheme == "https", Now: cfg.Now, Log: cfg.Log,
 	})
 	if err != nil {
@@ -217,12 +202,17 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
-		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.ready, UI: ui,
+		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui,
 	})
 	if err != nil {
 		return err
 	}
-	b.server = arap.HTTPServer(h)
+	b.host.Mount(host.Parts{
+		Handler: h, Workers: jobs, Reload: func() { _ = b.Reload() },
+		Started: func() []any {
+			return []any{"policy", cfg.PolicyFile, "rules", len(b.engine.Policy().Rules), "signing_key", b.keys.ActiveKid()}
+		},
+	})
 	return nil
 }
 
@@ -231,65 +221,23 @@ func isLoopback(u string) bool {
 	if err != nil {
 		return false
 	}
-	host := p.Hostname()
-	ip := net.ParseIP(host)
-	return host == "localhost" || (ip != nil && ip.IsLoopback())
+	name := p.Hostname()
+	ip := net.ParseIP(name)
+	return name == "localhost" || (ip != nil && ip.IsLoopback())
 }
 
 // Start runs the job workers and begins serving HTTP.
 func (b *Backend) Start(ctx context.Context) error {
-	if err := b.river.Start(ctx); err != nil {
-		return fmt.Errorf("backend: start workers: %w", err)
+	if err := b.host.Start(ctx); err != nil {
+		return fmt.Errorf("backend: %w", err)
 	}
-	go func() { b.serveErr <- b.server.Serve(b.listener) }()
-	b.started.Store(true)
-	b.cfg.Log.Info("backend started", "addr", b.listener.Addr().String(), "public_url", b.cfg.PublicURL,
-		"policy", b.cfg.PolicyFile, "rules", len(b.engine.Policy().Rules), "signing_key", b.keys.ActiveKid())
 	return nil
 }
-
-// Done reports a fatal serving error.
-func (b *Backend) Done() <-chan error { return b.serveErr }
 
 // Stop drains HTTP (in-flight requests finish, new connections are
 // refused), then stops the workers (running jobs finish or are abandoned to
 // be rescued by another replica), then closes the pool.
-func (b *Backend) Stop(ctx context.Context) error {
-	b.stopping.Store(true)
-	var errs []error
-	if err := b.server.Shutdown(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("http shutdown: %w", err))
-	}
-	if b.started.Load() {
-		if err := b.river.Stop(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("stop workers: %w", err))
-		}
-	}
-	b.closePool()
-	b.cfg.Log.Info("backend stopped")
-	return errors.Join(errs...)
-}
-
-func (b *Backend) closePool() {
-	if b.pool != nil {
-		b.pool.Close()
-	}
-}
-
-func (b *Backend) ready(ctx context.Context) error {
-	if b.stopping.Load() {
-		return errors.New("shutting down")
-	}
-	if !b.started.Load() {
-		return errors.New("starting")
-	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := b.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	return nil
-}
+func (b *Backend) Stop(ctx context.Context) error { return b.host.Stop(ctx) }
 
 // Reload re-reads the policy file; on error the running policy stays.
 func (b *Backend) Reload() error {
@@ -302,13 +250,13 @@ func (b *Backend) Reload() error {
 }
 
 // URL is the backend's public base URL.
-func (b *Backend) URL() string { return b.cfg.PublicURL }
+func (b *Backend) URL() string { return b.host.URL() }
 
 // Addr is the address the backend listens on.
-func (b *Backend) Addr() string { return b.listener.Addr().String() }
+func (b *Backend) Addr() string { return b.host.Addr() }
 
 // Pool is the backend's database pool (for dev-mode seeding and tests).
-func (b *Backend) Pool() *pgxpool.Pool { return b.pool }
+func (b *Backend) Pool() *pgxpool.Pool { return b.host.Pool() }
 
 // Clients is the API client store.
 func (b *Backend) Clients() *clients.Store { return b.clients }
@@ -335,26 +283,8 @@ func (b *Backend) Engine() *evaluation.Engine { return b.engine }
 // policy on every value from reload (SIGHUP). It then stops gracefully,
 // giving in-flight work up to 30 seconds.
 func (b *Backend) Run(ctx context.Context, reload <-chan struct{}) error {
-	if err := b.Start(ctx); err != nil {
-		return err
+	if err := b.host.Run(ctx, reload); err != nil {
+		return fmt.Errorf("backend: %w", err)
 	}
-	var serveErr error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-reload:
-			_ = b.Reload()
-		case err := <-b.serveErr:
-			if !errors.Is(err, http.ErrServerClosed) {
-				serveErr = fmt.Errorf("backend: serve: %w", err)
-			}
-			break loop
-		}
-	}
-	b.cfg.Log.Info("shutting down")
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	return errors.Join(serveErr, b.Stop(stopCtx))
+	return nil
 }

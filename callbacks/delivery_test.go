@@ -22,6 +22,7 @@ import (
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/webhook"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -133,13 +134,13 @@ func TestDeliveryIsSignedAndVerifies(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond)
 	require.Equal(t, 1, rc.count())
 
-	v, err := callbacks.NewVerifier(dev.PEPWebhookSecret)
+	v, err := webhook.NewVerifier(dev.PEPWebhookSecret)
 	require.NoError(t, err)
 	r := rc.got[0]
 	gotID, err := v.Verify(r.Header, rc.bodies[0])
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(gotID, "msg_"))
-	var body callbacks.Body
+	var body webhook.Body
 	require.NoError(t, json.Unmarshal(rc.bodies[0], &body))
 	require.Equal(t, "task-42", body.State)
 	require.Equal(t, id, body.Task.ID)
@@ -162,10 +163,10 @@ func TestDeliveryIsSignedAndVerifies(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 202, do(t, env.URL, dev.PEPToken, "POST", "/v1/requests/"+id+"/deliveries/"+gotID+"/redeliver", nil, nil))
 	require.Eventually(t, func() bool { return rc.count() == 2 }, 30*time.Second, 50*time.Millisecond)
-	require.Equal(t, gotID, rc.got[1].Header.Get(callbacks.HeaderID))
-	require.Len(t, strings.Fields(rc.got[1].Header.Get(callbacks.HeaderSignature)), 2)
+	require.Equal(t, gotID, rc.got[1].Header.Get(webhook.HeaderID))
+	require.Len(t, strings.Fields(rc.got[1].Header.Get(webhook.HeaderSignature)), 2)
 	for _, s := range []string{fresh, dev.PEPWebhookSecret} {
-		v, err := callbacks.NewVerifier(s)
+		v, err := webhook.NewVerifier(s)
 		require.NoError(t, err)
 		_, err = v.Verify(rc.got[1].Header, rc.bodies[1])
 		require.NoError(t, err, "receivers on either secret accept it during the rotation")
@@ -201,9 +202,9 @@ func TestRetriesKeepTheWebhookID(t *testing.T) {
 		return len(ds) == 1 && ds[0].Status == "delivered"
 	}, 30*time.Second, 50*time.Millisecond)
 	require.Equal(t, 3, rc.count(), "two failures, then exactly one success")
-	wid := rc.got[0].Header.Get(callbacks.HeaderID)
+	wid := rc.got[0].Header.Get(webhook.HeaderID)
 	for _, r := range rc.got {
-		require.Equal(t, wid, r.Header.Get(callbacks.HeaderID))
+		require.Equal(t, wid, r.Header.Get(webhook.HeaderID))
 	}
 	ds := deliveriesOf(t, env, id)
 	require.Len(t, ds[0].Attempts, 3)

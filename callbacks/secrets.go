@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/webhook"
 )
 
 // RotateSecret gives client clientID a new webhook secret and returns it
@@ -18,9 +19,9 @@ import (
 func (s *Service) RotateSecret(ctx context.Context, clientID string, overlap time.Duration, fixed, by string) (string, error) {
 	secret := fixed
 	if secret == "" {
-		secret = NewSecret()
+		secret = webhook.NewSecret()
 	}
-	if _, err := ParseSecret(secret); err != nil {
+	if _, err := webhook.ParseSecret(secret); err != nil {
 		return "", err
 	}
 	id := "whs_" + rand.Text()
@@ -68,7 +69,7 @@ func (s *Service) secretKeys(ctx context.Context, clientID string) ([][]byte, er
 		if err != nil {
 			return nil, fmt.Errorf("callbacks: secret %s: %w", id, err)
 		}
-		key, err := ParseSecret(string(plain))
+		key, err := webhook.ParseSecret(string(plain))
 		if err != nil {
 			return nil, err
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/omcp/arap/internal/randid"
 	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/requests"
+	"github.com/omcp/arap/webhook"
 )
 
 // DefaultSchedule is the wait before each retry, after the immediate first
@@ -159,13 +160,6 @@ type DeliverArgs struct {
 // Kind implements river.JobArgs.
 func (DeliverArgs) Kind() string { return "callbacks.deliver" }
 
-// Body is what a callback POSTs: the state the PEP registered and the task
-// handle. It carries no result: the PEP reads it from the status endpoint.
-type Body struct {
-	State string       `json:"state,omitempty"`
-	Task  authzen.Task `json:"task"`
-}
-
 // OnTerminal enqueues the callbacks of the ended requests that subscribed to
 // their new state: the delivery rows in one INSERT, their jobs in one River
 // insert (an expiry sweep ends hundreds at once). It runs inside the
@@ -184,7 +178,7 @@ func (s *Service) OnTerminal(ctx context.Context, tx pgx.Tx, ended []*requests.R
 		if len(cb.Events) > 0 && !slices.Contains(cb.Events, event) {
 			continue
 		}
-		body, err := json.Marshal(Body{State: cb.State, Task: r.Handle(s.cfg.StatusEndpoint(r.ID)).Task})
+		body, err := json.Marshal(webhook.Body{State: cb.State, Task: r.Handle(s.cfg.StatusEndpoint(r.ID)).Task})
 		if err != nil {
 			return err
 		}
@@ -362,9 +356,9 @@ func (s *Service) send(ctx context.Context, c *clients.Client, keys [][]byte, d 
 	ts := s.cfg.Now().Unix()
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "arap-callbacks/1")
-	req.Header.Set(HeaderID, d.id)
-	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(HeaderSignature, SignatureHeader(keys, d.id, ts, []byte(d.body)))
+	req.Header.Set(webhook.HeaderID, d.id)
+	req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(ts, 10))
+	req.Header.Set(webhook.HeaderSignature, webhook.SignatureHeader(keys, d.id, ts, []byte(d.body)))
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, 0, err

@@ -19,6 +19,7 @@ import (
 	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/internal/contract"
 	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/webhook"
 )
 
 // TestCallbackSurvivesCrashAfterDecision kills the backend (SIGKILL, at the
@@ -115,7 +116,7 @@ rules:
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, got, 1, "delivered once")
-	v, err := callbacks.NewVerifier(secret)
+	v, err := webhook.NewVerifier(secret)
 	require.NoError(t, err)
 	_, err = v.Verify(got[0].Header, bodies[0])
 	require.NoError(t, err)

@@ -19,10 +19,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/authzen"
-	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/conformance/sep2848"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/webhook"
 )
 
 // conformanceRules are the short-lived rules the scenarios need beyond
@@ -337,9 +337,12 @@ func TestMaxWindowEndsLongPendingTasks(t *testing.T) {
 	require.Equal(t, "denied-not-executed", m["io.modelcontextprotocol/tool-approval-disposition"])
 	require.Contains(t, text, "did not run")
 	require.Zero(t, s.ledger(r.Task.TaskID))
-	var status string
-	require.NoError(t, s.pool.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, s.requestOf(r.Task.TaskID)).Scan(&status))
-	require.Equal(t, "cancelled", status)
+	// The task ends first, then its request is cancelled: wait for it.
+	req := s.requestOf(r.Task.TaskID)
+	require.Eventually(t, func() bool {
+		var status string
+		return s.pool.QueryRow(ctx, `SELECT status FROM arap.requests WHERE id = $1`, req).Scan(&status) == nil && status == "cancelled"
+	}, 60*time.Second, 50*time.Millisecond, "the backend request is cancelled")
 }
 
 // TestForgedCallbackCannotExecute: a callback only wakes a task. A forged
@@ -354,25 +357,25 @@ func TestForgedCallbackCannotExecute(t *testing.T) {
 	r, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-forged", "amount": 40000}, nil)
 	require.NoError(t, err)
 	id := r.Task.TaskID
-	body, err := json.Marshal(callbacks.Body{State: id, Task: authzen.Task{ID: s.requestOf(id), Status: authzen.StatusApproved}})
+	body, err := json.Marshal(webhook.Body{State: id, Task: authzen.Task{ID: s.requestOf(id), Status: authzen.StatusApproved}})
 	require.NoError(t, err)
 	send := func(key []byte, msgID string) int {
 		ts := time.Now().Unix()
 		req, err := http.NewRequest(http.MethodPost, s.mcp.url()+"/callbacks/arap", bytes.NewReader(body))
 		require.NoError(t, err)
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(callbacks.HeaderID, msgID)
-		req.Header.Set(callbacks.HeaderTimestamp, strconv.FormatInt(ts, 10))
-		req.Header.Set(callbacks.HeaderSignature, callbacks.SignatureHeader([][]byte{key}, msgID, ts, body))
+		req.Header.Set(webhook.HeaderID, msgID)
+		req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(ts, 10))
+		req.Header.Set(webhook.HeaderSignature, webhook.SignatureHeader([][]byte{key}, msgID, ts, body))
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	forged, err := callbacks.ParseSecret(callbacks.NewSecret())
+	forged, err := webhook.ParseSecret(webhook.NewSecret())
 	require.NoError(t, err)
 	require.Equal(t, http.StatusUnauthorized, send(forged, "msg_forged"))
-	real, err := callbacks.ParseSecret(s.secret)
+	real, err := webhook.ParseSecret(s.secret)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusNoContent, send(real, "msg_authentic"), "authentic: accepted as a wake-up")
 	require.Equal(t, http.StatusConflict, send(real, "msg_authentic"), "replayed")

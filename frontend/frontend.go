@@ -1,7 +1,9 @@
-// Package frontend assembles the MCP front-end (`arapd mcp`): its database
-// pool, River workers on their own schema, the approval gate and the MCP
-// server, with an orderly Start and Stop. Like package backend it holds no
-// logic of its own.
+// Package frontend assembles the MCP front-end (`arapd mcp`): River workers
+// on their own schema, the approval gate, task notifications, the
+// reconciler and the MCP server, on an internal/host that owns the
+// listener, pool and lifecycle. Like package backend it holds no logic of
+// its own, and it links no backend package: it reaches the backend over
+// HTTP (boundary_test.go).
 package frontend
 
 import (
@@ -10,21 +12,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	"strings"
-	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/authzen"
-	"github.com/omcp/arap/internal/logs"
+	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
@@ -75,16 +70,9 @@ type Config struct {
 
 // Frontend is a running (or ready to run) MCP front-end.
 type Frontend struct {
-	cfg        Config
-	pool       *pgxpool.Pool
-	river      *river.Client[pgx.Tx]
-	gate       *mcp.Gate
-	reconciler *mcp.Reconciler
-	notifier   *tasks.Notifier
-	server     *http.Server
-	listener   net.Listener
-	started    atomic.Bool
-	serveErr   chan error
+	cfg  Config
+	gate *mcp.Gate
+	host *host.Host
 }
 
 // New connects and builds everything; nothing runs until Start.
@@ -98,43 +86,30 @@ func New(ctx context.Context, cfg Config) (*Frontend, error) {
 	if cfg.Tools == nil {
 		cfg.Tools = mcp.DemoTools()
 	}
-	ln, err := net.Listen("tcp", cfg.Addr)
+	h, err := host.New(ctx, host.Config{Name: "mcp front-end", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log})
 	if err != nil {
-		return nil, fmt.Errorf("frontend: listen on %s: %w", cfg.Addr, err)
+		return nil, fmt.Errorf("frontend: %w", err)
 	}
-	f := &Frontend{cfg: cfg, listener: ln, serveErr: make(chan error, 1)}
+	f := &Frontend{cfg: cfg, host: h}
 	if err := f.build(ctx); err != nil {
-		_ = ln.Close()
-		if f.pool != nil {
-			f.pool.Close()
-		}
+		h.Close()
 		return nil, err
 	}
 	return f, nil
 }
 
 func (f *Frontend) build(ctx context.Context) error {
-	cfg := f.cfg
-	public := strings.TrimRight(cfg.PublicURL, "/")
-	if public == "" {
-		public = "http://" + f.listener.Addr().String()
-	}
-	f.cfg.PublicURL = public
-	var err error
-	if f.pool, err = migrations.Open(ctx, cfg.DatabaseURL, cfg.Migrate, cfg.Log); err != nil {
-		return fmt.Errorf("frontend: %w", err)
-	}
-	riverLog := logs.Quiet(cfg.Log, slog.LevelWarn)
-	inserter, err := river.NewClient(riverpgxv5.New(f.pool), &river.Config{Schema: migrations.PEPRiverSchema, Logger: riverLog})
+	cfg, pool := f.cfg, f.host.Pool()
+	inserter, err := f.host.River(&river.Config{Schema: migrations.PEPRiverSchema})
 	if err != nil {
-		return err
+		return fmt.Errorf("frontend: %w", err)
 	}
 	callbackURL := ""
 	if len(cfg.WebhookSecrets) > 0 {
-		callbackURL = public + mcp.PathCallback
+		callbackURL = f.host.URL() + mcp.PathCallback
 	}
 	if f.gate, err = mcp.NewGate(mcp.Config{
-		DB: f.pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
+		DB: pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
 		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow, Log: cfg.Log,
 	}); err != nil {
 		return err
@@ -143,94 +118,82 @@ func (f *Frontend) build(ctx context.Context) error {
 	if jobTimeout == 0 {
 		jobTimeout = max(cfg.ExecTimeout, 30*time.Second) + 30*time.Second
 	}
-	counters := ratelimit.NewCounters(f.pool, mcp.RateCounters)
+	counters := ratelimit.NewCounters(pool, mcp.RateCounters)
 	workers := river.NewWorkers()
 	f.gate.AddWorkers(workers)
 	counters.AddWorker(workers)
-	if f.river, err = river.NewClient(riverpgxv5.New(f.pool), &river.Config{
-		Schema: migrations.PEPRiverSchema, Logger: riverLog, Workers: workers,
+	jobs, err := f.host.River(&river.Config{
+		Schema: migrations.PEPRiverSchema, Workers: workers,
 		Queues:               map[string]river.QueueConfig{mcp.Queue: {MaxWorkers: 20}},
 		PeriodicJobs:         append(f.gate.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: mcp.Queue})),
 		JobTimeout:           jobTimeout,
 		RescueStuckJobsAfter: 2 * jobTimeout,
 		FetchPollInterval:    200 * time.Millisecond,
-	}); err != nil {
-		return fmt.Errorf("frontend: river: %w", err)
+	})
+	if err != nil {
+		return fmt.Errorf("frontend: %w", err)
 	}
-	f.notifier = tasks.NewNotifier(f.pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
+	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
 	srv, err := mcp.NewServer(f.gate, mcp.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
-		Counters: counters, Replay: &mcp.WebhookIDs{DB: f.pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: f.notifier, Log: cfg.Log})
+		Counters: counters, Replay: &mcp.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Log: cfg.Log})
 	if err != nil {
 		return err
 	}
-	f.server = arap.HTTPServer(srv)
-	// Shutdown waits for open requests, and a listen stream never ends by
-	// itself: ending them is the first thing Shutdown does.
-	f.server.RegisterOnShutdown(f.notifier.Stop)
-	f.reconciler = &mcp.Reconciler{Gate: f.gate, Every: cmp.Or(cfg.ReconcileEvery, 10*time.Second)}
+	reconciler := &mcp.Reconciler{Gate: f.gate, Every: cmp.Or(cfg.ReconcileEvery, 10*time.Second)}
+	f.host.Mount(host.Parts{
+		Handler: srv, Workers: jobs,
+		// They stop in reverse once HTTP has drained: the notifier (its
+		// streams already ended by OnShutdown), then the Stopping hook,
+		// then the reconciler; the workers after them.
+		Services: []host.Service{reconciling{reconciler}, stopping(cfg.Stopping), notifier},
+		// Shutdown waits for open requests, and a listen stream never ends
+		// by itself: ending them is the first thing Shutdown does.
+		OnShutdown: []func(){notifier.Stop},
+		Started:    func() []any { return []any{"mcp", f.host.URL() + mcp.PathMCP, "backend", cfg.BackendURL} },
+	})
 	return nil
+}
+
+// reconciling runs the reconciler as a host service.
+type reconciling struct{ *mcp.Reconciler }
+
+func (r reconciling) Start(context.Context) error { r.Reconciler.Start(); return nil }
+
+// stopping runs Config.Stopping as a host service stops.
+type stopping func()
+
+func (stopping) Start(context.Context) error { return nil }
+
+func (s stopping) Stop() {
+	if s != nil {
+		s()
+	}
 }
 
 // Start runs the workers and serves.
 func (f *Frontend) Start(ctx context.Context) error {
-	if err := f.notifier.Start(ctx); err != nil {
-		return fmt.Errorf("frontend: start task notifications: %w", err)
+	if err := f.host.Start(ctx); err != nil {
+		return fmt.Errorf("frontend: %w", err)
 	}
-	if err := f.river.Start(ctx); err != nil {
-		f.notifier.Stop()
-		return fmt.Errorf("frontend: start workers: %w", err)
-	}
-	f.reconciler.Start()
-	go func() { f.serveErr <- f.server.Serve(f.listener) }()
-	f.started.Store(true)
-	f.cfg.Log.Info("mcp front-end started", "addr", f.listener.Addr().String(), "mcp", f.cfg.PublicURL+mcp.PathMCP, "backend", f.cfg.BackendURL)
 	return nil
 }
 
 // Stop drains HTTP, then stops the workers and closes the pool.
-func (f *Frontend) Stop(ctx context.Context) error {
-	var errs []error
-	if err := f.server.Shutdown(ctx); err != nil {
-		errs = append(errs, err)
-	}
-	f.notifier.Stop() // already by Shutdown, unless it never started
-	if f.cfg.Stopping != nil {
-		f.cfg.Stopping()
-	}
-	if f.started.Load() {
-		f.reconciler.Stop()
-		if err := f.river.Stop(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	f.pool.Close()
-	f.cfg.Log.Info("mcp front-end stopped")
-	return errors.Join(errs...)
-}
+func (f *Frontend) Stop(ctx context.Context) error { return f.host.Stop(ctx) }
 
 // Run serves until ctx ends, then stops gracefully.
 func (f *Frontend) Run(ctx context.Context) error {
-	if err := f.Start(ctx); err != nil {
-		return err
+	if err := f.host.Run(ctx, nil); err != nil {
+		return fmt.Errorf("frontend: %w", err)
 	}
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case err := <-f.serveErr:
-		if !errors.Is(err, http.ErrServerClosed) {
-			serveErr = err
-		}
-	}
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	return errors.Join(serveErr, f.Stop(stopCtx))
+	return nil
 }
 
 // URL is the front-end's base URL; the MCP endpoint is URL()+"/mcp".
-func (f *Frontend) URL() string { return f.cfg.PublicURL }
+func (f *Frontend) URL() string { return f.host.URL() }
 
 // Gate is the approval gate.
 func (f *Frontend) Gate() *mcp.Gate { return f.gate }
 
 // Pool is the database pool.
-func (f *Frontend) Pool() *pgxpool.Pool { return f.pool }
+func (f *Frontend) Pool() *pgxpool.Pool { return f.host.Pool() }

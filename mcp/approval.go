@@ -554,11 +554,16 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 		}
 		if a.Deadline != nil && g.now().After(*a.Deadline) {
 			// Past the window this server accepts (MaxWindow): the backend
-			// would wait longer, this task does not.
+			// would wait longer, this task does not. The task ends first:
+			// the cancel's own callback would otherwise find the request
+			// cancelled and end the task as cancelled instead.
+			if err := g.deny(ctx, a, "The approval was not decided within the time this server allows; the tool did not run."); err != nil {
+				return time.Time{}, err
+			}
 			if a.CancelURL != nil && *a.CancelURL != "" {
 				g.cancelBackend(ctx, *a.CancelURL)
 			}
-			return time.Time{}, g.deny(ctx, a, "The approval was not decided within the time this server allows; the tool did not run.")
+			return time.Time{}, nil
 		}
 		return g.backoff(a, max(retryAfter, g.undecidedPoll())), nil
 	}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/mcp"
+	"github.com/omcp/arap/webhook"
 )
 
 // TestBadBytesAtTheFrontEnd: NUL, control bytes and invalid UTF-8 in the
@@ -21,7 +21,7 @@ import (
 // callback a 400; never a 500 from PostgreSQL.
 func TestBadBytesAtTheFrontEnd(t *testing.T) {
 	t.Parallel()
-	secret := callbacks.NewSecret()
+	secret := webhook.NewSecret()
 	url := serverWith(t, mcp.ServerOptions{Name: "test", Version: "0", WebhookSecrets: []string{secret}})
 	base := strings.TrimSuffix(url, mcp.PathMCP)
 
@@ -63,7 +63,7 @@ func TestBadBytesAtTheFrontEnd(t *testing.T) {
 
 	// A signed callback whose state or task id is not text: 400, nothing
 	// looked up. A well-formed one about no pending task: 204.
-	key, err := callbacks.ParseSecret(secret)
+	key, err := webhook.ParseSecret(secret)
 	require.NoError(t, err)
 	for i, c := range []struct {
 		body string
@@ -78,9 +78,9 @@ func TestBadBytesAtTheFrontEnd(t *testing.T) {
 		now := time.Now().Unix()
 		req, err := http.NewRequest("POST", base+mcp.PathCallback, bytes.NewReader([]byte(c.body)))
 		require.NoError(t, err)
-		req.Header.Set(callbacks.HeaderID, id)
-		req.Header.Set(callbacks.HeaderTimestamp, strconv.FormatInt(now, 10))
-		req.Header.Set(callbacks.HeaderSignature, callbacks.Sign(key, id, now, []byte(c.body)))
+		req.Header.Set(webhook.HeaderID, id)
+		req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(now, 10))
+		req.Header.Set(webhook.HeaderSignature, webhook.Sign(key, id, now, []byte(c.body)))
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		body, _ := io.ReadAll(resp.Body)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
@@ -434,5 +435,34 @@ func TestRetryStopsAtApprovalExpiry(t *testing.T) {
 	// At approved_until the approval is expired: it is never used.
 	p.offset.Store(int64(time.Until(until) + time.Second))
 	p.advance(t, id)
+	require.Zero(t, p.ledger(t, id))
+}
+
+// TestMaxWindowDenialIsNotOvertakenByItsCancel: past --max-window the task
+// ends denied and its backend request is cancelled. The cancel makes the
+// backend call back, and that wake-up reads the request as cancelled; the
+// task must already be denied by then, or it would end cancelled instead
+// (seen under load in e2e.TestMaxWindowEndsLongPendingTasks). The test runs
+// the callback's Advance inside the cancel, as a fast callback would.
+func TestMaxWindowDenialIsNotOvertakenByItsCancel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPEP(t, pepOptions{maxWindow: time.Hour})
+	id := p.transfer(t, 50017)
+	req := p.request(t, id)
+	var inside atomic.Bool
+	p.onBackend(func(r *http.Request, _ []byte) {
+		if !strings.HasSuffix(r.URL.Path, "/cancel") || !inside.CompareAndSwap(false, true) {
+			return
+		}
+		status, _ := p.backendAPI(t, dev.PEPToken, http.MethodPost, authzen.PathRequests+"/"+req+"/cancel", map[string]any{})
+		require.Equal(t, http.StatusOK, status)
+		_, err := p.gate.Advance(ctx, id) // the callback's wake-up
+		require.NoError(t, err)
+	})
+	p.offset.Store(int64(2 * time.Hour))
+	p.advance(t, id)
+	require.True(t, inside.Load(), "the backend request was cancelled")
+	require.Equal(t, mcp.DeniedNotExecuted, disposition(t, p.get(t, id)))
 	require.Zero(t, p.ledger(t, id))
 }

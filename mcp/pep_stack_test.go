@@ -18,13 +18,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/authzen"
-	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/webhook"
 )
 
 // pep is the real gate and MCP server in front of a real backend (dev seed
@@ -58,7 +58,7 @@ const aliceToken = "alice-token-0123"
 
 func newPEP(t *testing.T, o pepOptions) *pep {
 	t.Helper()
-	p := &pep{env: backendtest.Start(t, backendtest.Options{Policy: o.policy}), db: dbtest.New(t), secret: callbacks.NewSecret()}
+	p := &pep{env: backendtest.Start(t, backendtest.Options{Policy: o.policy}), db: dbtest.New(t), secret: webhook.NewSecret()}
 	jobs, err := river.NewClient(riverpgxv5.New(p.db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
 	tools := mcp.DemoTools()
@@ -233,7 +233,7 @@ func (p *pep) requireIntact(t *testing.T) mcp.AuditReport {
 // status code.
 func (p *pep) callback(t *testing.T, taskID, id, status string) int {
 	t.Helper()
-	key, err := callbacks.ParseSecret(p.secret)
+	key, err := webhook.ParseSecret(p.secret)
 	require.NoError(t, err)
 	body, err := json.Marshal(map[string]any{"state": taskID, "task": map[string]any{"id": id, "status": status}})
 	require.NoError(t, err)
@@ -242,9 +242,9 @@ func (p *pep) callback(t *testing.T, taskID, id, status string) int {
 	req, err := http.NewRequest(http.MethodPost, p.server+mcp.PathCallback, bytes.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(callbacks.HeaderID, msg)
-	req.Header.Set(callbacks.HeaderTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(callbacks.HeaderSignature, callbacks.Sign(key, msg, ts, body))
+	req.Header.Set(webhook.HeaderID, msg)
+	req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(ts, 10))
+	req.Header.Set(webhook.HeaderSignature, webhook.Sign(key, msg, ts, body))
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()

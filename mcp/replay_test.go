@@ -19,11 +19,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/authzen"
-	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/webhook"
 )
 
 func connect(t *testing.T, url string) *pgxpool.Pool {
@@ -49,7 +49,7 @@ func startReceiver(t *testing.T, url, secret string, calls *atomic.Int32, procee
 	t.Helper()
 	rc := &receiver{pool: connect(t, url), calls: calls, status: &atomic.Int32{}, proceed: proceed}
 	rc.status.Store(http.StatusNoContent)
-	v, err := callbacks.NewVerifier(secret)
+	v, err := webhook.NewVerifier(secret)
 	require.NoError(t, err)
 	v.Replay = &mcp.WebhookIDs{DB: rc.pool}
 	rc.srv = httptest.NewServer(v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -74,10 +74,10 @@ type delivery struct {
 }
 
 func sign(t *testing.T, secret, id string) delivery {
-	key, err := callbacks.ParseSecret(secret)
+	key, err := webhook.ParseSecret(secret)
 	require.NoError(t, err)
 	d := delivery{id: id, ts: time.Now().Unix(), body: []byte(`{"state":"task","task":{"id":"arq_1","status":"approved"}}`)}
-	d.sig = callbacks.Sign(key, d.id, d.ts, d.body)
+	d.sig = webhook.Sign(key, d.id, d.ts, d.body)
 	return d
 }
 
@@ -87,9 +87,9 @@ func (d delivery) send(url string) (int, error) {
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(callbacks.HeaderID, d.id)
-	req.Header.Set(callbacks.HeaderTimestamp, strconv.FormatInt(d.ts, 10))
-	req.Header.Set(callbacks.HeaderSignature, d.sig)
+	req.Header.Set(webhook.HeaderID, d.id)
+	req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(d.ts, 10))
+	req.Header.Set(webhook.HeaderSignature, d.sig)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, err
@@ -105,7 +105,7 @@ func (d delivery) send(url string) (int, error) {
 // restart the id is still refused; a failed handling releases it.
 func TestWebhookReplayAcrossReplicas(t *testing.T) {
 	url := dbtest.URL(t)
-	secret := callbacks.NewSecret()
+	secret := webhook.NewSecret()
 	var calls atomic.Int32
 	proceed := make(chan struct{})
 	a := startReceiver(t, url, secret, &calls, proceed)
@@ -233,7 +233,7 @@ func TestWebhookIDsExpireAndPurge(t *testing.T) {
 // TestWebhookStoreDownRefusesCallbacks: when the replay memory cannot be
 // reached, a callback is not handled unchecked; the sender is told to retry.
 func TestWebhookStoreDownRefusesCallbacks(t *testing.T) {
-	secret := callbacks.NewSecret()
+	secret := webhook.NewSecret()
 	var calls atomic.Int32
 	rc := startReceiver(t, dbtest.URL(t), secret, &calls, nil)
 	rc.pool.Close()
@@ -269,7 +269,7 @@ func frontEnd(t *testing.T, url, secret string, perMinute int) string {
 // two replicas enforce one budget and refuse each other's webhook ids.
 func TestFrontEndReplicasShareLimitsAndReplayMemory(t *testing.T) {
 	url := dbtest.URL(t)
-	secret := callbacks.NewSecret()
+	secret := webhook.NewSecret()
 	a, b := frontEnd(t, url, secret, 3), frontEnd(t, url, secret, 3)
 	setup := connect(t, url)
 	jobs, err := river.NewClient(riverpgxv5.New(setup), &river.Config{Schema: migrations.PEPRiverSchema})

@@ -15,11 +15,11 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/webhook"
 )
 
 // Paths served by the front-end.
@@ -42,7 +42,7 @@ type ServerOptions struct {
 	Counters *ratelimit.Counters
 	// Replay remembers the callbacks' webhook ids for every replica;
 	// default: pep.webhook_ids in the gate's database.
-	Replay callbacks.ReplayStore
+	Replay webhook.ReplayStore
 	// Extra registers additional tools or methods on the SDK server (the
 	// conformance fixtures).
 	Extra func(s *sdk.Server, ts *tasks.Server) error
@@ -126,7 +126,7 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle(PathMCP, srv.authenticate(limit(ts.Wrap(mcpHandler))))
 	if len(o.WebhookSecrets) > 0 {
-		v, err := callbacks.NewVerifier(o.WebhookSecrets...)
+		v, err := webhook.NewVerifier(o.WebhookSecrets...)
 		if err != nil {
 			return nil, err
 		}
@@ -328,7 +328,7 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 // ignored.
 func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	raw, _ := io.ReadAll(r.Body)
-	body, err := callbacks.ParseBody(raw)
+	body, err := webhook.ParseBody(raw)
 	if err != nil {
 		http.Error(w, "malformed callback: "+err.Error(), http.StatusBadRequest)
 		return

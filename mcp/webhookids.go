@@ -16,7 +16,7 @@ var RateCounters = pgx.Identifier{"pep", "rate_counters"}
 
 // WebhookIDs is the callback verifier's replay memory in pep.webhook_ids,
 // shared by every replica of the front-end and kept across restarts
-// (a callbacks.ReplayStore).
+// (a webhook.ReplayStore).
 type WebhookIDs struct {
 	DB interface {
 		QueryRow(ctx context.Context, sql string, args ...any) pgx.Row

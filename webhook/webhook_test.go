@@ -1,4 +1,4 @@
-package callbacks_test
+package webhook_test
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/callbacks"
+	"github.com/omcp/arap/webhook"
 )
 
 // The Standard Webhooks specification's example, and the same signature
@@ -30,40 +30,40 @@ func TestSignatureMatchesStandardWebhooks(t *testing.T) {
 		body   = `{"test": 2432232314}`
 		want   = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
 	)
-	key, err := callbacks.ParseSecret(secret)
+	key, err := webhook.ParseSecret(secret)
 	require.NoError(t, err)
-	require.Equal(t, want, callbacks.Sign(key, id, ts, []byte(body)))
+	require.Equal(t, want, webhook.Sign(key, id, ts, []byte(body)))
 
 	raw, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
 	mac := hmac.New(sha256.New, raw)
 	mac.Write([]byte(id + "." + strconv.FormatInt(ts, 10) + "." + body))
-	require.Equal(t, "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)), callbacks.Sign(key, id, ts, []byte(body)))
+	require.Equal(t, "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)), webhook.Sign(key, id, ts, []byte(body)))
 
-	other, _ := callbacks.ParseSecret(callbacks.NewSecret())
-	h := callbacks.SignatureHeader([][]byte{key, other}, id, ts, []byte(body))
+	other, _ := webhook.ParseSecret(webhook.NewSecret())
+	h := webhook.SignatureHeader([][]byte{key, other}, id, ts, []byte(body))
 	require.Equal(t, 2, len(strings.Fields(h)), "both secrets sign during a rotation")
 	require.True(t, strings.HasPrefix(h, want+" v1,"))
 
 	for _, bad := range []string{"", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_!!!", "whsec_c2hvcnQ="} {
-		_, err := callbacks.ParseSecret(bad)
+		_, err := webhook.ParseSecret(bad)
 		require.Error(t, err, bad)
 	}
 }
 
 func signed(t *testing.T, secret, id string, ts time.Time, body string) *http.Request {
 	t.Helper()
-	key, err := callbacks.ParseSecret(secret)
+	key, err := webhook.ParseSecret(secret)
 	require.NoError(t, err)
 	r := httptest.NewRequest("POST", "/cb", strings.NewReader(body))
-	r.Header.Set(callbacks.HeaderID, id)
-	r.Header.Set(callbacks.HeaderTimestamp, strconv.FormatInt(ts.Unix(), 10))
-	r.Header.Set(callbacks.HeaderSignature, callbacks.Sign(key, id, ts.Unix(), []byte(body)))
+	r.Header.Set(webhook.HeaderID, id)
+	r.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(ts.Unix(), 10))
+	r.Header.Set(webhook.HeaderSignature, webhook.Sign(key, id, ts.Unix(), []byte(body)))
 	return r
 }
 
 func TestVerifier(t *testing.T) {
-	secret, rotated := callbacks.NewSecret(), callbacks.NewSecret()
-	v, err := callbacks.NewVerifier(secret, rotated)
+	secret, rotated := webhook.NewSecret(), webhook.NewSecret()
+	v, err := webhook.NewVerifier(secret, rotated)
 	require.NoError(t, err)
 	calls := 0
 	status := http.StatusOK
@@ -84,12 +84,12 @@ func TestVerifier(t *testing.T) {
 	require.Equal(t, 409, serve(signed(t, secret, "msg_1", now.Add(time.Second), `{"a":1}`)))
 
 	// Forged: signed with another secret, or a body changed after signing.
-	require.Equal(t, 401, serve(signed(t, callbacks.NewSecret(), "msg_3", now, `{"a":1}`)))
+	require.Equal(t, 401, serve(signed(t, webhook.NewSecret(), "msg_3", now, `{"a":1}`)))
 	r := signed(t, secret, "msg_4", now, `{"a":1}`)
 	r.Body = http.NoBody
 	require.Equal(t, 401, serve(r))
 	r = signed(t, secret, "msg_4", now, `{"a":1}`)
-	r.Header.Del(callbacks.HeaderSignature)
+	r.Header.Del(webhook.HeaderSignature)
 	require.Equal(t, 401, serve(r))
 
 	// Too old, or from the future, beyond the 5-minute tolerance.
@@ -112,7 +112,7 @@ func TestVerifier(t *testing.T) {
 	v.Now = func() time.Time { return later }
 	require.Equal(t, 200, serve(signed(t, secret, "msg_1", later, `{"a":1}`)))
 
-	_, err = callbacks.NewVerifier()
+	_, err = webhook.NewVerifier()
 	require.Error(t, err)
 }
 
@@ -120,8 +120,8 @@ func TestVerifier(t *testing.T) {
 // delivery, exactly one reaches the handler, however long it takes; the
 // others are refused at once (409) rather than handled after it.
 func TestVerifierClaimsBeforeHandling(t *testing.T) {
-	secret := callbacks.NewSecret()
-	v, err := callbacks.NewVerifier(secret)
+	secret := webhook.NewSecret()
+	v, err := webhook.NewVerifier(secret)
 	require.NoError(t, err)
 	var calls atomic.Int32
 	proceed := make(chan struct{})
@@ -144,18 +144,18 @@ func TestVerifierClaimsBeforeHandling(t *testing.T) {
 // It returns the status codes, sorted.
 func sendCopies(t *testing.T, url, secret, id string, n int, proceed chan struct{}) []int {
 	t.Helper()
-	key, err := callbacks.ParseSecret(secret)
+	key, err := webhook.ParseSecret(secret)
 	require.NoError(t, err)
 	ts := time.Now().Unix()
 	body := []byte(`{"state":"s"}`)
-	sig := callbacks.Sign(key, id, ts, body)
+	sig := webhook.Sign(key, id, ts, body)
 	results := make(chan int, n)
 	for range n {
 		go func() {
 			req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
-			req.Header.Set(callbacks.HeaderID, id)
-			req.Header.Set(callbacks.HeaderTimestamp, strconv.FormatInt(ts, 10))
-			req.Header.Set(callbacks.HeaderSignature, sig)
+			req.Header.Set(webhook.HeaderID, id)
+			req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(ts, 10))
+			req.Header.Set(webhook.HeaderSignature, sig)
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				results <- 0
@@ -187,8 +187,8 @@ func sendCopies(t *testing.T, url, secret, id string, n int, proceed chan struct
 // TestVerifierReleasesWhenHandlerPanics: a handler that panics has not
 // handled the callback, so the sender's retry is not refused as a replay.
 func TestVerifierReleasesWhenHandlerPanics(t *testing.T) {
-	secret := callbacks.NewSecret()
-	v, err := callbacks.NewVerifier(secret)
+	secret := webhook.NewSecret()
+	v, err := webhook.NewVerifier(secret)
 	require.NoError(t, err)
 	panics := true
 	h := v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

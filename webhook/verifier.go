@@ -1,10 +1,9 @@
-package callbacks
+package webhook
 
 import (
 	"bytes"
 	"context"
 	"crypto/hmac"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,8 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/omcp/arap/internal/clean"
 )
 
 // Verifier checks incoming callbacks: signature (any of the secrets),
@@ -51,7 +48,7 @@ type ReplayStore interface {
 // webhook-ids in memory.
 func NewVerifier(secrets ...string) (*Verifier, error) {
 	if len(secrets) == 0 {
-		return nil, errors.New("callbacks: a verifier needs at least one secret")
+		return nil, errors.New("webhook: a verifier needs at least one secret")
 	}
 	v := &Verifier{Tolerance: 5 * time.Minute, MaxBody: 1 << 20}
 	v.Replay = &memoryReplay{now: v.now, until: map[string]time.Time{}}
@@ -67,10 +64,10 @@ func NewVerifier(secrets ...string) (*Verifier, error) {
 
 // Verification errors.
 var (
-	ErrMissingHeaders = errors.New("callbacks: webhook-id, webhook-timestamp and webhook-signature are required")
-	ErrTimestamp      = errors.New("callbacks: webhook-timestamp is outside the tolerance")
-	ErrSignature      = errors.New("callbacks: no signature matches")
-	ErrReplay         = errors.New("callbacks: this webhook-id was already claimed")
+	ErrMissingHeaders = errors.New("webhook: webhook-id, webhook-timestamp and webhook-signature are required")
+	ErrTimestamp      = errors.New("webhook: webhook-timestamp is outside the tolerance")
+	ErrSignature      = errors.New("webhook: no signature matches")
+	ErrReplay         = errors.New("webhook: this webhook-id was already claimed")
 )
 
 func (v *Verifier) now() time.Time {
@@ -112,11 +109,11 @@ func (v *Verifier) Verify(h http.Header, body []byte) (string, error) {
 // signed before the claim.
 func (v *Verifier) Claim(ctx context.Context, id string) error {
 	if v.Replay == nil {
-		return errors.New("callbacks: the verifier has no replay store")
+		return errors.New("webhook: the verifier has no replay store")
 	}
 	ok, err := v.Replay.Claim(ctx, id, v.now().Add(2*v.Tolerance))
 	if err != nil {
-		return fmt.Errorf("callbacks: claim webhook-id: %w", err)
+		return fmt.Errorf("webhook: claim webhook-id: %w", err)
 	}
 	if !ok {
 		return ErrReplay
@@ -128,28 +125,9 @@ func (v *Verifier) Claim(ctx context.Context, id string) error {
 // sender's retry is handled.
 func (v *Verifier) Release(ctx context.Context, id string) error {
 	if err := v.Replay.Release(ctx, id); err != nil {
-		return fmt.Errorf("callbacks: release webhook-id: %w", err)
+		return fmt.Errorf("webhook: release webhook-id: %w", err)
 	}
 	return nil
-}
-
-// ErrBody refuses a callback body that does not name a task.
-var ErrBody = errors.New("callbacks: the body must be a JSON object with a state and a task id, as text of at most 255 bytes")
-
-// ParseBody decodes a verified callback's body: its state (what the PEP
-// registered) and task id must be present and be text a receiver can look
-// up, at most 255 bytes of valid UTF-8 without NUL.
-func ParseBody(raw []byte) (Body, error) {
-	var b Body
-	if json.Unmarshal(raw, &b) != nil {
-		return Body{}, ErrBody
-	}
-	for _, s := range []string{b.State, b.Task.ID} {
-		if s == "" || len(s) > 255 || clean.Text(s) != nil {
-			return Body{}, ErrBody
-		}
-	}
-	return b, nil
 }
 
 // Middleware verifies each request and claims its webhook-id before next

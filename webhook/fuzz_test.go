@@ -1,4 +1,4 @@
-package callbacks_test
+package webhook_test
 
 import (
 	"encoding/json"
@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/webhook"
 )
 
 // FuzzVerify feeds arbitrary webhook headers and bodies to the receiving
@@ -23,11 +23,11 @@ import (
 // verifies.
 func FuzzVerify(f *testing.F) {
 	secret := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-	key, err := callbacks.ParseSecret(secret)
+	key, err := webhook.ParseSecret(secret)
 	require.NoError(f, err)
 	now := time.Unix(1_900_000_000, 0)
 	body := `{"state":"tsk_1","task":{"id":"arq_1","status":"approved"}}`
-	good := callbacks.Sign(key, "msg_1", now.Unix(), []byte(body))
+	good := webhook.Sign(key, "msg_1", now.Unix(), []byte(body))
 	for _, c := range [][4]string{
 		{"msg_1", strconv.FormatInt(now.Unix(), 10), good, body},
 		{"msg_1", strconv.FormatInt(now.Unix(), 10), "v1,AAAA " + good, body},
@@ -39,30 +39,30 @@ func FuzzVerify(f *testing.F) {
 		f.Add(c[0], c[1], c[2], []byte(c[3]))
 	}
 	f.Fuzz(func(t *testing.T, id, ts, sigs string, body []byte) {
-		v, err := callbacks.NewVerifier(secret)
+		v, err := webhook.NewVerifier(secret)
 		require.NoError(t, err)
 		v.Now = func() time.Time { return now }
 		h := http.Header{}
-		h.Set(callbacks.HeaderID, id)
-		h.Set(callbacks.HeaderTimestamp, ts)
-		h.Set(callbacks.HeaderSignature, sigs)
+		h.Set(webhook.HeaderID, id)
+		h.Set(webhook.HeaderTimestamp, ts)
+		h.Set(webhook.HeaderSignature, sigs)
 		got, err := v.Verify(h, body)
 		if err == nil {
 			require.Equal(t, id, got)
 			sec, perr := strconv.ParseInt(ts, 10, 64)
 			require.NoError(t, perr)
 			require.LessOrEqual(t, now.Sub(time.Unix(sec, 0)).Abs(), v.Tolerance)
-			want := callbacks.Sign(key, id, sec, body)
+			want := webhook.Sign(key, id, sec, body)
 			require.Contains(t, strings.Fields(sigs), want, "verified without the right signature")
 		} else {
-			require.True(t, errors.Is(err, callbacks.ErrMissingHeaders) || errors.Is(err, callbacks.ErrTimestamp) ||
-				errors.Is(err, callbacks.ErrSignature), "untyped refusal: %v", err)
+			require.True(t, errors.Is(err, webhook.ErrMissingHeaders) || errors.Is(err, webhook.ErrTimestamp) ||
+				errors.Is(err, webhook.ErrSignature), "untyped refusal: %v", err)
 		}
 		if id == "" {
 			return
 		}
-		h.Set(callbacks.HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
-		h.Set(callbacks.HeaderSignature, callbacks.Sign(key, id, now.Unix(), body))
+		h.Set(webhook.HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
+		h.Set(webhook.HeaderSignature, webhook.Sign(key, id, now.Unix(), body))
 		got, err = v.Verify(h, body)
 		require.NoError(t, err, "a correctly signed message verifies")
 		require.Equal(t, id, got)
@@ -79,9 +79,9 @@ func FuzzParseBody(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		b, err := callbacks.ParseBody(raw)
+		b, err := webhook.ParseBody(raw)
 		if err != nil {
-			require.ErrorIs(t, err, callbacks.ErrBody)
+			require.ErrorIs(t, err, webhook.ErrBody)
 			return
 		}
 		for _, s := range []string{b.State, b.Task.ID} {
@@ -91,7 +91,7 @@ func FuzzParseBody(f *testing.F) {
 		}
 		out, err := json.Marshal(b)
 		require.NoError(t, err)
-		back, err := callbacks.ParseBody(out)
+		back, err := webhook.ParseBody(out)
 		require.NoError(t, err)
 		require.Equal(t, b.State, back.State)
 		require.Equal(t, b.Task.ID, back.Task.ID)

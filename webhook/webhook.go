@@ -1,15 +1,14 @@
-// Package callbacks delivers ARAP callbacks: when an access request ends,
-// each callback the submitter registered for that event is POSTed, signed
-// the Standard Webhooks way (webhook-id, webhook-timestamp, webhook-signature:
-// HMAC-SHA256 over "id.timestamp.body" with the client's secret), at least
-// once, retried with backoff. The delivery job is enqueued in the
-// transaction that ends the request, so a crash cannot lose it.
+// Package webhook signs and verifies ARAP callbacks the Standard Webhooks
+// way: webhook-id, webhook-timestamp and webhook-signature headers, the
+// signature an HMAC-SHA256 over "id.timestamp.body" with a whsec_ secret.
+// The backend signs with it (package callbacks delivers); a PEP verifies
+// with Verifier, as middleware around its callback handler, and reads the
+// body with ParseBody.
 //
-// Callbacks only wake the receiver: the body carries the task handle and
-// never the approval, and the status endpoint stays authoritative.
-//
-// Verifier is the receiving side, for PEPs (our MCP front-end uses it).
-package callbacks
+// It is a leaf (the standard library, the wire types in authzen and
+// internal/clean), so a receiver such as `arapd mcp` links none of the
+// backend.
+package webhook
 
 import (
 	"crypto/hmac"
@@ -42,11 +41,11 @@ func NewSecret() string {
 func ParseSecret(s string) ([]byte, error) {
 	raw, ok := strings.CutPrefix(s, SecretPrefix)
 	if !ok {
-		return nil, errors.New("callbacks: a webhook secret starts with whsec_")
+		return nil, errors.New("webhook: a webhook secret starts with whsec_")
 	}
 	key, err := base64.StdEncoding.DecodeString(raw)
 	if err != nil || len(key) < 16 {
-		return nil, errors.New("callbacks: a webhook secret is whsec_ and the base64 of at least 16 bytes")
+		return nil, errors.New("webhook: a webhook secret is whsec_ and the base64 of at least 16 bytes")
 	}
 	return key, nil
 }

@@ -1,0 +1,263 @@
+// Package host runs one arapd process: it listens, opens the database pool
+// (migrating it if asked), builds River clients on that pool, serves HTTP
+// with the timeouts every listener should have, and starts and stops it all
+// in order. `arapd serve` (package backend) and `arapd mcp` (package
+// frontend) are each their wiring on a Host.
+//
+// The order is the point: Start runs the services, then the workers, then
+// serves; Stop drains HTTP (new connections refused, requests in flight
+// finish), stops the services in reverse, then the workers (running jobs
+// finish or are left for another replica to rescue), then closes the pool.
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/omcp/arap/internal/logs"
+	"github.com/omcp/arap/migrations"
+)
+
+// Config configures a Host.
+type Config struct {
+	// Name starts the host's log lines ("backend started").
+	Name string
+	// Addr is the listen address, e.g. "127.0.0.1:8480" (":0" picks a port).
+	Addr string
+	// PublicURL is the base URL others use; "http://" and the listen
+	// address when empty.
+	PublicURL   string
+	DatabaseURL string
+	// Migrate applies pending migrations before anything else.
+	Migrate bool
+	Log     *slog.Logger
+}
+
+// Service runs beside the workers (a notifier, a reconciler).
+type Service interface {
+	Start(ctx context.Context) error
+	Stop()
+}
+
+// Parts are what a process runs on its host.
+type Parts struct {
+	Handler http.Handler
+	// Workers runs the process's jobs (a client built by River, with
+	// workers).
+	Workers *river.Client[pgx.Tx]
+	// Services start in order before the workers, and stop in reverse once
+	// HTTP has drained.
+	Services []Service
+	// OnShutdown runs as HTTP shutdown begins, to end what would otherwise
+	// hold it open (listen streams).
+	OnShutdown []func()
+	// Reload runs on every value from Run's reload channel (SIGHUP).
+	Reload func()
+	// Started adds attributes to the "started" log line.
+	Started func() []any
+}
+
+// Host owns one process's listener, pool, HTTP server and workers.
+type Host struct {
+	cfg      Config
+	listener net.Listener
+	pool     *pgxpool.Pool
+	parts    Parts
+	server   *http.Server
+	running  int // services started
+	started  atomic.Bool
+	stopping atomic.Bool
+	serveErr chan error
+}
+
+// New listens on cfg.Addr and opens the pool; nothing is served until Start.
+func New(ctx context.Context, cfg Config) (*Host, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Addr, err)
+	}
+	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
+	if cfg.PublicURL == "" {
+		cfg.PublicURL = "http://" + ln.Addr().String()
+	}
+	h := &Host{cfg: cfg, listener: ln, serveErr: make(chan error, 1)}
+	if h.pool, err = migrations.Open(ctx, cfg.DatabaseURL, cfg.Migrate, cfg.Log); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// River returns a client on the pool, logging only warnings and errors. A
+// client without workers inserts jobs, so services can be built before the
+// worker client that needs them.
+func (h *Host) River(cfg *river.Config) (*river.Client[pgx.Tx], error) {
+	if cfg.Logger == nil {
+		cfg.Logger = logs.Quiet(h.cfg.Log, slog.LevelWarn)
+	}
+	c, err := river.NewClient(riverpgxv5.New(h.pool), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("river: %w", err)
+	}
+	return c, nil
+}
+
+// Mount sets what Start runs.
+func (h *Host) Mount(p Parts) {
+	h.parts = p
+	h.server = httpServer(p.Handler)
+	for _, f := range p.OnShutdown {
+		h.server.RegisterOnShutdown(f)
+	}
+}
+
+// Close releases the listener and the pool of a host that never started
+// (its process failed to build).
+func (h *Host) Close() {
+	_ = h.listener.Close()
+	h.pool.Close()
+}
+
+// Start runs the services and the workers, then serves. If any fails to
+// start, what did start is stopped again.
+func (h *Host) Start(ctx context.Context) error {
+	if h.server == nil {
+		return errors.New("start: nothing mounted")
+	}
+	for _, s := range h.parts.Services {
+		if err := s.Start(ctx); err != nil {
+			h.stopServices()
+			return fmt.Errorf("start: %w", err)
+		}
+		h.running++
+	}
+	if err := h.parts.Workers.Start(ctx); err != nil {
+		h.stopServices()
+		return fmt.Errorf("start workers: %w", err)
+	}
+	go func() { h.serveErr <- h.server.Serve(h.listener) }()
+	h.started.Store(true)
+	attrs := []any{"addr", h.Addr(), "public_url", h.URL()}
+	if h.parts.Started != nil {
+		attrs = append(attrs, h.parts.Started()...)
+	}
+	h.cfg.Log.Info(h.cfg.Name+" started", attrs...)
+	return nil
+}
+
+// Stop drains HTTP, stops the services in reverse, then the workers, and
+// closes the pool.
+func (h *Host) Stop(ctx context.Context) error {
+	h.stopping.Store(true)
+	var errs []error
+	if !h.started.Load() {
+		// Shutdown closes only the listeners Serve was given.
+		_ = h.listener.Close()
+	}
+	if h.server != nil {
+		if err := h.server.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+		}
+	}
+	h.stopServices()
+	if h.started.Load() {
+		if err := h.parts.Workers.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stop workers: %w", err))
+		}
+	}
+	h.pool.Close()
+	h.cfg.Log.Info(h.cfg.Name + " stopped")
+	return errors.Join(errs...)
+}
+
+func (h *Host) stopServices() {
+	for ; h.running > 0; h.running-- {
+		h.parts.Services[h.running-1].Stop()
+	}
+}
+
+// Run starts the host and serves until ctx ends (SIGTERM), calling the
+// Reload part on every value from reload (SIGHUP; nil for none). It then
+// stops, giving work in flight up to 30 seconds.
+func (h *Host) Run(ctx context.Context, reload <-chan struct{}) error {
+	stop := func() error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		return h.Stop(ctx)
+	}
+	if err := h.Start(ctx); err != nil {
+		return errors.Join(err, stop())
+	}
+	var serveErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-reload:
+			if h.parts.Reload != nil {
+				h.parts.Reload()
+			}
+		case err := <-h.serveErr:
+			if !errors.Is(err, http.ErrServerClosed) {
+				serveErr = fmt.Errorf("serve: %w", err)
+			}
+			break loop
+		}
+	}
+	h.cfg.Log.Info("shutting down")
+	return errors.Join(serveErr, stop())
+}
+
+// Ready reports whether the process can take traffic: started, not
+// stopping, and its database answering.
+func (h *Host) Ready(ctx context.Context) error {
+	if h.stopping.Load() {
+		return errors.New("shutting down")
+	}
+	if !h.started.Load() {
+		return errors.New("starting")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := h.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	return nil
+}
+
+// URL is the public base URL, without a trailing slash.
+func (h *Host) URL() string { return h.cfg.PublicURL }
+
+// Addr is the address the host listens on.
+func (h *Host) Addr() string { return h.listener.Addr().String() }
+
+// Pool is the database pool.
+func (h *Host) Pool() *pgxpool.Pool { return h.pool }
+
+// httpServer wraps handler with the timeouts every listener should have.
+func httpServer(handler http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    32 << 10,
+	}
+}
