@@ -201,6 +201,11 @@ func (h *Host) Run(ctx context.Context, reload <-chan struct{}) error {
 		return h.Stop(ctx)
 	}
 	if err := h.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			// Stopped before it had started: a clean stop, not a failure.
+			h.cfg.Log.Info("stopped while starting")
+			return stop()
+		}
 		return errors.Join(err, stop())
 	}
 	var serveErr error
