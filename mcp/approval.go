@@ -17,6 +17,7 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/fault"
+	"github.com/omcp/arap/internal/schemamsg"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -606,9 +607,9 @@ func (g *Gate) extendDeadline(ctx context.Context, a *approvalTask, expiresAt *t
 
 // SafetyPoll is how often an undecided request is read when the backend
 // calls back: the callback wakes the task, so the poll only covers a
-// callback that never came (the backend retries deliveries for hours). Every
-// pending task polled at the client's pace cost the backend a status read a
-// second per task (arapbench: most of the gate's load).
+// callback that never came (the backend retries deliveries for hours).
+// Polling at the client's pace instead would make the backend's status
+// reads grow with the number of pending tasks (docs/performance.md, "gate").
 const SafetyPoll = 30 * time.Second
 
 // undecidedPoll is the least wait before reading an undecided request again.
@@ -1069,7 +1070,7 @@ func (g *Gate) Update(ctx context.Context, t *tasks.Task, responses map[string]j
 		return g.deny(ctx, a, "The information needed for a new approval was declined; the tool did not run.")
 	}
 	if v := validateAnswers(a.InputSchema, ans.Content); len(v) > 0 {
-		return &tasks.InputError{Msg: "the answer does not satisfy the request schema: " + strings.Join(v, "; ")}
+		return &tasks.InputError{Msg: "the answer does not satisfy the request schema: " + schemamsg.Join(v)}
 	}
 	b, err := g.binding(a)
 	if err != nil {
