@@ -218,7 +218,7 @@ func TestEvaluationErrorsArePlainAuthZEN(t *testing.T) {
 	check(api{t: t, base: env.URL, token: "nope-nope-nope"}.do("POST", "/access/v1/evaluation", wireCall(1)), 401, "unknown or revoked")
 	check(api{t: t, base: env.URL, token: dev.ITSMToken}.do("POST", "/access/v1/evaluation", wireCall(1)), 403, "evaluate scope")
 	check(pep.do("POST", "/access/v1/evaluation", `{"subject":`), 400, "not valid JSON")
-	check(pep.do("POST", "/access/v1/evaluation", map[string]any{"subject": map[string]any{"type": "user"}}), 400, "missing property 'id'")
+	check(pep.do("POST", "/access/v1/evaluation", map[string]any{"subject": map[string]any{"type": "user"}}), 400, "subject.id: is required; provide an id")
 	check(pep.do("POST", "/access/v1/evaluation", map[string]any{"subject": "alice"}), 400, "subject: expected")
 	check(pep.do("POST", "/access/v1/evaluation", strings.Repeat(" ", 4096)), 413, "larger than the limit")
 	check(pep.do("POST", "/access/v1/evaluation", wireCall(1), "Content-Type", "text/plain"), 415, "application/json")

@@ -68,10 +68,10 @@ func TestNonCanonicalIdentityOverHTTP(t *testing.T) {
 	good := wireCall(50000)
 	denial := pep.do("POST", "/access/v1/evaluation", good).json(t)
 	for _, tc := range []struct{ where, id, want string }{
-		{"subject", "b\u200bob", "/subject/id: the identifier contains U+200B ZERO WIDTH SPACE"},
-		{"subject", "ｂｏｂ", "/subject/id: the identifier is not in Unicode NFKC form"},
-		{"subject", "bob ", "/subject/id: the identifier has whitespace"},
-		{"actor", "agent:demo\u202e", "/subject/properties/act/sub: the actor identifier contains U+202E"},
+		{"subject", "b\u200bob", "subject.id: the identifier contains U+200B ZERO WIDTH SPACE"},
+		{"subject", "ｂｏｂ", "subject.id: the identifier is not in Unicode NFKC form"},
+		{"subject", "bob ", "subject.id: the identifier has whitespace"},
+		{"actor", "agent:demo\u202e", "subject.properties.act.sub: the actor identifier contains U+202E"},
 	} {
 		call := wireCall(50000)
 		if tc.where == "subject" {

@@ -12,9 +12,9 @@ const MaxActorDepth = 8
 
 // ActorChain lists the ids of a delegation chain, outermost first: the
 // first link's idKey member ("sub" in subject.properties.act, "id" in
-// client.actor), then each nested act's "sub". where is the chain's JSON
-// pointer, for errors. A chain whose links are not objects, lack a string id, or nest
-// deeper than MaxActorDepth is an error.
+// client.actor), then each nested act's "sub". where names the chain's
+// field (subject.properties.act), for errors. A chain whose links are not
+// objects, lack a string id, or nest deeper than MaxActorDepth is an error.
 func ActorChain(act any, idKey, where string) ([]string, error) {
 	var ids []string
 	for depth := 0; act != nil; depth++ {
@@ -28,11 +28,11 @@ func ActorChain(act any, idKey, where string) ([]string, error) {
 			}
 		}
 		if !ok {
-			return nil, fmt.Errorf("%s: must be an object", where)
+			return nil, fmt.Errorf("%s: must be an object; send the actor as {\"sub\": ...}", where)
 		}
 		id, ok := link[idKey].(string)
 		if !ok {
-			return nil, fmt.Errorf("%s/%s: every actor in the chain needs a string id", where, idKey)
+			return nil, fmt.Errorf("%s.%s: every actor in the chain needs a string id; give this actor one", where, idKey)
 		}
 		ids = append(ids, id)
 		next, present := link["act"]
@@ -40,9 +40,9 @@ func ActorChain(act any, idKey, where string) ([]string, error) {
 			break
 		}
 		if next == nil {
-			return nil, fmt.Errorf("%s/act: must be an object", where)
+			return nil, fmt.Errorf("%s.act: must be an object; send the next actor as {\"sub\": ...} or leave act out", where)
 		}
-		act, idKey, where = next, "sub", where+"/act"
+		act, idKey, where = next, "sub", where+".act"
 	}
 	return ids, nil
 }
@@ -54,9 +54,9 @@ func SubjectActors(subject Object) ([]string, error) {
 		return nil, nil
 	}
 	if act == nil {
-		return nil, fmt.Errorf("/subject/properties/act: must be an object")
+		return nil, fmt.Errorf("subject.properties.act: must be an object; send the actor as {\"sub\": ...} or leave act out")
 	}
-	return ActorChain(act, "sub", "/subject/properties/act")
+	return ActorChain(act, "sub", "subject.properties.act")
 }
 
 // ActorHash binds the delegation chain, which binding_hash leaves out (ARAP

@@ -177,12 +177,9 @@ func (b *Backend) build(ctx context.Context) error {
 		},
 		PeriodicJobs: append(b.requests.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: requests.QueueMaintenance})),
 		JobTimeout:   cfg.JobTimeout,
-		// A callback delivery is a job, and its pickup delay is the
-		// approve-to-complete latency of every PEP: River's insert
-		// notifications are debounced and its default poll is 1 s, which
-		// left p99 near 800 ms (arapbench). A 50 ms poll costs a replica 20
-		// small queries a second. FetchCooldown (default 100 ms) spaces
-		// fetches and, with MaxWorkers per fetch, caps a replica's job rate.
+		// A callback delivery is a job, so its pickup delay is every PEP's
+		// approve-to-complete latency; River's default 1 s poll is too slow
+		// for that (docs/performance.md, "approve-to-complete").
 		FetchPollInterval: 50 * time.Millisecond,
 		FetchCooldown:     10 * time.Millisecond,
 		// A job whose worker died (kill -9) is retried after this.

@@ -196,8 +196,14 @@ type devStack struct {
 
 func startDev(t *testing.T, dbURL string) *devStack {
 	t.Helper()
+	return startDevAt(t, dbURL, filepath.Join(t.TempDir(), "dev"))
+}
+
+// startDevAt is startDev with its data dir at dataDir.
+func startDevAt(t *testing.T, dbURL, dataDir string) *devStack {
+	t.Helper()
 	p := startArapd(t, []string{"DATABASE_URL=" + dbURL}, "dev", "--addr", "127.0.0.1:0", "--mcp-addr", "127.0.0.1:0",
-		"--data-dir", filepath.Join(t.TempDir(), "dev"))
+		"--data-dir", dataDir)
 	m := p.waitLog("mcp front-end started", 60*time.Second)
 	addr, _ := m["addr"].(string)
 	mcpURL := "http://" + addr + "/mcp"

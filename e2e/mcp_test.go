@@ -244,7 +244,7 @@ func TestSEP2848Statements(t *testing.T) {
 			"inputResponses": map[string]any{key: map[string]any{"action": "accept", "content": map[string]any{"business_justification": "short"}}}})
 		require.NoError(t, err)
 		require.Equal(t, "input_required", again.ResultType)
-		require.Contains(t, string(again.Raw), "not accepted")
+		require.Contains(t, string(again.Raw), "The previous answer was not accepted: business_justification: must be at least 10 characters; give a longer business justification.")
 		var key2 string
 		for k := range again.InputRequests {
 			key2 = k

@@ -103,7 +103,11 @@ func maskWalk(out string) []string {
 func TestWalkthrough(t *testing.T) {
 	t.Parallel()
 	ctx := newBrowser(t)
-	d := startDev(t, dbtest.URL(t))
+	// The commands run in work, as a reader's run in the directory where
+	// `arapd dev` runs: its data dir is work/.arap-dev, where arapctl's
+	// database commands find the database without DATABASE_URL.
+	work := t.TempDir()
+	d := startDevAt(t, dbtest.URL(t), filepath.Join(work, ".arap-dev"))
 	base := d.p.url()
 
 	raw, err := os.ReadFile(walkthroughDoc)
@@ -112,9 +116,8 @@ func TestWalkthrough(t *testing.T) {
 	steps := parseWalkthrough(t, doc)
 	update := os.Getenv("ARAP_UPDATE_DOCS") != ""
 
-	// The commands run in a directory with bin/arapctl, as the document
-	// builds it; the MCP URL is the test's, since dev runs on free ports.
-	work := t.TempDir()
+	// bin/arapctl is there, as the document builds it; the MCP URL is the
+	// test's, since dev runs on free ports.
 	require.NoError(t, os.MkdirAll(filepath.Join(work, "bin"), 0o755))
 	require.NoError(t, os.Symlink(filepath.Join(binDir, "arapctl"), filepath.Join(work, "bin", "arapctl")))
 	env := append([]string{}, d.env...)
@@ -157,7 +160,7 @@ func TestWalkthrough(t *testing.T) {
 		case "run":
 			cmd := osexec.Command("sh", "-c", s.text)
 			cmd.Dir = work
-			cmd.Env = append(os.Environ(), env...)
+			cmd.Env = append(withoutDatabaseURL(os.Environ()), env...)
 			b := startBackground(t, cmd)
 			if s.background {
 				b.waitOutput(t, "working") // the task exists before anyone decides

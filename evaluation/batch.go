@@ -3,7 +3,6 @@ package evaluation
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/omcp/arap/authzen"
 )
@@ -41,17 +40,14 @@ func ValidateBatch(b authzen.EvaluationsRequest) []string {
 	switch b.Options.EvaluationsSemantic {
 	case "", authzen.SemanticExecuteAll, authzen.SemanticDenyOnFirstDeny, authzen.SemanticPermitOnFirstPermit:
 	default:
-		out = append(out, fmt.Sprintf("/options/evaluations_semantic: %q is not one of %s, %s, %s", b.Options.EvaluationsSemantic,
+		out = append(out, fmt.Sprintf("options.evaluations_semantic: %q is not one of %s, %s, %s; use one of these", b.Options.EvaluationsSemantic,
 			authzen.SemanticExecuteAll, authzen.SemanticDenyOnFirstDeny, authzen.SemanticPermitOnFirstPermit))
 	}
 	for i, it := range Items(b) {
 		for _, v := range ValidateRequest(it) {
 			if len(b.Evaluations) > 0 {
-				if strings.HasPrefix(v, "/") {
-					v = fmt.Sprintf("/evaluations/%d%s", i, v)
-				} else {
-					v = fmt.Sprintf("/evaluations/%d: %s", i, v)
-				}
+				// Every message starts with the field it is about.
+				v = fmt.Sprintf("evaluations[%d].%s", i, v)
 			}
 			out = append(out, v)
 		}

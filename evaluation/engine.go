@@ -19,8 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -28,11 +26,10 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/oklog/ulid/v2"
 	"github.com/santhosh-tekuri/jsonschema/v6"
-	"golang.org/x/text/language"
-	"golang.org/x/text/message"
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/identity"
+	"github.com/omcp/arap/internal/schemamsg"
 	"github.com/omcp/arap/signing"
 )
 
@@ -359,7 +356,7 @@ func identityViolations(subject authzen.Object) []string {
 	for _, k := range []string{"type", "id"} {
 		if s, ok := subject[k].(string); ok {
 			if err := identity.Check(s); err != nil {
-				out = append(out, fmt.Sprintf("/subject/%s: the identifier %v", k, err))
+				out = append(out, fmt.Sprintf("subject.%s: the identifier %v", k, err))
 			}
 		}
 	}
@@ -367,45 +364,16 @@ func identityViolations(subject authzen.Object) []string {
 	if err != nil {
 		return append(out, err.Error())
 	}
-	where := "/subject/properties/act"
+	where := "subject.properties.act"
 	for _, id := range actors {
 		if err := identity.Check(id); err != nil {
-			out = append(out, fmt.Sprintf("%s/sub: the actor identifier %v", where, err))
+			out = append(out, fmt.Sprintf("%s.sub: the actor identifier %v", where, err))
 		}
-		where += "/act"
+		where += ".act"
 	}
 	return out
 }
 
-var printer = message.NewPrinter(language.English)
-
-// Violations flattens a JSON Schema validation error into one line per
-// failing value: "<json pointer>: <what is wrong>", or just what is wrong
-// when it is the top-level value.
-func Violations(err error) []string {
-	if err == nil {
-		return nil
-	}
-	var ve *jsonschema.ValidationError
-	if !errors.As(err, &ve) {
-		return []string{err.Error()}
-	}
-	var out []string
-	var walk func(*jsonschema.ValidationError)
-	walk = func(v *jsonschema.ValidationError) {
-		if len(v.Causes) == 0 {
-			msg := v.ErrorKind.LocalizedString(printer)
-			if len(v.InstanceLocation) > 0 {
-				msg = "/" + strings.Join(v.InstanceLocation, "/") + ": " + msg
-			}
-			out = append(out, msg)
-			return
-		}
-		for _, c := range v.Causes {
-			walk(c)
-		}
-	}
-	walk(ve)
-	sort.Strings(out)
-	return slices.Compact(out)
-}
+// Violations words a JSON Schema validation error, one line per failing
+// value: the field as it is spelled, what is wrong, and what to do.
+func Violations(err error) []string { return schemamsg.Messages(err) }

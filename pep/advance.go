@@ -165,9 +165,9 @@ func (g *Gate) extendDeadline(ctx context.Context, a *approvalTask, expiresAt *t
 
 // SafetyPoll is how often an undecided request is read when the backend
 // calls back: the callback wakes the task, so the poll only covers a
-// callback that never came (the backend retries deliveries for hours). Every
-// pending task polled at the client's pace cost the backend a status read a
-// second per task (arapbench: most of the gate's load).
+// callback that never came (the backend retries deliveries for hours).
+// Polling at the client's pace instead would make the backend's status
+// reads grow with the number of pending tasks (docs/performance.md, "gate").
 const SafetyPoll = 30 * time.Second
 
 // undecidedPoll is the least wait before reading an undecided request again.

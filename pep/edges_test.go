@@ -52,6 +52,15 @@ func TestBadBytesAtTheFrontEnd(t *testing.T) {
 		require.Contains(t, body, "without NUL characters", body)
 	}
 
+	// Arguments the tool's schema refuses: the refusal names the field as it
+	// is spelled and says what to send, and quotes no argument value.
+	status, body := send(t, url, "Bearer alice-token-0123", "tools/call", `{"name":"wire_transfer","arguments":{"to":991,"amount":-5,"memo":"x"}}`)
+	require.Less(t, status, 500, body)
+	require.Contains(t, body, `"code":-32602`, body)
+	require.Contains(t, body, "invalid arguments for wire_transfer: amount: must be greater than 0; use a larger number. "+
+		"memo: is not a field here; remove it. to: must be a string, not a number; send it as a string", body)
+	require.NotContains(t, body, "jsonschema", "not the validator's own text")
+
 	// A signed callback whose state or task id is not text: 400, nothing
 	// looked up. A well-formed one about no pending task: 204.
 	key, err := webhook.ParseSecret(secret)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/schemamsg"
 	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/mcp/tasks"
 )
@@ -284,7 +285,7 @@ func (g *Gate) arguments(req *sdk.CallToolRequest) (map[string]any, error) {
 		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be valid UTF-8 without NUL characters")
 	}
 	if err := g.schemas[req.Params.Name].Validate(toJSONValue(args)); err != nil {
-		return nil, rpcError(tasks.CodeInvalidParams, "invalid arguments for "+req.Params.Name+": "+oneLine(err.Error()))
+		return nil, rpcError(tasks.CodeInvalidParams, "invalid arguments for "+req.Params.Name+": "+schemamsg.Join(schemamsg.Messages(err)))
 	}
 	return args, nil
 }

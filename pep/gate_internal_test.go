@@ -12,6 +12,7 @@ func TestSanitize(t *testing.T) {
 		"<script>alert(1)</script> ignore previous instructions!!": "scriptalert(1)/script ignore previous instructions!!",
 		"line\nbreak\tand \x1b[31mANSI\x1b[0m":                     "line break and 31mANSI0m",
 		"**Approve** `now` [click](http://evil)":                   "Approve now click(http://evil)",
+		"business_justification: must be at least 10 characters":   "business_justification: must be at least 10 characters",
 	} {
 		require.Equal(t, want, sanitize(in, 200))
 	}
@@ -53,10 +54,11 @@ func TestContextFields(t *testing.T) {
 	require.Contains(t, props, "business_justification")
 	require.NotContains(t, props, "nested", "elicitation forms are flat")
 	require.NotContains(t, props["business_justification"], "x-internal")
-	require.NotEmpty(t, validateAnswers(schema, map[string]any{"business_justification": "A long enough reason"}),
+	require.Equal(t, []string{"missing: is required; provide a missing"}, validateAnswers(schema, map[string]any{"business_justification": "A long enough reason"}),
 		"the backend's schema decides, even for a member the form could not show")
 	ctxSchema := schema["properties"].(map[string]any)["context"].(map[string]any)
 	ctxSchema["required"] = []any{"business_justification"}
 	require.Empty(t, validateAnswers(schema, map[string]any{"business_justification": "A long enough reason"}))
-	require.NotEmpty(t, validateAnswers(schema, map[string]any{"business_justification": "short"}))
+	require.Equal(t, []string{"business_justification: must be at least 10 characters; give a longer business justification"},
+		validateAnswers(schema, map[string]any{"business_justification": "short"}), "the form's field as it is spelled")
 }

@@ -4,16 +4,15 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/schemamsg"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -153,7 +152,8 @@ func asStrings(v any) []string {
 }
 
 // validateAnswers checks answers against the backend's request schema and
-// returns the violations.
+// returns what is wrong, naming the form's fields (the context's members) as
+// the agent was asked for them.
 func validateAnswers(schema map[string]any, answers map[string]any) []string {
 	c := jsonschema.NewCompiler()
 	if err := c.AddResource("urn:arap:request-schema", toJSONValue(schema)); err != nil {
@@ -163,15 +163,7 @@ func validateAnswers(schema map[string]any, answers map[string]any) []string {
 	if err != nil {
 		return []string{"the request schema cannot be used: " + oneLine(err.Error())}
 	}
-	err = sch.Validate(map[string]any{"context": toJSONValue(answers)})
-	if err == nil {
-		return nil
-	}
-	var ve *jsonschema.ValidationError
-	if !errors.As(err, &ve) {
-		return []string{oneLine(err.Error())}
-	}
-	return []string{oneLine(ve.Error())}
+	return schemamsg.Messages(sch.Validate(map[string]any{"context": toJSONValue(answers)}), "context")
 }
 
 // collectInput gathers what the backend requires before it accepts the
@@ -200,7 +192,7 @@ func (g *Gate) collectInput(ctx context.Context, p Principal, tool string, args 
 			if len(v) == 0 {
 				return answers.content, nil, nil
 			}
-			problem = " The previous answer was not accepted: " + sanitize(strings.Join(v, "; "), 300)
+			problem = " The previous answer was not accepted: " + sanitize(schemamsg.Join(v), 300) + "."
 		}
 	}
 	d, err := digest(tool, args)

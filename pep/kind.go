@@ -3,10 +3,10 @@ package pep
 import (
 	"context"
 	"encoding/json"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/omcp/arap/internal/schemamsg"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -69,7 +69,7 @@ func (g *Gate) Update(ctx context.Context, t *tasks.Task, responses map[string]j
 		return g.deny(ctx, a, "The information needed for a new approval was declined; the tool did not run.")
 	}
 	if v := validateAnswers(a.InputSchema, ans.Content); len(v) > 0 {
-		return &tasks.InputError{Msg: "the answer does not satisfy the request schema: " + strings.Join(v, "; ")}
+		return &tasks.InputError{Msg: "the answer does not satisfy the request schema: " + schemamsg.Join(v)}
 	}
 	b, err := g.binding(a)
 	if err != nil {

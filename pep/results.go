@@ -85,7 +85,7 @@ func sanitize(s string, max int) string {
 		switch {
 		case unicode.IsLetter(r) || unicode.IsDigit(r) || r == ' ':
 			b.WriteRune(r)
-		case strings.ContainsRune(".,:;$%()'-/?!", r):
+		case strings.ContainsRune(".,:;$%()'-/?!_", r): // _: field names such as business_justification
 			b.WriteRune(r)
 		case unicode.IsSpace(r):
 			b.WriteRune(' ')

@@ -157,7 +157,7 @@ func (r *Request) involvedIDs() ([]string, error) {
 		return ids, err
 	}
 	if r.ClientInfo != nil && r.ClientInfo.Actor != nil {
-		client, err := authzen.ActorChain(r.ClientInfo.Actor, "id", "/client/actor")
+		client, err := authzen.ActorChain(r.ClientInfo.Actor, "id", "client.actor")
 		if err != nil {
 			return ids, err
 		}

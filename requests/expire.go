@@ -12,13 +12,12 @@ import (
 )
 
 // Expiry is a sweep, not a job per request: every second a periodic job
-// expires what is due, a batch per transaction, on its own queue. A job
-// per request cost River's bookkeeping once per request and topped out near
-// 1,100 expiries a second on two cores; batches take 100,000 due requests,
-// with their callbacks, in about 40 s there. Replicas share the work: each
-// batch locks its rows with SKIP LOCKED. A request read after its deadline
-// is also expired on read (Get), so the sweep's one-second grain is never
-// visible.
+// expires what is due, a batch per transaction, on its own queue, because
+// River's bookkeeping per job is what limits expiry when many requests fall
+// due at once (docs/performance.md, "Expiry", has the measurements).
+// Replicas share the work: each batch locks its rows with SKIP LOCKED. A
+// request read after its deadline is also expired on read (Get), so the
+// sweep's one-second grain is never visible.
 
 // ExpireBatch is how many requests one sweep transaction expires.
 const ExpireBatch = 200
@@ -29,12 +28,11 @@ const ExpireBatch = 200
 const QueueMaintenance = "maintenance"
 
 // MaintenanceWorkers is the maintenance queue's size on each replica. It
-// sets the sweep's share of the machine against the deliveries it causes:
-// with 100,000 requests due at once on two cores, two sweepers per replica
-// took 68 s, competing with 20 delivery workers each; six take 40 s. It also
-// bounds the locks held at once: workers × ExpireBatch advisory locks per
-// replica, well inside PostgreSQL's lock table (64 per connection by
-// default).
+// sets the sweep's share of the machine against the callback deliveries it
+// causes, which compete for the same cores (the value was chosen by
+// measurement: docs/performance.md, "Expiry"). It also bounds the locks
+// held at once: workers × ExpireBatch advisory locks per replica, well
+// inside PostgreSQL's lock table (64 per connection by default).
 const MaintenanceWorkers = 6
 
 // ExpireDueArgs is the periodic sweep.

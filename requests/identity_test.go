@@ -94,13 +94,13 @@ func TestNonCanonicalIdentifiersAreRefused(t *testing.T) {
 		"ｂｏｂ": "NFKC", "b\u00a0ob": "NFKC", "bo\u00adb": "U+00AD", "b\tob": "U+0009", "": "empty",
 	}
 	for id, want := range bad {
-		for _, where := range []string{"/subject/id", "/subject/properties/act/sub", "/subject/properties/act/act/sub"} {
+		for _, where := range []string{"subject.id", "subject.properties.act.sub", "subject.properties.act.act.sub"} {
 			t.Run(fmt.Sprintf("%s %q", where, id), func(t *testing.T) {
 				req := toolCall("wire_transfer", wire)
 				switch where {
-				case "/subject/id":
+				case "subject.id":
 					req.Subject["id"] = id
-				case "/subject/properties/act/sub":
+				case "subject.properties.act.sub":
 					req = withActors(req, chain(id))
 				default:
 					req = withActors(req, chain("agent:demo", id))
@@ -128,7 +128,7 @@ func TestNonCanonicalIdentifiersAreRefused(t *testing.T) {
 	body := patch(f.fresh("wire_transfer", wire), "client", map[string]any{"actor": map[string]any{"id": "agent:demo\u200b"}})
 	_, err := f.svc.Submit(ctx, f.pep, "", body)
 	require.Equal(t, authzen.ProblemInvalidRequest, requests.ErrorCode(err), "%v", err)
-	require.Contains(t, err.Error(), "/client/actor")
+	require.Contains(t, err.Error(), "client.actor: the actor identifier contains U+200B")
 	// Opaque ids stay valid.
 	for _, id := range []string{"YWxpY2U=", "AbC123xyz", "248289761001", "https://idp.example.com/u/1"} {
 		req := toolCall("wire_transfer", wire)

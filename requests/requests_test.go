@@ -256,7 +256,7 @@ func TestSubmissionErrors(t *testing.T) {
 			body := submission(req, d, hint)
 			body["context"] = map[string]any{"tenant": "acme", "business_justification": "short"}
 			return mustJSON(t, body)
-		}, authzen.ProblemSchemaViolation, "/context/business_justification"},
+		}, authzen.ProblemSchemaViolation, "context.business_justification: must be at least 10 characters; give a longer business justification"},
 		{"actor the client may not claim", "", func() []byte {
 			return patch(f.fresh("wire_transfer", wire), "client", map[string]any{"actor": map[string]any{"id": "agent:demo", "act": map[string]any{"sub": "user:root"}}})
 		}, authzen.ProblemActorNotAuthorized, `"user:root"`},

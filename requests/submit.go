@@ -21,6 +21,7 @@ import (
 	"github.com/omcp/arap/identity"
 	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/randid"
+	"github.com/omcp/arap/internal/schemamsg"
 	"github.com/omcp/arap/signing"
 )
 
@@ -101,7 +102,7 @@ func (s *Service) checkAndCreate(ctx context.Context, caller Caller, key string,
 	}
 	if v := rule.ValidateSubmission(sub.Context, sub.RequestedAccess); len(v) > 0 {
 		return nil, &Error{Code: authzen.ProblemSchemaViolation, Errors: v,
-			Detail: "the submission does not satisfy the request schema at request_schema_url: " + strings.Join(v, "; ")}
+			Detail: "the submission does not satisfy the request schema at request_schema_url: " + schemamsg.Join(v)}
 	}
 	return s.create(ctx, caller, key, bodyHash, sub, claims, rule)
 }
@@ -178,7 +179,7 @@ func decodeSubmission(body []byte) (*authzen.Submission, error) {
 		return nil, refuse(authzen.ProblemInvalidRequest, "subject, resource and action are required (the ones from the denied evaluation)")
 	}
 	if v := evaluation.ValidateRequest(authzen.EvaluationRequest{Subject: sub.Subject, Resource: sub.Resource, Action: sub.Action, Context: sub.Context}); len(v) > 0 {
-		return nil, &Error{Code: authzen.ProblemInvalidRequest, Errors: v, Detail: "subject, resource or action is malformed: " + strings.Join(v, "; ")}
+		return nil, &Error{Code: authzen.ProblemInvalidRequest, Errors: v, Detail: "subject, resource or action is malformed: " + schemamsg.Join(v)}
 	}
 	if sub.Denial == nil {
 		return nil, refuse(authzen.ProblemNotRequestable, "the submission has no denial: an access request must come from a requestable denial (context.access_request)")
@@ -220,13 +221,13 @@ func checkActors(caller Caller, sub *authzen.Submission) error {
 		return refuse(authzen.ProblemInvalidRequest, "%v", err)
 	}
 	if sub.Client != nil && sub.Client.Actor != nil {
-		client, err := authzen.ActorChain(sub.Client.Actor, "id", "/client/actor")
+		client, err := authzen.ActorChain(sub.Client.Actor, "id", "client.actor")
 		if err != nil {
 			return refuse(authzen.ProblemInvalidRequest, "%v", err)
 		}
 		for _, id := range client {
 			if err := identity.Check(id); err != nil {
-				return refuse(authzen.ProblemInvalidRequest, "/client/actor: the actor identifier %v", err)
+				return refuse(authzen.ProblemInvalidRequest, "client.actor: the actor identifier %v", err)
 			}
 		}
 		ids = append(client, ids...)

@@ -61,32 +61,38 @@ func (c apiClient) call(method, path string, body any, out any) error {
 	return json.Unmarshal(raw, out)
 }
 
-func decisions(cmd string, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	base := fs.String("url", envOr("ARAP_URL", "http://127.0.0.1:8480"), "backend URL (ARAP_URL)")
-	token := fs.String("token", os.Getenv("ARAP_TOKEN"), "API token with the decide scope (ARAP_TOKEN)")
-	status := fs.String("status", "pending", "requests list: status filter (empty for all)")
-	rule := fs.String("rule", "", "requests list: rule filter")
-	limit := fs.Int("limit", 50, "requests list: page size")
+// api is the decision API flags of a command, --url and --token.
+type api struct{ base, token *string }
+
+func apiFlags(fs *flag.FlagSet) api {
+	return api{
+		base:  fs.String("url", envOr("ARAP_URL", "http://127.0.0.1:8480"), "backend URL (ARAP_URL)"),
+		token: fs.String("token", "", "API token (default: ARAP_TOKEN)"),
+	}
+}
+
+func (a api) client() (apiClient, error) {
+	token := *a.token
+	if token == "" {
+		token = os.Getenv("ARAP_TOKEN")
+	}
+	if token == "" {
+		return apiClient{}, usageError{msg: "a token is required: --token or ARAP_TOKEN"}
+	}
+	return apiClient{base: strings.TrimRight(*a.base, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
+}
+
+func requestsList(fs *flag.FlagSet) action {
+	a := apiFlags(fs)
+	status := fs.String("status", "pending", "status filter (empty for all)")
+	rule := fs.String("rule", "", "only requests of this policy rule")
+	limit := fs.Int("limit", 50, "page size")
 	asJSON := fs.Bool("json", false, "print JSON")
-	reason := fs.String("reason", "", "why (recorded with the decision)")
-	until := fs.String("until", "", "requests approve: approved_until (RFC 3339), within what the policy allows")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if *token == "" {
-		return usageError{"a token is required: --token or ARAP_TOKEN"}
-	}
-	c := apiClient{base: strings.TrimRight(*base, "/"), token: *token, http: &http.Client{Timeout: 30 * time.Second}}
-	oneID := func() (string, error) {
-		if len(pos) != 1 {
-			return "", usageError{cmd + " takes one id"}
+	return func(s streams, _ []string) error {
+		c, err := a.client()
+		if err != nil {
+			return err
 		}
-		return url.PathEscape(pos[0]), nil
-	}
-	switch cmd {
-	case "requests list":
 		q := url.Values{}
 		if *status != "" {
 			q.Set("status", *status)
@@ -100,9 +106,9 @@ func decisions(cmd string, args []string, out io.Writer) error {
 			return err
 		}
 		if *asJSON {
-			return writeEscaped(out, page, false)
+			return writeEscaped(s.out, page, false)
 		}
-		tw := tabwriter.NewWriter(out, 0, 2, 2, ' ', 0)
+		tw := tabwriter.NewWriter(s.out, 0, 2, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tSTATUS\tRULE\tSUBJECT\tRESOURCE\tPROGRESS\tEXPIRES\tYOU MAY DECIDE\tHIDDEN CHARACTERS")
 		for _, v := range page.Requests {
 			may := "yes"
@@ -117,96 +123,131 @@ func decisions(cmd string, args []string, out io.Writer) error {
 				mark(v.Resource.Str("type")), mark(v.Resource.Str("id")), v.Progress.Approvals, v.Progress.Quorum, v.ExpiresAt.Format(time.RFC3339), mark(may), hidden)
 		}
 		return tw.Flush()
-	case "requests show":
-		id, err := oneID()
+	}
+}
+
+func requestsShow(fs *flag.FlagSet) action {
+	a := apiFlags(fs)
+	asJSON := fs.Bool("json", false, "print the exact JSON (invisible characters escaped)")
+	return func(s streams, pos []string) error {
+		c, err := a.client()
 		if err != nil {
 			return err
 		}
 		var v arap.RequestView
-		if err := c.call("GET", "/v1/requests/"+id, nil, &v); err != nil {
+		if err := c.call("GET", "/v1/requests/"+url.PathEscape(pos[0]), nil, &v); err != nil {
 			return err
 		}
 		if *asJSON {
-			return writeEscaped(out, v, true)
+			return writeEscaped(s.out, v, true)
 		}
-		return showRequest(out, v)
-	case "requests approve", "requests deny":
-		id, err := oneID()
-		if err != nil {
-			return err
-		}
-		body := arap.DecisionBody{Decision: strings.TrimPrefix(cmd, "requests "), Reason: *reason}
-		if *until != "" {
+		return showRequest(s.out, v)
+	}
+}
+
+func requestsApprove(fs *flag.FlagSet) action {
+	return decide(fs, "approve")
+}
+
+func requestsDeny(fs *flag.FlagSet) action {
+	return decide(fs, "deny")
+}
+
+// decide records a decision on a request.
+func decide(fs *flag.FlagSet, decision string) action {
+	a := apiFlags(fs)
+	reason := fs.String("reason", "", "why (recorded with the decision)")
+	var until *string
+	if decision == "approve" {
+		until = fs.String("until", "", "approved_until (RFC 3339), within what the policy allows")
+	}
+	return func(s streams, pos []string) error {
+		body := arap.DecisionBody{Decision: decision, Reason: *reason}
+		if until != nil && *until != "" {
 			t, err := time.Parse(time.RFC3339, *until)
 			if err != nil {
-				return fmt.Errorf("--until: %w", err)
+				return usageError{msg: fmt.Sprintf("--until %q is not an RFC 3339 time such as 2026-12-01T17:00:00Z", *until)}
 			}
 			body.ApprovedUntil = &t
 		}
-		var v arap.RequestView
-		if err := c.call("POST", "/v1/requests/"+id+"/decisions", body, &v); err != nil {
+		c, err := a.client()
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "%s: %s (approvals %d/%d)\n", v.ID, v.Status, v.Progress.Approvals, v.Progress.Quorum)
+		var v arap.RequestView
+		if err := c.call("POST", "/v1/requests/"+url.PathEscape(pos[0])+"/decisions", body, &v); err != nil {
+			return err
+		}
+		fmt.Fprintf(s.out, "%s: %s (approvals %d/%d)\n", v.ID, v.Status, v.Progress.Approvals, v.Progress.Quorum)
 		return nil
-	case "approvals revoke":
-		id, err := oneID()
+	}
+}
+
+func approvalsRevoke(fs *flag.FlagSet) action {
+	a := apiFlags(fs)
+	reason := fs.String("reason", "", "why (recorded with the revocation)")
+	return func(s streams, pos []string) error {
+		c, err := a.client()
 		if err != nil {
 			return err
 		}
 		var res map[string]any
-		if err := c.call("POST", "/v1/approvals/"+id+"/revoke", arap.RevokeBody{Reason: *reason}, &res); err != nil {
+		if err := c.call("POST", "/v1/approvals/"+url.PathEscape(pos[0])+"/revoke", arap.RevokeBody{Reason: *reason}, &res); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "approval %s of request %s: %s\n", res["id"], res["request_id"], res["status"])
+		fmt.Fprintf(s.out, "approval %s of request %s: %s\n", res["id"], res["request_id"], res["status"])
 		return nil
-	case "deliveries list":
-		id, err := oneID()
+	}
+}
+
+func deliveriesList(fs *flag.FlagSet) action {
+	a := apiFlags(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(s streams, pos []string) error {
+		c, err := a.client()
 		if err != nil {
 			return err
 		}
 		var resp arap.DeliveriesResponse
-		if err := c.call("GET", "/v1/requests/"+id+"/deliveries", nil, &resp); err != nil {
+		if err := c.call("GET", "/v1/requests/"+url.PathEscape(pos[0])+"/deliveries", nil, &resp); err != nil {
 			return err
 		}
 		if *asJSON {
-			return json.NewEncoder(out).Encode(resp)
+			return json.NewEncoder(s.out).Encode(resp)
 		}
-		tw := tabwriter.NewWriter(out, 0, 2, 2, ' ', 0)
+		tw := tabwriter.NewWriter(s.out, 0, 2, 2, ' ', 0)
 		fmt.Fprintln(tw, "DELIVERY\tEVENT\tSTATUS\tENDPOINT\tATTEMPT\tAT\tHTTP\tLATENCY\tERROR")
 		for _, d := range resp.Deliveries {
 			if len(d.Attempts) == 0 {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t\t\t\t\n", d.ID, d.Event, d.Status, d.Endpoint)
 			}
-			for i, a := range d.Attempts {
+			for i, at := range d.Attempts {
 				code := "-"
-				if a.StatusCode != nil {
-					code = fmt.Sprint(*a.StatusCode)
+				if at.StatusCode != nil {
+					code = fmt.Sprint(*at.StatusCode)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%.1fms\t%s\n", d.ID, d.Event, d.Status, d.Endpoint, i+1,
-					a.At.Format(time.RFC3339), code, a.LatencyMS, a.Error)
+					at.At.Format(time.RFC3339), code, at.LatencyMS, at.Error)
 			}
 		}
 		return tw.Flush()
-	case "deliveries redeliver":
-		if len(pos) != 2 {
-			return usageError{"deliveries redeliver takes a request id and a delivery id"}
+	}
+}
+
+func deliveriesRedeliver(fs *flag.FlagSet) action {
+	a := apiFlags(fs)
+	return func(s streams, pos []string) error {
+		c, err := a.client()
+		if err != nil {
+			return err
 		}
 		var res map[string]any
 		if err := c.call("POST", "/v1/requests/"+url.PathEscape(pos[0])+"/deliveries/"+url.PathEscape(pos[1])+"/redeliver", nil, &res); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "delivery %s: redelivering\n", pos[1])
+		fmt.Fprintf(s.out, "delivery %s: redelivering\n", pos[1])
 		return nil
 	}
-	return usageError{"unknown command " + cmd}
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // mark shows a string for a terminal: every character a person could not

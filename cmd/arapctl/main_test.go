@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -22,13 +23,29 @@ import (
 	"github.com/omcp/arap/signing"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(mainEnv) != "" { // a child of arapctlMain
+		os.Args = append([]string{"arapctl"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	dbtest.Main(m)
+}
 
+// ctl runs arapctl and returns what it wrote to standard output.
 func ctl(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	var out bytes.Buffer
-	err := run(args, &out)
-	return out.String(), err
+	out, _, err := ctlNotes(t, args...)
+	return out, err
+}
+
+// ctlNotes runs arapctl and returns its standard output and its notes
+// (standard error, less the error main prints).
+func ctlNotes(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var out, note bytes.Buffer
+	err := run(args, streams{out: &out, note: &note})
+	return out.String(), note.String(), err
 }
 
 func TestClientsKeysAudit(t *testing.T) {

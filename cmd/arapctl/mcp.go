@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -29,13 +27,6 @@ const (
 	exitPaused = 4 // interrupted while the task is still running
 )
 
-type exitError struct {
-	code int
-	msg  string
-}
-
-func (e exitError) Error() string { return e.msg }
-
 // mcpCmd holds what every mcp command shares.
 type mcpCmd struct {
 	client *tasks.Client
@@ -44,58 +35,108 @@ type mcpCmd struct {
 	out    io.Writer
 }
 
-func mcpCommand(sub string, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("mcp "+sub, flag.ContinueOnError)
-	endpoint := fs.String("url", envOr("ARAP_MCP_URL", "http://127.0.0.1:8481/mcp"), "MCP endpoint (ARAP_MCP_URL)")
-	token := fs.String("token", os.Getenv("ARAP_MCP_TOKEN"), "bearer token of the MCP caller (ARAP_MCP_TOKEN)")
-	stateFile := fs.String("state", defaultStateFile(), "file remembering unfinished tasks (ARAP_MCP_STATE)")
-	var argFlags, inputFlags multi
-	fs.Var(&argFlags, "arg", "call: tool argument name=value; the value is JSON when it parses as JSON, else a string (repeatable)")
-	argsJSON := fs.String("args", "", "call: all tool arguments as one JSON object")
-	fs.Var(&inputFlags, "input", "an answer to an input request, field=value (repeatable)")
-	noWait := fs.Bool("no-wait", false, "call: print the task and return without waiting")
-	asJSON := fs.Bool("json", false, "get: print the task as JSON")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
+// mcpFlags are the flags every mcp command has; state adds --state (the
+// commands that start, finish or forget tasks) and input adds --input (the
+// ones that can answer input requests).
+type mcpFlags struct {
+	endpoint, token, state *string
+	inputs                 *multi
+}
+
+func newMCPFlags(fs *flag.FlagSet, state, input bool) *mcpFlags {
+	f := &mcpFlags{
+		endpoint: fs.String("url", envOr("ARAP_MCP_URL", "http://127.0.0.1:8481/mcp"), "MCP endpoint (ARAP_MCP_URL)"),
+		token:    fs.String("token", "", "bearer token of the MCP caller (default: ARAP_MCP_TOKEN)"),
 	}
-	if *token == "" {
-		return usageError{"a token is required: --token or ARAP_MCP_TOKEN"}
+	if state {
+		f.state = fs.String("state", defaultStateFile(), "file remembering unfinished tasks (ARAP_MCP_STATE)")
 	}
-	inputs, err := pairs(inputFlags, "--input")
-	if err != nil {
-		return err
+	if input {
+		f.inputs = &multi{}
+		fs.Var(f.inputs, "input", "an answer to an input request, field=value (repeatable)")
 	}
-	m := &mcpCmd{client: &tasks.Client{URL: *endpoint, Token: *token}, state: &taskFile{path: *stateFile}, inputs: inputs, out: out}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	switch sub {
-	case "call":
-		if len(pos) != 1 {
-			return usageError{"mcp call takes one tool name"}
+	return f
+}
+
+// cmd checks the flags and builds the command's client.
+func (f *mcpFlags) cmd(out io.Writer) (*mcpCmd, error) {
+	token := *f.token
+	if token == "" {
+		token = os.Getenv("ARAP_MCP_TOKEN")
+	}
+	if token == "" {
+		return nil, usageError{msg: "a token is required: --token or ARAP_MCP_TOKEN"}
+	}
+	m := &mcpCmd{client: &tasks.Client{URL: *f.endpoint, Token: token}, out: out}
+	if f.state != nil {
+		m.state = &taskFile{path: *f.state}
+	}
+	if f.inputs != nil {
+		var err error
+		if m.inputs, err = pairs(*f.inputs, "--input"); err != nil {
+			return nil, err
 		}
-		toolArgs, err := toolArguments(argFlags, *argsJSON)
+	}
+	return m, nil
+}
+
+// interruptible is a context that ends on Ctrl-C or SIGTERM.
+func interruptible() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func mcpCall(fs *flag.FlagSet) action {
+	f := newMCPFlags(fs, true, true)
+	var argFlags multi
+	fs.Var(&argFlags, "arg", "tool argument NAME=VALUE, typed by the tool's input schema: text for a string, JSON for a number, boolean, object or array; without a schema, JSON when it parses, else text (repeatable)")
+	argsJSON := fs.String("args", "", "all tool arguments as one JSON object")
+	noWait := fs.Bool("no-wait", false, "print the task and return without waiting")
+	return func(s streams, pos []string) error {
+		m, err := f.cmd(s.out)
+		if err != nil {
+			return err
+		}
+		ctx, stop := interruptible()
+		defer stop()
+		toolArgs, err := m.toolArguments(ctx, pos[0], argFlags, *argsJSON)
 		if err != nil {
 			return err
 		}
 		return m.call(ctx, pos[0], toolArgs, !*noWait)
-	case "get":
-		if len(pos) != 1 {
-			return usageError{"mcp get takes one task id"}
+	}
+}
+
+func mcpGet(fs *flag.FlagSet) action {
+	f := newMCPFlags(fs, false, false)
+	asJSON := fs.Bool("json", false, "print the task as JSON")
+	return func(s streams, pos []string) error {
+		m, err := f.cmd(s.out)
+		if err != nil {
+			return err
 		}
+		ctx, stop := interruptible()
+		defer stop()
 		d, raw, err := m.client.Get(ctx, pos[0])
 		if err != nil {
 			return err
 		}
 		if *asJSON {
-			return printJSON(out, raw)
+			return printJSON(s.out, raw)
 		}
 		m.printTask(d)
 		return nil
-	case "cancel":
-		if len(pos) != 1 {
-			return usageError{"mcp cancel takes one task id"}
+	}
+}
+
+func mcpCancel(fs *flag.FlagSet) action {
+	f := newMCPFlags(fs, true, false)
+	return func(s streams, pos []string) error {
+		m, err := f.cmd(s.out)
+		if err != nil {
+			return err
 		}
+		ctx, stop := interruptible()
+		defer stop()
 		if err := m.client.Cancel(ctx, pos[0]); err != nil {
 			return err
 		}
@@ -108,14 +149,24 @@ func mcpCommand(sub string, args []string, out io.Writer) error {
 			_ = m.state.forget(d.TaskID)
 		}
 		return nil
-	case "wait":
-		ids := pos
+	}
+}
+
+func mcpWait(fs *flag.FlagSet) action {
+	f := newMCPFlags(fs, true, true)
+	return func(s streams, ids []string) error {
+		m, err := f.cmd(s.out)
+		if err != nil {
+			return err
+		}
+		ctx, stop := interruptible()
+		defer stop()
 		if len(ids) == 0 {
-			if ids, err = m.state.pending(*endpoint); err != nil {
+			if ids, err = m.state.pending(*f.endpoint); err != nil {
 				return err
 			}
 			if len(ids) == 0 {
-				fmt.Fprintf(out, "no unfinished tasks in %s\n", m.state.path)
+				fmt.Fprintf(s.out, "no unfinished tasks in %s\n", m.state.path)
 				return nil
 			}
 		}
@@ -130,13 +181,12 @@ func mcpCommand(sub string, args []string, out io.Writer) error {
 				if len(ids) == 1 {
 					return err
 				}
-				fmt.Fprintf(out, "task %s: %v\n", id, err)
+				fmt.Fprintf(s.out, "task %s: %v\n", id, err)
 				failed = err
 			}
 		}
 		return failed
 	}
-	return usageError{fmt.Sprintf("unknown command %q", "mcp "+sub)}
 }
 
 // call calls the tool, answering input requests from --input; a task is
@@ -334,34 +384,12 @@ func inputHint(missing []string, reqs map[string]any) string {
 	return strings.Join(parts, " ")
 }
 
-func toolArguments(flags []string, raw string) (map[string]any, error) {
-	args := map[string]any{}
-	if raw != "" {
-		if err := json.Unmarshal([]byte(raw), &args); err != nil {
-			return nil, usageError{"--args must be a JSON object: " + err.Error()}
-		}
-	}
-	kv, err := pairs(flags, "--arg")
-	if err != nil {
-		return nil, err
-	}
-	for k, v := range kv {
-		var parsed any
-		if json.Unmarshal([]byte(v), &parsed) == nil {
-			args[k] = parsed
-		} else {
-			args[k] = v
-		}
-	}
-	return args, nil
-}
-
 func pairs(flags []string, name string) (map[string]string, error) {
 	out := map[string]string{}
 	for _, f := range flags {
 		k, v, ok := strings.Cut(f, "=")
 		if !ok || k == "" {
-			return nil, usageError{fmt.Sprintf("%s %q: want name=value", name, f)}
+			return nil, usageError{msg: fmt.Sprintf("%s %q: want name=value", name, f)}
 		}
 		out[k] = v
 	}
@@ -385,118 +413,4 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-// taskFile remembers the tasks this client started and has not seen end, so
-// that wait resumes them after the client restarts.
-type taskFile struct{ path string }
-
-type rememberedTask struct {
-	Server  string    `json:"server"`
-	Tool    string    `json:"tool"`
-	Created time.Time `json:"created"`
-}
-
-func defaultStateFile() string {
-	if p := os.Getenv("ARAP_MCP_STATE"); p != "" {
-		return p
-	}
-	dir := os.Getenv("XDG_STATE_HOME")
-	if dir == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return ".arapctl-tasks.json"
-		}
-		dir = filepath.Join(home, ".local", "state")
-	}
-	return filepath.Join(dir, "arapctl", "tasks.json")
-}
-
-func (f *taskFile) load() (map[string]rememberedTask, error) {
-	m := map[string]rememberedTask{}
-	b, err := os.ReadFile(f.path)
-	if errors.Is(err, os.ErrNotExist) {
-		return m, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("task file %s is damaged: %w", f.path, err)
-	}
-	return m, nil
-}
-
-// save writes atomically: a crash leaves the old file or the new one.
-func (f *taskFile) save(m map[string]rememberedTask) error {
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(f.path), ".tasks-*.json")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), f.path)
-}
-
-// update changes the file under an exclusive lock, so that clients running
-// at once (a call waiting in one terminal, another call in the next) do not
-// lose each other's task ids.
-func (f *taskFile) update(change func(m map[string]rememberedTask)) error {
-	if err := os.MkdirAll(filepath.Dir(f.path), 0o700); err != nil {
-		return err
-	}
-	lock, err := os.OpenFile(f.path+".lock", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return err
-	}
-	defer lock.Close() // closing releases the lock
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return fmt.Errorf("lock %s: %w", lock.Name(), err)
-	}
-	m, err := f.load()
-	if err != nil {
-		return err
-	}
-	change(m)
-	return f.save(m)
-}
-
-func (f *taskFile) remember(id, server, tool string) error {
-	return f.update(func(m map[string]rememberedTask) {
-		m[id] = rememberedTask{Server: server, Tool: tool, Created: time.Now().UTC()}
-	})
-}
-
-func (f *taskFile) forget(id string) error {
-	return f.update(func(m map[string]rememberedTask) { delete(m, id) })
-}
-
-// pending lists the remembered tasks of server, oldest first.
-func (f *taskFile) pending(server string) ([]string, error) {
-	m, err := f.load()
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for id, t := range m {
-		if t.Server == server {
-			ids = append(ids, id)
-		}
-	}
-	sort.Slice(ids, func(i, j int) bool { return m[ids[i]].Created.Before(m[ids[j]].Created) })
-	return ids, nil
 }

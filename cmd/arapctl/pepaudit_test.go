@@ -3,21 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/authzen"
-	"github.com/omcp/arap/internal/backendtest"
-	"github.com/omcp/arap/internal/dbtest"
-	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp/tasks"
-	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
 )
 
@@ -27,21 +18,8 @@ import (
 // field is changed; `audit export --pep` writes it as JSON lines.
 func TestAuditVerifyPEP(t *testing.T) {
 	ctx := context.Background()
-	env := backendtest.Start(t, backendtest.Options{})
-	url := dbtest.URL(t)
-	db, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
-	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: env.URL, Token: dev.PEPToken}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
-	require.NoError(t, err)
-	require.NoError(t, g.Callers().Create(ctx, "alice-agent", "alice-token-0123", pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
-	srv, err := pep.NewServer(g, pep.ServerOptions{Name: "test", Version: "0"})
-	require.NoError(t, err)
-	h := httptest.NewServer(srv)
-	t.Cleanup(h.Close)
-	alice := &tasks.Client{URL: h.URL + pep.PathMCP, Token: "alice-token-0123"}
+	endpoint, token, db, url := mcpServer(t)
+	alice := &tasks.Client{URL: endpoint, Token: token}
 	r, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-ctl", "amount": 50000}, nil)
 	require.NoError(t, err)
 	require.Equal(t, tasks.ResultTypeTask, r.ResultType)

@@ -202,7 +202,7 @@ func runDev(args []string) error {
 	opts := dev.Options{}
 	fs.StringVar(&opts.Addr, "addr", "127.0.0.1:8480", "backend and web UI address")
 	fs.StringVar(&opts.MCPAddr, "mcp-addr", "127.0.0.1:8481", "MCP endpoint address")
-	fs.StringVar(&opts.DataDir, "data-dir", ".arap-dev", "where the private PostgreSQL cluster, policy and keys live")
+	fs.StringVar(&opts.DataDir, "data-dir", dev.DefaultDataDir, "where the private PostgreSQL cluster, policy and keys live")
 	fs.StringVar(&opts.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "use this database instead of a private cluster (DATABASE_URL)")
 	conformance := fs.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools on the MCP endpoint, and let requests without a token in as an anonymous caller (conformance testing only)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,6 +50,16 @@ const (
 	Agent2Token   = "dev-agent2-token"
 	BobAgentToken = "dev-bob-agent-token"
 )
+
+// DefaultDataDir is where `arapd dev` keeps its state unless --data-dir
+// says otherwise.
+const DefaultDataDir = ".arap-dev"
+
+// DatabaseURLFile, under the data dir, holds the URL of the database Run
+// uses. The private cluster listens on a socket in a directory of its own,
+// named nowhere else, and arapctl's database commands read this file when
+// DATABASE_URL is unset.
+const DatabaseURLFile = "database-url"
 
 // Options configure Run.
 type Options struct {
@@ -96,6 +107,9 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 			return err
 		}
 	}
+	if err := recordDatabaseURL(dataDir, dbURL); err != nil {
+		return err
+	}
 	key, err := masterKey(keyFile)
 	if err != nil {
 		return err
@@ -134,7 +148,7 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 	if err := SeedCallers(ctx, f.Gate().Callers()); err != nil {
 		return err
 	}
-	printBanner(o.Out, b.URL(), f.URL()+pep.PathMCP, policyFile, dataDir)
+	printBanner(o.Out, b.URL(), f.URL()+pep.PathMCP, policyFile, dataDir, displayURL(dbURL))
 	backendDone := make(chan error, 1)
 	go func() { backendDone <- b.Run(ctx, reload) }()
 	ferr := f.Run(ctx)
@@ -202,6 +216,37 @@ func ensureDatabase(ctx context.Context, c *pgembed.Cluster, name string) (strin
 		}
 	}
 	return c.ConnString(name), nil
+}
+
+// recordDatabaseURL writes url to the data dir's DatabaseURLFile, readable
+// by the user alone (it may hold a password), replacing the file whole so
+// that a reader never sees half of it.
+func recordDatabaseURL(dataDir, url string) error {
+	tmp, err := os.CreateTemp(dataDir, ".database-url-*")
+	if err != nil {
+		return fmt.Errorf("dev: record the database URL: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.WriteString(url + "\n")
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(dataDir, DatabaseURLFile))
+	}
+	if err != nil {
+		return fmt.Errorf("dev: record the database URL: %w", err)
+	}
+	return nil
+}
+
+// displayURL is a database URL to print: its password, if any, masked.
+func displayURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme == "" {
+		return "(given in DATABASE_URL)"
+	}
+	return u.Redacted()
 }
 
 // masterKey reads the dev master key, creating it on first run.
@@ -296,7 +341,12 @@ func Seed(ctx context.Context, store *clients.Store, people *directory.Store, cb
 	return nil
 }
 
-func printBanner(w io.Writer, url, mcpURL, policy, dataDir string) {
+func printBanner(w io.Writer, url, mcpURL, policy, dataDir, dbURL string) {
+	file := filepath.Join(dataDir, DatabaseURLFile)
+	dbHint := "(in " + file + "; arapctl run in this directory uses it)"
+	if cwd, err := os.Getwd(); err != nil || filepath.Join(cwd, DefaultDataDir) != dataDir {
+		dbHint = "(in " + file + "; for arapctl: export DATABASE_URL=$(cat " + file + "))"
+	}
 	fmt.Fprintf(w, `
 arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
 
@@ -306,6 +356,8 @@ arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
   MCP endpoint                   %[8]s
   Policy (edit, then kill -HUP)  %[2]s
   Data                           %[3]s
+  Database                       %[13]s
+    %[14]s
 
   API tokens: PEP %[4]s, automated resolver %[5]s, ITSM %[6]s
   MCP callers: %[9]s (alice via agent:demo), %[10]s (mallory),
@@ -321,6 +373,7 @@ arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
        bin/arapctl mcp call delete_repository --arg repo=acme/legacy-billing
     3. Automated: a rule approves deployments inside the change window.
        bin/arapctl mcp call deploy_service --arg service=billing --arg version=1.4.2
+       bin/arapctl attributes set change_freeze true    (a freeze: now it is denied)
     4. Denied: carol denies this one in the web UI; the tool never runs.
        bin/arapctl mcp call wire_transfer --arg to=acct-666 --arg amount=30000
     5. Input: the approvers need a justification, asked for before the request is made.
@@ -328,5 +381,5 @@ arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
        bin/arapctl mcp call read_customer_record --arg customer_id=c-42 --input business_justification='Renewal review for ACME'
 
 Started %[7]s. Ctrl-C stops.
-`, url, policy, dataDir, PEPToken, ResolverToken, ITSMToken, time.Now().Format(time.RFC3339), mcpURL, AgentToken, Agent2Token, Password, BobAgentToken)
+`, url, policy, dataDir, PEPToken, ResolverToken, ITSMToken, time.Now().Format(time.RFC3339), mcpURL, AgentToken, Agent2Token, Password, BobAgentToken, dbURL, dbHint)
 }

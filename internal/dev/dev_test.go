@@ -1,8 +1,15 @@
 package dev_test
 
 import (
+	"bytes"
 	"context"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -73,4 +80,62 @@ func TestSeedPolicyRefusesHiddenCharactersInTransfers(t *testing.T) {
 	}
 	require.Equal(t, "wire_transfer_large", transfer("acct-991", 50000).Rule, "a clean transfer is unaffected")
 	require.Equal(t, "wire_transfer_small", transfer("acct-991", 100).Rule)
+}
+
+// lockedBuffer is a bytes.Buffer that Run writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestRunRecordsDatabaseURL: `arapd dev` writes the URL of its database to
+// <data-dir>/database-url, readable by the user alone, and prints it in its
+// banner with any password masked.
+func TestRunRecordsDatabaseURL(t *testing.T) {
+	u, err := url.Parse(dbtest.URL(t))
+	require.NoError(t, err)
+	if _, has := u.User.Password(); !has {
+		// The tests' cluster trusts local connections: a password is
+		// accepted and ignored, and must still not be printed.
+		u.User = url.UserPassword(u.User.Username(), "dev-db-secret")
+	}
+	dbURL := u.String()
+	_, secret := u.User.Password()
+	dataDir := filepath.Join(t.TempDir(), "dev")
+	var out lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- dev.Run(ctx, dev.Options{Addr: "127.0.0.1:0", MCPAddr: "127.0.0.1:0", DataDir: dataDir, DatabaseURL: dbURL, Out: &out}, nil)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "Ctrl-C stops") }, time.Minute, 50*time.Millisecond, "the banner")
+
+	file := filepath.Join(dataDir, dev.DatabaseURLFile)
+	b, err := os.ReadFile(file)
+	require.NoError(t, err)
+	require.Equal(t, dbURL+"\n", string(b))
+	info, err := os.Stat(file)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	banner := out.String()
+	require.Contains(t, banner, "Database                       "+u.Redacted()+"\n")
+	require.Contains(t, banner, "(in "+file+"; for arapctl: export DATABASE_URL=$(cat "+file+"))", "the data dir is not ./.arap-dev")
+	require.NotContains(t, banner, secret)
 }

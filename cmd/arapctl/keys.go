@@ -1,0 +1,69 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/omcp/arap/signing"
+)
+
+func keysRotate(fs *flag.FlagSet) action {
+	d := databaseFlag(fs)
+	window := fs.Duration("verify-window", signing.DefaultVerifyWindow, "how long the retired key keeps verifying (cover the longest approval)")
+	keyFile := masterKeyFlag(fs)
+	return func(s streams, _ []string) error {
+		master, err := readMasterKey(*keyFile)
+		if err != nil {
+			return err
+		}
+		ctx, db, err := d.open(s)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		keys, err := signing.Open(ctx, db, signing.Options{MasterKey: master})
+		if err != nil {
+			return err
+		}
+		old := keys.ActiveKid()
+		kid, err := keys.Rotate(ctx, *window, operator())
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(s.out, "new signing key %s; %s retired, verifying until %s\n", kid, old, time.Now().Add(*window).UTC().Format(time.RFC3339))
+		return nil
+	}
+}
+
+func keysList(fs *flag.FlagSet) action {
+	d := databaseFlag(fs)
+	return func(s streams, _ []string) error {
+		ctx, db, err := d.open(s)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		list, err := signing.List(ctx, db)
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(s.out, 0, 2, 2, ' ', 0)
+		fmt.Fprintln(tw, "KID\tALG\tCREATED\tSTATE")
+		for _, k := range list {
+			state := "signing"
+			switch {
+			case k.RetiredAt == nil:
+			case k.ExpiresAt == nil:
+				state = "retired"
+			case time.Now().After(*k.ExpiresAt):
+				state = "expired"
+			default:
+				state = "verify-only until " + k.ExpiresAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k.Kid, k.Alg, k.CreatedAt.Format(time.RFC3339), state)
+		}
+		return tw.Flush()
+	}
+}
