@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/pep"
 )
 
 // Client is the load generator's HTTP client: keep-alive, enough idle
@@ -273,8 +274,11 @@ func (s *System) ApproveToComplete(next *atomic.Int64) Op {
 		if err != nil {
 			return 0, err
 		}
-		var backendID string
-		if err := s.DB.QueryRow(ctx, `SELECT backend_id FROM pep.approval_tasks WHERE task_id = $1`, id).Scan(&backendID); err != nil {
+		backendID, err := pep.RequestOf(ctx, s.DB, id)
+		if err == nil && backendID == "" {
+			err = errors.New("no request bound")
+		}
+		if err != nil {
 			return 0, fmt.Errorf("approve: backend id of %s: %w", id, err)
 		}
 		t0 := time.Now()

@@ -23,7 +23,7 @@ import (
 
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/internal/pgembed"
-	"github.com/omcp/arap/mcp"
+	"github.com/omcp/arap/pep"
 )
 
 // System is arap started for a benchmark: a private PostgreSQL, `arapd
@@ -130,10 +130,10 @@ func (s *System) start(ctx context.Context, o Options) error {
 		return err
 	}
 	secret := regexp.MustCompile(`(whsec_\S+)`).FindStringSubmatch(out)[1]
-	callers := &mcp.Callers{DB: s.DB}
+	callers := &pep.Callers{DB: s.DB}
 	for i := range max(o.Callers, 1) {
 		tok := fmt.Sprintf("bench-caller-%05d-%s", i, randomKey()[:12])
-		if err := callers.Create(ctx, fmt.Sprintf("bench-%d", i), tok, mcp.Principal{SubjectType: "user", SubjectID: fmt.Sprintf("user%d", i), ActorID: "agent:bench"}); err != nil {
+		if err := callers.Create(ctx, fmt.Sprintf("bench-%d", i), tok, pep.Principal{SubjectType: "user", SubjectID: fmt.Sprintf("user%d", i), ActorID: "agent:bench"}); err != nil {
 			return err
 		}
 		s.Callers = append(s.Callers, tok)

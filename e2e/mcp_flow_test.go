@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/authzen"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/pep"
 )
 
 const flowPolicy = `version: 1
@@ -119,7 +119,7 @@ func TestApprovalFlows(t *testing.T) {
 		require.Equal(t, "approved-executed", disp)
 		require.Equal(t, 1, s.ledger(id))
 		// It was the follow-up that ran it, not the tracking job's safety
-		// poll (mcp.SafetyPoll), whose first look comes 30 s after the call.
+		// poll (pep.SafetyPoll), whose first look comes 30 s after the call.
 		require.Positive(t, followUps(t, s, id, "AND j.attempted_at <= t.terminal_at"), "the follow-up ended the task")
 		require.Zero(t, tracking(t, s, id, "AND j.attempted_at <= t.terminal_at"), "the safety poll ended the task")
 	})
@@ -197,7 +197,7 @@ func trackJobs(t *testing.T, s *stack, taskID string, followUp bool, cond string
 	var n int
 	err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM pep_river.river_job j JOIN pep.tasks t ON t.id = j.args->>'task_id'
 		WHERE j.kind = $1 AND t.id = $2 AND coalesce((j.args->>'follow_up')::boolean, false) = $3 `+cond,
-		mcp.TrackArgs{}.Kind(), taskID, followUp).Scan(&n)
+		pep.TrackArgs{}.Kind(), taskID, followUp).Scan(&n)
 	if err != nil { // not require: this may run on Eventually's goroutine
 		t.Errorf("track jobs of %s: %v", taskID, err)
 		return -1

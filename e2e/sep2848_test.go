@@ -102,7 +102,7 @@ func conformanceStack(t *testing.T, o stackOptions) (*stack, sep2848.Config) {
 	p.Provisioning = &sep2848.Delayed{Call: gated("provisioning"), After: sep2848.Duration(3 * time.Second)}
 	p.Outliving = &sep2848.Delayed{Call: gated("outliving"), After: sep2848.Duration(3 * time.Second)}
 	p.Reinput = &sep2848.Delayed{Call: gated("reinput"), After: sep2848.Duration(3 * time.Second)}
-	require.Equal(t, 3, p.MaxRequests, "mcp.Config.MaxChained's default")
+	require.Equal(t, 3, p.MaxRequests, "pep.Config.MaxChained's default")
 	return s, sep2848.Config{
 		URL: s.mcp.url() + "/mcp", Token: s.alice, OtherToken: s.mallory, LimitsToken: limits, Profile: p,
 		Resolver:   &sep2848.DecisionAPI{URL: s.api, Token: s.itsmToken, CancelToken: s.pepToken},

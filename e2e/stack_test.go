@@ -19,8 +19,8 @@ import (
 	"github.com/omcp/arap/internal/contract"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/pep"
 )
 
 var pepMasterKey = base64.StdEncoding.EncodeToString([]byte("e2e-pep-master-key-0123456789ab!"))
@@ -222,14 +222,14 @@ func (s *stack) nothingMoreRuns(executed map[string]int) {
 	// process is rescued by River after twice the job timeout (two
 	// minutes), and is waited for.
 	_, err := s.pool.Exec(ctx, `UPDATE pep_river.river_job SET state = 'available', scheduled_at = now()
-		WHERE kind = $1 AND args->>'task_id' = ANY($2) AND state IN ('scheduled', 'retryable')`, mcp.TrackArgs{}.Kind(), ids)
+		WHERE kind = $1 AND args->>'task_id' = ANY($2) AND state IN ('scheduled', 'retryable')`, pep.TrackArgs{}.Kind(), ids)
 	require.NoError(s.t, err)
 	deadline := time.Now().Add(4 * time.Minute)
 	for {
 		require.NoError(s.t, changed())
 		var open int
 		require.NoError(s.t, s.pool.QueryRow(ctx, `SELECT count(*) FROM pep_river.river_job WHERE kind = $1 AND args->>'task_id' = ANY($2)
-			AND state NOT IN ('completed', 'cancelled', 'discarded')`, mcp.TrackArgs{}.Kind(), ids).Scan(&open))
+			AND state NOT IN ('completed', 'cancelled', 'discarded')`, pep.TrackArgs{}.Kind(), ids).Scan(&open))
 		if open == 0 {
 			break
 		}
@@ -263,7 +263,7 @@ func (s *stack) waitTask(c *tasks.Client, id string) *tasks.Detailed {
 }
 
 // waitTaskWithin is waitTask with its own bound, for a task that must not
-// need a safety poll (mcp.SafetyPoll) to end.
+// need a safety poll (pep.SafetyPoll) to end.
 func (s *stack) waitTaskWithin(c *tasks.Client, id string, d time.Duration) *tasks.Detailed {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)

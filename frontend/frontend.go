@@ -7,7 +7,6 @@
 package frontend
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,9 +20,9 @@ import (
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/pep"
 )
 
 // Config configures the front-end.
@@ -41,7 +40,7 @@ type Config struct {
 	// WebhookSecrets verify the backend's callbacks; none: poll only.
 	WebhookSecrets []string
 	Migrate        bool
-	Tools          []mcp.Tool
+	Tools          []pep.Tool
 	// Gate tuning (zero values take the gate's defaults).
 	PollInterval time.Duration
 	ExecTimeout  time.Duration
@@ -49,6 +48,9 @@ type Config struct {
 	// JobTimeout bounds background jobs; a job whose worker died is retried
 	// after twice this. Default: ExecTimeout plus 30s.
 	JobTimeout time.Duration
+	// IntentGrace is how long an unbound intent is left to the process
+	// that wrote it before the reconciler takes it over (default 15s).
+	IntentGrace time.Duration
 	// ReconcileEvery is how often crash leftovers are repaired (default 10s).
 	ReconcileEvery time.Duration
 	// ListenStreams bounds the subscriptions/listen streams one caller may
@@ -60,7 +62,7 @@ type Config struct {
 	Extra func(s *sdk.Server, ts *tasks.Server) error
 	// Anonymous is the principal of requests without an Authorization
 	// header (conformance fixture mode only; nil in production).
-	Anonymous *mcp.Principal
+	Anonymous *pep.Principal
 	// Stopping, when set, is called by Stop once HTTP has drained and
 	// before the workers stop and the pool closes (the conformance
 	// fixtures settle their running tasks there).
@@ -71,7 +73,7 @@ type Config struct {
 // Frontend is a running (or ready to run) MCP front-end.
 type Frontend struct {
 	cfg  Config
-	gate *mcp.Gate
+	gate *pep.Gate
 	host *host.Host
 }
 
@@ -84,7 +86,7 @@ func New(ctx context.Context, cfg Config) (*Frontend, error) {
 		return nil, errors.New("frontend: database URL, backend URL and backend token are required")
 	}
 	if cfg.Tools == nil {
-		cfg.Tools = mcp.DemoTools()
+		cfg.Tools = pep.DemoTools()
 	}
 	h, err := host.New(ctx, host.Config{Name: "mcp front-end", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log})
 	if err != nil {
@@ -106,11 +108,12 @@ func (f *Frontend) build(ctx context.Context) error {
 	}
 	callbackURL := ""
 	if len(cfg.WebhookSecrets) > 0 {
-		callbackURL = f.host.URL() + mcp.PathCallback
+		callbackURL = f.host.URL() + pep.PathCallback
 	}
-	if f.gate, err = mcp.NewGate(mcp.Config{
+	if f.gate, err = pep.NewGate(pep.Config{
 		DB: pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
-		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow, Log: cfg.Log,
+		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
+		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Log: cfg.Log,
 	}); err != nil {
 		return err
 	}
@@ -118,14 +121,14 @@ func (f *Frontend) build(ctx context.Context) error {
 	if jobTimeout == 0 {
 		jobTimeout = max(cfg.ExecTimeout, 30*time.Second) + 30*time.Second
 	}
-	counters := ratelimit.NewCounters(pool, mcp.RateCounters)
+	counters := ratelimit.NewCounters(pool, pep.RateCounters)
 	workers := river.NewWorkers()
 	f.gate.AddWorkers(workers)
 	counters.AddWorker(workers)
 	jobs, err := f.host.River(&river.Config{
 		Schema: migrations.PEPRiverSchema, Workers: workers,
-		Queues:               map[string]river.QueueConfig{mcp.Queue: {MaxWorkers: 20}},
-		PeriodicJobs:         append(f.gate.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: mcp.Queue})),
+		Queues:               map[string]river.QueueConfig{pep.Queue: {MaxWorkers: 20}},
+		PeriodicJobs:         append(f.gate.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: pep.Queue})),
 		JobTimeout:           jobTimeout,
 		RescueStuckJobsAfter: 2 * jobTimeout,
 		FetchPollInterval:    200 * time.Millisecond,
@@ -134,30 +137,25 @@ func (f *Frontend) build(ctx context.Context) error {
 		return fmt.Errorf("frontend: %w", err)
 	}
 	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
-	srv, err := mcp.NewServer(f.gate, mcp.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
-		Counters: counters, Replay: &mcp.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Log: cfg.Log})
+	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
+		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Log: cfg.Log})
 	if err != nil {
 		return err
 	}
-	reconciler := &mcp.Reconciler{Gate: f.gate, Every: cmp.Or(cfg.ReconcileEvery, 10*time.Second)}
 	f.host.Mount(host.Parts{
 		Handler: srv, Workers: jobs,
 		// They stop in reverse once HTTP has drained: the notifier (its
 		// streams already ended by OnShutdown), then the Stopping hook,
-		// then the reconciler; the workers after them.
-		Services: []host.Service{reconciling{reconciler}, stopping(cfg.Stopping), notifier},
+		// then the gate (its callback wake-ups and the reconciler, waited
+		// for); the workers after them.
+		Services: []host.Service{f.gate, stopping(cfg.Stopping), notifier},
 		// Shutdown waits for open requests, and a listen stream never ends
 		// by itself: ending them is the first thing Shutdown does.
 		OnShutdown: []func(){notifier.Stop},
-		Started:    func() []any { return []any{"mcp", f.host.URL() + mcp.PathMCP, "backend", cfg.BackendURL} },
+		Started:    func() []any { return []any{"mcp", f.host.URL() + pep.PathMCP, "backend", cfg.BackendURL} },
 	})
 	return nil
 }
-
-// reconciling runs the reconciler as a host service.
-type reconciling struct{ *mcp.Reconciler }
-
-func (r reconciling) Start(context.Context) error { r.Reconciler.Start(); return nil }
 
 // stopping runs Config.Stopping as a host service stops.
 type stopping func()
@@ -193,7 +191,7 @@ func (f *Frontend) Run(ctx context.Context) error {
 func (f *Frontend) URL() string { return f.host.URL() }
 
 // Gate is the approval gate.
-func (f *Frontend) Gate() *mcp.Gate { return f.gate }
+func (f *Frontend) Gate() *pep.Gate { return f.gate }
 
 // Pool is the database pool.
 func (f *Frontend) Pool() *pgxpool.Pool { return f.host.Pool() }

@@ -14,8 +14,8 @@ import (
 
 	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/dbtest"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/pep"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -28,9 +28,9 @@ func TestStopEndsListenStreams(t *testing.T) {
 	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
 		BackendURL: "http://127.0.0.1:1", BackendToken: "unused"})
 	require.NoError(t, err)
-	p := mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}
+	p := pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}
 	require.NoError(t, f.Gate().Callers().Create(ctx, "alice-agent", "alice-token-0123", p))
-	task := &tasks.Task{ID: tasks.NewID(), Principal: p.Key(), Kind: mcp.KindApproval, PollIntervalMs: 1000}
+	task := &tasks.Task{ID: tasks.NewID(), Principal: p.Key(), Kind: pep.KindApproval, PollIntervalMs: 1000}
 	require.NoError(t, pgx.BeginFunc(ctx, f.Pool(), func(tx pgx.Tx) error { return f.Gate().Tasks().CreateTx(ctx, tx, task) }))
 	require.NoError(t, f.Start(ctx))
 
@@ -38,7 +38,7 @@ func TestStopEndsListenStreams(t *testing.T) {
 		"notifications": map[string]any{"taskIds": []string{task.ID}},
 		"_meta": map[string]any{tasks.MetaProtocolVersion: tasks.ProtocolVersion,
 			tasks.MetaClientCapabilities: map[string]any{"extensions": map[string]any{tasks.ExtensionID: map[string]any{}}}}}})
-	req, _ := http.NewRequest(http.MethodPost, f.URL()+mcp.PathMCP, strings.NewReader(string(body)))
+	req, _ := http.NewRequest(http.MethodPost, f.URL()+pep.PathMCP, strings.NewReader(string(body)))
 	req.Header.Set("Authorization", "Bearer alice-token-0123")
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")

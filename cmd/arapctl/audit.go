@@ -6,20 +6,20 @@ import (
 	"os"
 
 	"github.com/omcp/arap/audit"
-	"github.com/omcp/arap/mcp"
+	"github.com/omcp/arap/pep"
 )
 
 func auditVerify(fs *flag.FlagSet) action {
 	d := databaseFlag(fs)
-	pep := fs.Bool("pep", false, "verify the MCP front-end's audit trail (schema pep) instead of the backend's")
+	frontEnd := fs.Bool("pep", false, "verify the MCP front-end's audit trail (schema pep) instead of the backend's")
 	return func(s streams, _ []string) error {
 		ctx, db, err := d.open(s)
 		if err != nil {
 			return err
 		}
 		defer db.Close()
-		if *pep {
-			rep, err := mcp.VerifyAudit(ctx, db)
+		if *frontEnd {
+			rep, err := pep.VerifyAudit(ctx, db)
 			if err != nil {
 				return err
 			}
@@ -48,7 +48,7 @@ func report[B fmt.Stringer](s streams, name string, ok bool, chains, events int,
 func auditExport(fs *flag.FlagSet) action {
 	d := databaseFlag(fs)
 	file := fs.String("out", "", "write to FILE instead of standard output")
-	pep := fs.Bool("pep", false, "export the MCP front-end's audit trail (schema pep) instead of the backend's")
+	frontEnd := fs.Bool("pep", false, "export the MCP front-end's audit trail (schema pep) instead of the backend's")
 	return func(s streams, _ []string) error {
 		ctx, db, err := d.open(s)
 		if err != nil {
@@ -64,8 +64,8 @@ func auditExport(fs *flag.FlagSet) action {
 			defer f.Close()
 			w = f
 		}
-		if *pep {
-			return mcp.ExportAudit(ctx, db, w)
+		if *frontEnd {
+			return pep.ExportAudit(ctx, db, w)
 		}
 		return audit.Export(ctx, db, w)
 	}

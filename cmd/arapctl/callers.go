@@ -6,7 +6,7 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/omcp/arap/mcp"
+	"github.com/omcp/arap/pep"
 )
 
 // The callers commands manage the MCP front-end's caller tokens (schema pep).
@@ -25,8 +25,8 @@ func callersCreate(fs *flag.FlagSet) action {
 		b := make([]byte, 32)
 		_, _ = rand.Read(b)
 		token := "mcp_" + base64.RawURLEncoding.EncodeToString(b)
-		c := &mcp.Callers{DB: db}
-		if err := c.Create(ctx, pos[0], token, mcp.Principal{SubjectType: *subjectType, SubjectID: *subject, ActorID: *actor}); err != nil {
+		c := &pep.Callers{DB: db}
+		if err := c.Create(ctx, pos[0], token, pep.Principal{SubjectType: *subjectType, SubjectID: *subject, ActorID: *actor}); err != nil {
 			return err
 		}
 		fmt.Fprintf(s.out, "created caller %s (acts for %s:%s through %q)\ntoken: %s\nThe token is shown once; store it now.\n", pos[0], *subjectType, *subject, *actor, token)
@@ -42,7 +42,7 @@ func callersRevoke(fs *flag.FlagSet) action {
 			return err
 		}
 		defer db.Close()
-		if err := (&mcp.Callers{DB: db}).Revoke(ctx, pos[0]); err != nil {
+		if err := (&pep.Callers{DB: db}).Revoke(ctx, pos[0]); err != nil {
 			return err
 		}
 		fmt.Fprintf(s.out, "revoked caller %s\n", pos[0])

@@ -16,8 +16,8 @@ import (
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/pep"
 )
 
 // TestArgValue: a --arg value takes the type the tool's schema gives its
@@ -85,15 +85,15 @@ func mcpServer(t *testing.T) (string, string, *pgxpool.Pool, string) {
 	t.Cleanup(db.Close)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := mcp.NewGate(mcp.Config{DB: db, Backend: &authzen.Client{BaseURL: env.URL, Token: dev.PEPToken}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: mcp.DemoTools()})
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: env.URL, Token: dev.PEPToken}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	const token = "alice-token-0123"
-	require.NoError(t, g.Callers().Create(ctx, "alice-agent", token, mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
-	srv, err := mcp.NewServer(g, mcp.ServerOptions{Name: "test", Version: "0"})
+	require.NoError(t, g.Callers().Create(ctx, "alice-agent", token, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
+	srv, err := pep.NewServer(g, pep.ServerOptions{Name: "test", Version: "0"})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)
-	return h.URL + mcp.PathMCP, token, db, url
+	return h.URL + pep.PathMCP, token, db, url
 }
 
 // TestMCPCallTypesArgsBySchema: `--arg to=991` sends the string "991",

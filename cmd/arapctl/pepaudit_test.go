@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/pep"
 )
 
 // TestAuditVerifyPEP: `arapctl audit verify --pep` checks the MCP
@@ -31,10 +31,10 @@ func TestAuditVerifyPEP(t *testing.T) {
 	require.Equal(t, "pep audit: 1 chains, 1 events, all intact\n", out)
 	out, err = ctl(t, "audit", "export", "--pep")
 	require.NoError(t, err)
-	var rec mcp.AuditRecord
+	var rec pep.AuditRecord
 	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &rec), out)
 	require.Equal(t, r.Task.TaskID, rec.Chain)
-	require.Equal(t, mcp.AuditCancelled, rec.Kind)
+	require.Equal(t, pep.AuditCancelled, rec.Kind)
 
 	_, err = db.Exec(ctx, `UPDATE pep.audit_events SET data = jsonb_set(data, '{reason}', '"approved"')`)
 	require.NoError(t, err)

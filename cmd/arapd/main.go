@@ -29,7 +29,6 @@ import (
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/dev"
-	"github.com/omcp/arap/mcp"
 	"github.com/omcp/arap/mcp/fixtures"
 	"github.com/omcp/arap/migrations"
 )
@@ -228,14 +227,13 @@ func runMCP(args []string) error {
 	maxWindow := fs.Duration("max-window", envDuration("ARAP_MAX_WINDOW", 7*24*time.Hour), "longest a task waits for a decision, whatever the backend allows; then it ends denied")
 	poll := fs.Duration("poll-interval", envDuration("ARAP_POLL_INTERVAL", 2*time.Second), "pollIntervalMs suggested to clients and the first backend poll delay")
 	reconcile := fs.Duration("reconcile-every", envDuration("ARAP_RECONCILE_EVERY", 10*time.Second), "how often crash leftovers (unbound intents, dead claims) are repaired")
-	grace := fs.Duration("intent-grace", envDuration("ARAP_INTENT_GRACE", mcp.IntentGrace), "how long an unbound intent is left to the process that wrote it")
+	grace := fs.Duration("intent-grace", envDuration("ARAP_INTENT_GRACE", 15*time.Second), "how long an unbound intent is left to the process that wrote it")
 	listenStreams := fs.Int("listen-streams", envInt("ARAP_LISTEN_STREAMS", 10), "subscriptions/listen streams one caller may hold open on this replica (ARAP_LISTEN_STREAMS)")
 	listenLifetime := fs.Duration("listen-lifetime", envDuration("ARAP_LISTEN_LIFETIME", 30*time.Minute), "longest a subscriptions/listen stream stays open; then it ends and the client listens again (ARAP_LISTEN_LIFETIME)")
 	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
 	conformance := fs.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
-	mcp.IntentGrace = *grace
 	token := os.Getenv("ARAP_BACKEND_TOKEN")
 	if token == "" {
 		return errors.New("ARAP_BACKEND_TOKEN (the front-end's API token at the backend, scopes evaluate and request) is required")
@@ -254,7 +252,7 @@ func runMCP(args []string) error {
 	log := logger(*level)
 	cfg := frontend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, MasterKey: key, BackendURL: *backendURL, BackendToken: token,
-		WebhookSecrets: secrets, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, ReconcileEvery: *reconcile,
+		WebhookSecrets: secrets, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
 		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log,
 	}
 	if *conformance {

@@ -27,7 +27,7 @@ import (
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/pgembed"
-	"github.com/omcp/arap/mcp"
+	"github.com/omcp/arap/pep"
 )
 
 //go:embed policy.yaml
@@ -148,7 +148,7 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 	if err := SeedCallers(ctx, f.Gate().Callers()); err != nil {
 		return err
 	}
-	printBanner(o.Out, b.URL(), f.URL()+mcp.PathMCP, policyFile, dataDir, displayURL(dbURL))
+	printBanner(o.Out, b.URL(), f.URL()+pep.PathMCP, policyFile, dataDir, displayURL(dbURL))
 	backendDone := make(chan error, 1)
 	go func() { backendDone <- b.Run(ctx, reload) }()
 	ferr := f.Run(ctx)
@@ -157,14 +157,14 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 
 // SeedCallers registers the dev MCP callers: dev-agent-token acts for alice
 // through agent:demo, dev-agent2-token for mallory, dev-bob-agent-token for bob.
-func SeedCallers(ctx context.Context, c *mcp.Callers) error {
+func SeedCallers(ctx context.Context, c *pep.Callers) error {
 	for _, s := range []struct {
 		name, token string
-		p           mcp.Principal
+		p           pep.Principal
 	}{
-		{"dev-agent", AgentToken, mcp.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}},
-		{"dev-agent2", Agent2Token, mcp.Principal{SubjectType: "user", SubjectID: "mallory", ActorID: "agent:demo"}},
-		{"dev-bob-agent", BobAgentToken, mcp.Principal{SubjectType: "user", SubjectID: "bob", ActorID: "agent:demo"}},
+		{"dev-agent", AgentToken, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}},
+		{"dev-agent2", Agent2Token, pep.Principal{SubjectType: "user", SubjectID: "mallory", ActorID: "agent:demo"}},
+		{"dev-bob-agent", BobAgentToken, pep.Principal{SubjectType: "user", SubjectID: "bob", ActorID: "agent:demo"}},
 	} {
 		if err := c.Create(ctx, s.name, s.token, s.p); err != nil && !strings.Contains(err.Error(), "exists") {
 			return fmt.Errorf("dev: seed caller: %w", err)

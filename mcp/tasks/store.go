@@ -190,8 +190,9 @@ type Change struct {
 	Error    *Error          // to failed
 	// Meta is the task's _meta in its new state; terminal states keep none.
 	Meta map[string]any
-	// TTLMs, when set, becomes the TTL if it is longer (or unlimited).
-	TTLMs *int64
+	// KeepUntil, when set, raises the TTL to keep the task readable at
+	// least until then (an unlimited TTL stays unlimited).
+	KeepUntil time.Time
 	// From, when set, narrows the states the change may start from.
 	From []Status
 }
@@ -210,6 +211,10 @@ func (s *Store) TransitionTx(ctx context.Context, tx pgx.Tx, id string, c Change
 		from = append(from, string(c.To)) // a non-terminal state may be refreshed
 	}
 	now := s.now()
+	var keep *time.Time
+	if !c.KeepUntil.IsZero() {
+		keep = &c.KeepUntil
+	}
 	var terminal *time.Time
 	meta := c.Meta
 	if c.To.Terminal() {
@@ -218,12 +223,12 @@ func (s *Store) TransitionTx(ctx context.Context, tx pgx.Tx, id string, c Change
 	t, err := scan(tx.QueryRow(ctx, `WITH t AS (UPDATE pep.tasks SET status = $2, status_message = $3,
 			input_requests = $4, answered_keys = answered_keys || $5::text[], result = $6, error = $7, meta = $8,
 			updated_at = $9, terminal_at = $10,
-			ttl_ms = CASE WHEN $11::bigint IS NULL OR ttl_ms IS NULL THEN ttl_ms ELSE greatest(ttl_ms, $11::bigint) END
+			ttl_ms = CASE WHEN $11::timestamptz IS NULL OR ttl_ms IS NULL THEN ttl_ms ELSE greatest(ttl_ms, `+ttlUntil("$11")+`) END
 		WHERE id = $1 AND status = ANY($12)
 		RETURNING `+columns+`)
 		SELECT t.* FROM t, pg_notify($13, t.id) n`,
 		id, c.To, c.StatusMessage, nilMap(c.InputRequests), orEmpty(c.Answered), nilRaw(c.Result), c.Error, nilMap(meta),
-		now, terminal, c.TTLMs, from, Channel))
+		now, terminal, keep, from, Channel))
 	if errors.Is(err, ErrNotFound) {
 		cur, gerr := s.Get(ctx, tx, id)
 		if gerr != nil {
@@ -244,10 +249,29 @@ func orEmpty(s []string) []string {
 	return s
 }
 
-// ExtendTTLTx raises task id's TTL to at least ttlMs (never lowers it).
-func (s *Store) ExtendTTLTx(ctx context.Context, tx pgx.Tx, id string, ttlMs int64) error {
-	_, err := tx.Exec(ctx, `UPDATE pep.tasks SET ttl_ms = greatest(ttl_ms, $2), updated_at = updated_at WHERE id = $1 AND ttl_ms IS NOT NULL`, id, ttlMs)
-	return err
+// KeepUntilTx raises task id's TTL so that it is kept at least until until
+// (never lowers it; an unlimited TTL stays unlimited).
+func (s *Store) KeepUntilTx(ctx context.Context, tx pgx.Tx, id string, until time.Time) error {
+	_, err := tx.Exec(ctx, `UPDATE pep.tasks SET ttl_ms = greatest(ttl_ms, `+ttlUntil("$2")+`) WHERE id = $1 AND ttl_ms IS NOT NULL`, id, until)
+	if err != nil {
+		return fmt.Errorf("tasks: keep %s: %w", id, err)
+	}
+	return nil
+}
+
+// ttlUntil is TTLUntil in SQL: the ttl_ms that keeps a row until the
+// timestamp in parameter p (whole milliseconds, truncated as TTLUntil does).
+func ttlUntil(p string) string {
+	return `trunc(extract(epoch FROM ` + p + `::timestamptz - created_at) * 1000)::bigint`
+}
+
+// MarkAnswered records keys as answered on task id, whatever its status:
+// an answer taken is never asked for again under the same key.
+func (s *Store) MarkAnswered(ctx context.Context, id string, keys []string) error {
+	if _, err := s.DB.Exec(ctx, `UPDATE pep.tasks SET answered_keys = answered_keys || $2::text[] WHERE id = $1`, id, keys); err != nil {
+		return fmt.Errorf("tasks: answer %s: %w", id, err)
+	}
+	return nil
 }
 
 // TTLUntil is the ttlMs that keeps a task created at created until until.

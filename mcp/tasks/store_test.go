@@ -81,15 +81,24 @@ func TestAccessTTLAndPurge(t *testing.T) {
 	require.ErrorIs(t, err, tasks.ErrNotFound)
 
 	// TTL only grows.
-	require.NoError(t, pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error { return s.ExtendTTLTx(ctx, tx, task.ID, 1000) }))
+	require.NoError(t, pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error { return s.KeepUntilTx(ctx, tx, task.ID, task.CreatedAt.Add(time.Second)) }))
 	got, _ := s.Get(ctx, s.DB, task.ID)
 	require.EqualValues(t, 60_000, *got.TTLMs)
-	longer := int64(120_000)
-	_, err = transition(s, task.ID, tasks.Change{To: tasks.Working, StatusMessage: "still", TTLMs: &longer, Meta: map[string]any{"k": "v"}})
+	require.NoError(t, pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error { return s.KeepUntilTx(ctx, tx, task.ID, task.CreatedAt.Add(90*time.Second)) }))
+	got, _ = s.Get(ctx, s.DB, task.ID)
+	require.EqualValues(t, 90_000, *got.TTLMs)
+	odd := task.CreatedAt.Add(100*time.Second + 1500*time.Microsecond)
+	require.NoError(t, pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error { return s.KeepUntilTx(ctx, tx, task.ID, odd) }))
+	got, _ = s.Get(ctx, s.DB, task.ID)
+	require.Equal(t, tasks.TTLUntil(task.CreatedAt, odd), *got.TTLMs, "whole milliseconds, truncated as TTLUntil does")
+	_, err = transition(s, task.ID, tasks.Change{To: tasks.Working, StatusMessage: "still", KeepUntil: task.CreatedAt.Add(2 * time.Minute), Meta: map[string]any{"k": "v"}})
 	require.NoError(t, err)
 	got, _ = s.Get(ctx, s.DB, task.ID)
 	require.EqualValues(t, 120_000, *got.TTLMs)
 	require.Equal(t, "v", got.Meta["k"])
+	require.NoError(t, s.MarkAnswered(ctx, task.ID, []string{"q1"}))
+	got, _ = s.Get(ctx, s.DB, task.ID)
+	require.Equal(t, []string{"q1"}, got.AnsweredKeys)
 
 	// A working task past its TTL is never purged; a terminal one is.
 	now = now.Add(time.Hour)

@@ -1,0 +1,123 @@
+package pep
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/identity"
+)
+
+// Principal is an authenticated MCP caller: the subject it acts for and the
+// actor (agent) acting. Tasks are bound to it; approvals are for it. In Go
+// it is always a Principal; wherever it is stored or compared it is its Key
+// (the task store's and the approval tasks' principal columns, the
+// requestState, the audit trail, callerKey in SQL), which is all mcp/tasks
+// knows of it: an opaque owner. The one exception is data already on disk:
+// the sealed call binding holds the struct as encoding/json writes it, and
+// binding checks its Key against the task's.
+type Principal struct {
+	Name        string // caller name
+	SubjectType string
+	SubjectID   string
+	ActorID     string
+	// anonymous marks the principal of a request without credentials
+	// (conformance fixture mode): it may call fixtures, never the gate.
+	anonymous bool
+}
+
+// Key identifies the principal for task ownership: the same subject through
+// the same actor owns the same tasks, whichever of its tokens is used.
+func (p Principal) Key() string { return p.SubjectType + ":" + p.SubjectID + "|" + p.ActorID }
+
+// Subject is the AuthZEN subject for this principal, the actor in
+// properties.act (the OAuth actor-profile convention).
+func (p Principal) Subject() authzen.Object {
+	s := authzen.Object{"type": p.SubjectType, "id": p.SubjectID}
+	if p.ActorID != "" {
+		s["properties"] = map[string]any{"act": map[string]any{"sub": p.ActorID}}
+	}
+	return s
+}
+
+// Callers maps MCP bearer tokens to principals (pep.callers). Tokens are
+// stored as SHA-256 hashes.
+type Callers struct{ DB *pgxpool.Pool }
+
+// ErrUnknownCaller means the token is unknown or revoked.
+var ErrUnknownCaller = errors.New("pep: unknown or revoked token")
+
+// Create registers a caller token.
+func (c *Callers) Create(ctx context.Context, name, token string, p Principal) error {
+	if len(token) < 12 || name == "" || p.SubjectID == "" {
+		return errors.New("pep: a caller needs a name, a subject and a token of at least 12 characters")
+	}
+	if p.SubjectType == "" {
+		p.SubjectType = "user"
+	}
+	// The backend refuses non-canonical identities at evaluation; a caller
+	// made with one could never get a decision, so refuse it here, by name.
+	for what, id := range map[string]string{"subject type": p.SubjectType, "subject": p.SubjectID, "actor": p.ActorID} {
+		if id == "" && what == "actor" {
+			continue
+		}
+		if err := identity.Check(id); err != nil {
+			return fmt.Errorf("pep: the caller's %s %q %v", what, id, err)
+		}
+	}
+	h := sha256.Sum256([]byte(token))
+	_, err := c.DB.Exec(ctx, `INSERT INTO pep.callers (token_hash, name, subject_type, subject_id, actor_id, created_at) VALUES ($1, $2, $3, $4, $5, now())`,
+		h[:], name, p.SubjectType, p.SubjectID, p.ActorID)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return fmt.Errorf("pep: caller %q exists", name)
+	}
+	return err
+}
+
+// Authenticate returns the principal of a live token.
+func (c *Callers) Authenticate(ctx context.Context, token string) (Principal, error) {
+	h := sha256.Sum256([]byte(token))
+	var p Principal
+	var revoked *time.Time
+	err := c.DB.QueryRow(ctx, `SELECT name, subject_type, subject_id, actor_id, revoked_at FROM pep.callers WHERE token_hash = $1`, h[:]).
+		Scan(&p.Name, &p.SubjectType, &p.SubjectID, &p.ActorID, &revoked)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && revoked != nil) {
+		return Principal{}, ErrUnknownCaller
+	}
+	return p, err
+}
+
+// callerKey is Principal.Key over a pep.callers row c, for SQL.
+const callerKey = `c.subject_type || ':' || c.subject_id || '|' || c.actor_id`
+
+// callerLive is, in SQL, "the principal whose Key is in column col still
+// has a live token": the execution claim checks it in its own statement.
+func callerLive(col string) string {
+	return `EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND ` + callerKey + ` = ` + col + `)`
+}
+
+// Valid reports whether the principal still has a live token: an approval
+// never outlives the caller it was for. The execution claim makes the same
+// check in its own statement (execute).
+func (c *Callers) Valid(ctx context.Context, p Principal) (bool, error) {
+	var ok bool
+	err := c.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND `+callerKey+` = $1)`, p.Key()).Scan(&ok)
+	return ok, err
+}
+
+// Revoke disables a caller.
+func (c *Callers) Revoke(ctx context.Context, name string) error {
+	tag, err := c.DB.Exec(ctx, `UPDATE pep.callers SET revoked_at = coalesce(revoked_at, now()) WHERE name = $1`, name)
+	if err == nil && tag.RowsAffected() == 0 {
+		return fmt.Errorf("pep: no caller %q", name)
+	}
+	return err
+}

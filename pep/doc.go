@@ -1,0 +1,32 @@
+// Package pep is the policy enforcement point: an MCP server (official Go
+// SDK, protocol 2026-07-28, stateless) whose every tools/call is decided by
+// the AuthZEN PDP. A requestable denial becomes a durable MCP task (the
+// tasks extension, package mcp/tasks) bound to an ARAP access request; when
+// the request is approved, the call is re-evaluated with the approval and,
+// if allowed, executed exactly once behind an atomic claim. This is
+// SEP-2848, io.modelcontextprotocol/tool-approval. Package frontend runs it
+// as `arapd mcp`; it reaches the backend over HTTP only.
+//
+// The journey of one gated call, each file left for the next:
+//
+//	server.go   route: the caller's principal, tools/call to the gate
+//	gate.go     Gate.Call: arguments, evaluation, dedup, limits, input (input.go)
+//	open.go     open: intent, submit, bind; then the task store (mcp/tasks)
+//	results.go  created: the CreateTaskResult
+//
+// and of its decision:
+//
+//	server.go   callback: a verified callback (or jobs.go: the tracking job)
+//	advance.go  Wake, Advance: the status endpoint, reevaluate, chain
+//	execute.go  execute: the claim, the run, finish; then the task store
+//	end.go      deny, fail, cancel: how a task ends without running
+//
+// kind.go is the task as a tasks.Kind (tasks/cancel, tasks/update); state.go
+// owns the tables of approval tasks and intents, lists their phases and states
+// with the transitions between them, and holds every statement on them;
+// binding.go is what a call is bound to; background.go is the gate's own
+// goroutines (callback wake-ups, the reconciler), which Stop waits for. The
+// claim and every way a task ends are recorded, in the same transaction, in
+// the front-end's own hash-chained audit trail (audit.go), which VerifyAudit
+// (arapctl audit verify --pep) checks.
+package pep

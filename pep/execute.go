@@ -1,0 +1,164 @@
+package pep
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/omcp/arap/internal/fault"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// Executing an approved call, at most once: the claim, the run, and the
+// recorded outcome (finish), which is also how every task that ends with a
+// CallToolResult ends. A claim whose outcome never got recorded ends
+// outcome-unknown (reapClaim) and is never run again.
+
+// execute claims the task and runs the tool, at most once. The claim is one
+// compare-and-set (pending -> claimed, in the current generation, while the
+// caller still has a live token), mutually exclusive with cancel and expiry,
+// and records the claim in the audit trail in the same transaction. Every
+// check holds at the claim: the approval not expired (at the claim's own
+// time), the caller still valid (in the claim's statement), the binding
+// intact (read before). A run once claimed is authorized: an approval that
+// expires, or a token revoked, while the tool runs does not undo the claim,
+// and the outcome is recorded as it is, even if ctx ends meanwhile (a
+// stopping process records what it ran rather than leave it unknown).
+func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approvalID string, approvedUntil time.Time) error {
+	now := g.now()
+	if !now.Before(approvedUntil) {
+		return g.deny(ctx, a, "The approval expired before the tool could run; the tool did not run.")
+	}
+	tool, ok := g.tools[a.Tool]
+	if !ok {
+		return g.fail(ctx, a, "the tool is no longer offered")
+	}
+	execDeadline := now.Add(g.cfg.ExecTimeout)
+	claimed := false
+	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		var backendID *string
+		var err error
+		if claimed, backendID, err = claimTx(ctx, tx, a, now, execDeadline); err != nil || !claimed {
+			return err
+		}
+		if err := g.tasks.KeepUntilTx(ctx, tx, a.TaskID, execDeadline.Add(g.cfg.ResultRetention)); err != nil {
+			return err
+		}
+		return g.audit(ctx, tx, a.TaskID, AuditClaimed, actorPEP, now, map[string]any{
+			"generation": a.Generation, "tool": a.Tool, "args_digest": a.ArgsDigest, "principal": a.Principal,
+			"backend_request_id": backendID, "approval_id": approvalID, "approved_until": approvedUntil.UTC().Format(time.RFC3339Nano),
+			"exec_deadline": execDeadline.UTC().Format(time.RFC3339Nano)})
+	})
+	if err != nil {
+		return err
+	}
+	if !claimed {
+		// Only a caller gone invalid is this call's to act on: it ends the
+		// task (if it is still before the claim, in this generation).
+		if ok, err := g.callers.Valid(ctx, b.Principal); err != nil || ok {
+			return err
+		}
+		return g.deny(ctx, a, "The caller is no longer authorized; the tool did not run.")
+	}
+	fault.Point("pep.after-claim")
+	// From here on the run and its record outlive ctx: bounded by the
+	// execution deadline, and then by the time to write the outcome.
+	ctx = context.WithoutCancel(ctx)
+	runCtx, cancel := context.WithTimeout(ctx, g.cfg.ExecTimeout)
+	args := b.Args
+	if brokenBuild && broken(violateArgumentsTruncated) { // runs from a binding that lost an argument
+		args = map[string]any{}
+		for k, v := range b.Args {
+			if k != "to" {
+				args[k] = v
+			}
+		}
+	}
+	out, runErr := tool.Run(runCtx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: args})
+	cancel()
+	if brokenBuild && broken(violateSecondExecution) && runErr == nil {
+		_, _ = tool.Run(ctx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: b.Args})
+	}
+	fault.Point("pep.after-invoke")
+	var res *sdk.CallToolResult
+	disposition := ApprovedExecuted
+	if runErr != nil {
+		disposition = ExecutionError
+		res = &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
+			Text: "The tool ran after approval but failed, so it may have had side effects: " + sanitize(runErr.Error(), 200)}}}
+		switch {
+		case brokenBuild && broken(violateExecutionErrorSaysNotRun):
+			res.Content = []sdk.Content{&sdk.TextContent{Text: "The tool did not run: " + sanitize(runErr.Error(), 200)}}
+		case brokenBuild && broken(violateExecutionErrorAsSuccess):
+			disposition = ApprovedExecuted
+		}
+	} else {
+		res = &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "Approved; the tool ran once. " + out.Text}}}
+		if brokenBuild && broken(violateBodySilentOnRun) {
+			res.Content = []sdk.Content{&sdk.TextContent{Text: "Approved. See the structured content."}}
+		}
+		if out.Structured != nil {
+			res.StructuredContent = out.Structured
+		}
+	}
+	res.Meta = sdk.Meta{MetaDisposition: disposition}
+	if brokenBuild && broken(violateNoDisposition) {
+		res.Meta = nil
+	}
+	if brokenBuild && broken(violateEnvelopeOnExecuted) {
+		res.Meta[MetaAuthorization] = envelope(RemediationUnavailable, false)
+	}
+	recordCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return g.finish(recordCtx, a, moveRan, res, disposition, "The tool ran after approval.", AuditCompleted, nil)
+}
+
+// finish completes approval task a with res by m (moveRan after a run,
+// moveEnd for a denial), if it is still in one of m's phases and at the
+// generation a was read at: a decision about an earlier request never ends
+// the task after it has moved on to a new one. The audit event kind (with
+// extra data) is written with it.
+func (g *Gate) finish(ctx context.Context, a *approvalTask, m move, res *sdk.CallToolResult, disposition, msg, kind string, extra map[string]any) error {
+	raw, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		ended, backendID, err := endTx(ctx, tx, a, m, disposition)
+		if err != nil || !ended {
+			return err
+		}
+		t, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, KeepUntil: g.retained()})
+		if err != nil {
+			return err
+		}
+		sum, err := resultDigest(raw)
+		if err != nil {
+			return err
+		}
+		data := map[string]any{"generation": a.Generation, "backend_request_id": backendID, "disposition": disposition, "result_digest": sum}
+		for k, v := range extra {
+			data[k] = v
+		}
+		return g.audit(ctx, tx, a.TaskID, kind, actorPEP, *t.TerminalAt, data)
+	})
+}
+
+// reapClaim ends a claimed task whose execution deadline has passed without
+// a recorded result: the tool may have run, so the outcome is unknown. It is
+// never run again.
+func (g *Gate) reapClaim(ctx context.Context, a *approvalTask) (time.Time, error) {
+	if a.ExecDL == nil || g.now().Before(*a.ExecDL) {
+		if a.ExecDL != nil {
+			return *a.ExecDL, nil
+		}
+		return time.Time{}, nil
+	}
+	res := &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
+		Text: "The tool may have run: it was started after approval, but its outcome could not be confirmed. Do not retry automatically; check whether it took effect."}},
+		Meta: sdk.Meta{MetaDisposition: OutcomeUnknown}}
+	return time.Time{}, g.finish(ctx, a, moveRan, res, OutcomeUnknown, "Outcome unknown: the tool may have run.", AuditOutcomeUnknown, nil)
+}

@@ -1,0 +1,41 @@
+package pep
+
+import (
+	"context"
+	"time"
+
+	"github.com/omcp/arap/authzen"
+)
+
+// Hooks for the external tests (package pep_test), which run the gate
+// against the real backend (internal/backendtest imports this package, so
+// only an external test can use it) and need to act as a runner that read
+// the task at one moment and acts on it later.
+
+// Snapshot is an approval task as a runner read it.
+type Snapshot = approvalTask
+
+// Snapshot reads task id as Advance does before it acts.
+func (g *Gate) Snapshot(ctx context.Context, id string) (*Snapshot, error) {
+	return getApproval(ctx, g.cfg.DB, id)
+}
+
+// ExecuteSnapshot is what a runner holding s does once the PDP allowed the
+// call with approval (id, until): execute.
+func (g *Gate) ExecuteSnapshot(ctx context.Context, s *Snapshot, approvalID string, until time.Time) error {
+	b, err := g.binding(s)
+	if err != nil {
+		return err
+	}
+	return g.execute(ctx, s, b, approvalID, until)
+}
+
+// ReevaluateSnapshot is what a runner holding s does with the approval it
+// read from the status endpoint: re-evaluate and act on the answer.
+func (g *Gate) ReevaluateSnapshot(ctx context.Context, s *Snapshot, approval *authzen.Approval) error {
+	_, err := g.reevaluate(ctx, s, approval)
+	return err
+}
+
+// Stopping is closed once Stop has begun.
+func (g *Gate) Stopping() <-chan struct{} { return g.bg.life.Done() }

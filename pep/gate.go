@@ -1,0 +1,306 @@
+package pep
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/schemamsg"
+	"github.com/omcp/arap/internal/seal"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// JobInserter enqueues River jobs.
+type JobInserter interface {
+	Insert(ctx context.Context, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
+	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
+}
+
+// Config configures a Gate.
+type Config struct {
+	DB      *pgxpool.Pool
+	Backend *authzen.Client
+	// MasterKey (32 bytes) seals tool arguments and submission bodies.
+	MasterKey []byte
+	// CallbackURL is where the backend is asked to call back (this server's
+	// callback endpoint); empty means poll only.
+	CallbackURL string
+	Jobs        JobInserter
+	Tools       []Tool
+	// PollInterval is suggested to clients (pollIntervalMs); default 2s.
+	PollInterval time.Duration
+	// ResultRetention keeps a terminal task readable this long; default 24h.
+	ResultRetention time.Duration
+	// ExecTimeout bounds a tool run; a claimed task whose run has not been
+	// recorded by then ends outcome-unknown. Default 30s.
+	ExecTimeout time.Duration
+	// MaxChained bounds the requests opened for one task; default 3.
+	MaxChained int
+	// MaxWindow bounds how long a task may wait for a decision, whatever
+	// deadline the backend sets (SEP-2848: pending tasks must not
+	// accumulate without limit); past it the task ends denied and the
+	// request is cancelled. Default 7 days.
+	MaxWindow time.Duration
+	// MaxPending bounds a principal's live approval tasks; default 20.
+	MaxPending int
+	// SubmitsPerMinute bounds a principal's new approval requests; default 30.
+	SubmitsPerMinute int
+	// StateTTL bounds an MRTR requestState's life; default 10 minutes.
+	StateTTL time.Duration
+	// IntentGrace is how long an intent may stay unbound before Reconcile
+	// takes it over (the process that wrote it has probably died); default
+	// 15s.
+	IntentGrace time.Duration
+	// ReconcileEvery is how often Start's reconciler repairs crash
+	// leftovers (Reconcile); default 10s.
+	ReconcileEvery time.Duration
+	Now            func() time.Time
+	Log            *slog.Logger
+}
+
+// Gate is the enforcement point: it decides every tools/call through the PDP
+// and runs approval tasks.
+type Gate struct {
+	cfg     Config
+	box     *seal.Box
+	tasks   *tasks.Store
+	callers *Callers
+	tools   map[string]Tool
+	schemas map[string]*jsonschema.Schema
+	advance chan struct{} // bounds concurrent Advance runs started by callbacks
+	bg      background    // what the gate runs on its own: wake-ups, the reconciler
+}
+
+// NewGate checks cfg and builds a Gate.
+func NewGate(cfg Config) (*Gate, error) {
+	if cfg.DB == nil || cfg.Backend == nil || cfg.Jobs == nil {
+		return nil, errors.New("pep: DB, Backend and Jobs are required")
+	}
+	box, err := seal.New(cfg.MasterKey)
+	if err != nil {
+		return nil, fmt.Errorf("pep: %w", err)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&cfg.PollInterval, 2*time.Second)
+	def(&cfg.ResultRetention, 24*time.Hour)
+	def(&cfg.ExecTimeout, 30*time.Second)
+	def(&cfg.StateTTL, 10*time.Minute)
+	def(&cfg.MaxWindow, 7*24*time.Hour)
+	def(&cfg.IntentGrace, 15*time.Second)
+	def(&cfg.ReconcileEvery, 10*time.Second)
+	if brokenBuild && broken(violateNoRetention) { // keeps a result a minute
+		cfg.ResultRetention = time.Minute
+	}
+	if cfg.MaxChained == 0 {
+		cfg.MaxChained = 3
+	}
+	if cfg.MaxPending == 0 {
+		cfg.MaxPending = 20
+	}
+	if cfg.SubmitsPerMinute == 0 {
+		cfg.SubmitsPerMinute = 30
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB}, advance: make(chan struct{}, 16)}
+	g.bg.life, g.bg.end = context.WithCancel(context.Background())
+	if g.tools, g.schemas, err = compileTools(cfg.Tools); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// compileTools indexes tools by name with their compiled input schemas.
+func compileTools(list []Tool) (map[string]Tool, map[string]*jsonschema.Schema, error) {
+	tools, schemas := map[string]Tool{}, map[string]*jsonschema.Schema{}
+	for _, t := range list {
+		c := jsonschema.NewCompiler()
+		url := "urn:arap:tool:" + t.Name
+		if err := c.AddResource(url, toJSONValue(t.InputSchema)); err != nil {
+			return nil, nil, fmt.Errorf("pep: tool %s schema: %w", t.Name, err)
+		}
+		sch, err := c.Compile(url)
+		if err != nil {
+			return nil, nil, fmt.Errorf("pep: tool %s schema: %w", t.Name, err)
+		}
+		tools[t.Name], schemas[t.Name] = t, sch
+	}
+	return tools, schemas, nil
+}
+
+func toJSONValue(v any) any {
+	b, _ := json.Marshal(v)
+	var out any
+	_ = json.Unmarshal(b, &out)
+	return out
+}
+
+func (g *Gate) now() time.Time { return g.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// Tasks is the gate's task store.
+func (g *Gate) Tasks() *tasks.Store { return g.tasks }
+
+// Callers is the gate's caller store.
+func (g *Gate) Callers() *Callers { return g.callers }
+
+// Call handles tools/call for principal p. It returns a CallToolResult, a
+// CreateTaskResult, an input_required result, or a JSON-RPC error.
+func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) (sdk.Result, error) {
+	tool, ok := g.tools[req.Params.Name]
+	if !ok {
+		return nil, rpcError(tasks.CodeInvalidParams, fmt.Sprintf("unknown tool %q", req.Params.Name))
+	}
+	args, err := g.arguments(req)
+	if err != nil {
+		return nil, err
+	}
+	hasTasks := tasks.HasExtension(req.Params.GetMeta())
+	if brokenBuild && broken(violatePlainClientsGetTasks) {
+		hasTasks = true
+	}
+	if brokenBuild && broken(violateNeedsToolApproval) {
+		caps, _ := req.Params.GetMeta()[tasks.MetaClientCapabilities].(map[string]any)
+		ext, _ := caps["extensions"].(map[string]any)
+		_, hasTasks = ext[ExtensionToolApproval]
+	}
+
+	var answers *inputAnswers
+	if req.Params.RequestState != "" {
+		// An MRTR retry: it must match the binding the first call captured.
+		if answers, err = g.resume(ctx, p, tool.Name, args, req); err != nil {
+			return nil, err
+		}
+	}
+
+	var decision authzen.Decision
+	err = retryTransient(ctx, func() (err error) {
+		decision, err = g.cfg.Backend.Evaluate(ctx, evaluation(p, tool.Name, args))
+		return err
+	})
+	if err != nil {
+		g.cfg.Log.Error("evaluation failed", "tool", tool.Name, "error", err)
+		return nil, rpcError(tasks.CodeInternalError, "the authorization service is unavailable; try again later")
+	}
+	if decision.Decision {
+		return g.runDirect(ctx, p, tool, args)
+	}
+	hint, requestable := decision.AccessRequest()
+	if !requestable {
+		if brokenBuild && broken(violatePlainDenialAsError) {
+			return nil, rpcError(tasks.CodeInvalidParams, "not allowed")
+		}
+		return denied("This call is not allowed by policy; the tool did not run.", RemediationUnavailable), nil
+	}
+	if !hasTasks {
+		if tool.TaskRequired {
+			return nil, tasks.MissingCapability()
+		}
+		return degraded(hint), nil
+	}
+	if brokenBuild && broken(violateExecuteOnRequestableDenial) {
+		_, _ = g.runDirect(ctx, p, tool, args)
+	}
+	// Deduplication comes before the limits: a repeat of a call whose task
+	// is live asks for nothing new, so it gets that task even at the cap.
+	d, err := digest(tool.Name, args)
+	if err != nil {
+		return nil, err
+	}
+	dedup := dedupKey(p, tool.Name, d)
+	if t, err := g.existing(ctx, dedup); t != nil || err != nil {
+		return created(t), err
+	}
+	// A first look at the limits, so a caller at the cap is not asked for
+	// input it could not use; the binding check is taken again in open,
+	// atomically with the insert.
+	if msg, err := g.limited(ctx, g.cfg.DB, p); err != nil || msg != "" {
+		if err != nil {
+			g.cfg.Log.Error("limit check failed", "error", err)
+			msg = msgBusy
+		}
+		return denied(msg, RemediationUnavailable), nil
+	}
+
+	// Input the backend needs before it will accept the request is collected
+	// first, synchronously (MRTR), so the task is submitted complete.
+	extra, ask, err := g.collectInput(ctx, p, tool.Name, args, hint, answers)
+	if err != nil {
+		return nil, err
+	}
+	if ask != nil {
+		return ask, nil
+	}
+	t, err := g.open(ctx, binding{Tool: tool.Name, Args: args, Principal: p}, decision, hint, extra)
+	var le *limitError
+	if errors.As(err, &le) {
+		return denied(le.msg, RemediationUnavailable), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if brokenBuild && broken(violateArtifactLeak) {
+		res := created(t).(*tasks.CreateResult)
+		res.Meta["binding_token"] = hint.BindingToken
+		return res, nil
+	}
+	return created(t), nil
+}
+
+// arguments decodes and validates the call's arguments against the tool's
+// input schema.
+func (g *Gate) arguments(req *sdk.CallToolRequest) (map[string]any, error) {
+	var args map[string]any
+	raw, err := json.Marshal(req.Params.Arguments)
+	if err != nil {
+		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be a JSON object")
+	}
+	if len(raw) == 0 || string(raw) == "null" {
+		raw = []byte("{}")
+	}
+	if err := json.Unmarshal(raw, &args); err != nil {
+		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be a JSON object")
+	}
+	if err := clean.JSON(raw); err != nil {
+		// Neither the PDP nor a tool's storage could take them.
+		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be valid UTF-8 without NUL characters")
+	}
+	if err := g.schemas[req.Params.Name].Validate(toJSONValue(args)); err != nil {
+		return nil, rpcError(tasks.CodeInvalidParams, "invalid arguments for "+req.Params.Name+": "+schemamsg.Join(schemamsg.Messages(err)))
+	}
+	return args, nil
+}
+
+// runDirect runs an allowed call at once: no task, no approval.
+func (g *Gate) runDirect(ctx context.Context, p Principal, tool Tool, args map[string]any) (sdk.Result, error) {
+	out, err := tool.Run(ctx, Invocation{DB: g.cfg.DB, Principal: p, Args: args})
+	if err != nil {
+		// Not the error's text: a tool's message may quote its arguments.
+		g.cfg.Log.Warn("tool failed", "tool", tool.Name)
+		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "The tool failed: " + sanitize(err.Error(), 200)}}}, nil
+	}
+	res := &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: out.Text}}}
+	if out.Structured != nil {
+		res.StructuredContent = out.Structured
+	}
+	return res, nil
+}

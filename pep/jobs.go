@@ -1,0 +1,182 @@
+package pep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"github.com/omcp/arap/authzen"
+)
+
+// Queue is the River queue of the front-end's jobs; the backend's workers,
+// which may share the database, do not take from it.
+const Queue = "pep"
+
+// TrackArgs follows one approval task: it advances the task and snoozes
+// until the next look. The task's own tracking job is enqueued when the
+// handle is bound and lasts until the task ends. A follow-up (FollowUp: a
+// callback woke the task and the next look is soon, say a grant still
+// provisioning) is a second one with FollowUp set, which stops once the next
+// look is no sooner than the safety poll, where the first one takes over.
+type TrackArgs struct {
+	TaskID   string `json:"task_id"`
+	FollowUp bool   `json:"follow_up,omitempty"`
+}
+
+// Kind implements river.JobArgs.
+func (TrackArgs) Kind() string { return "pep.track" }
+
+// TrackWorker runs TrackArgs.
+type TrackWorker struct {
+	river.WorkerDefaults[TrackArgs]
+	Gate *Gate
+}
+
+// Work advances the task once and sleeps until the next look.
+func (w *TrackWorker) Work(ctx context.Context, job *river.Job[TrackArgs]) error {
+	next, err := w.Gate.Advance(ctx, job.Args.TaskID)
+	if err != nil {
+		return err
+	}
+	if next.IsZero() || (job.Args.FollowUp && !soon(next)) {
+		return nil
+	}
+	return river.JobSnooze(max(time.Until(next), 0))
+}
+
+// Timeout leaves room for one tool run.
+func (w *TrackWorker) Timeout(*river.Job[TrackArgs]) time.Duration {
+	return w.Gate.cfg.ExecTimeout + 30*time.Second
+}
+
+// soon reports whether next is a look sooner than the safety poll.
+func soon(next time.Time) bool { return !next.IsZero() && time.Until(next) < SafetyPoll }
+
+func trackOpts(at time.Time) *river.InsertOpts {
+	return &river.InsertOpts{Queue: Queue, ScheduledAt: at, MaxAttempts: 1000}
+}
+
+// FollowUp schedules a follow-up look at next if it is sooner than the
+// tracking job would look.
+func (g *Gate) FollowUp(ctx context.Context, id string, next time.Time) error {
+	if !soon(next) {
+		return nil
+	}
+	_, err := g.cfg.Jobs.Insert(ctx, TrackArgs{TaskID: id, FollowUp: true}, trackOpts(next))
+	return err
+}
+
+// PurgeArgs is the periodic retention job.
+type PurgeArgs struct{}
+
+// Kind implements river.JobArgs.
+func (PurgeArgs) Kind() string { return "pep.purge" }
+
+// PurgeWorker runs Purge.
+type PurgeWorker struct {
+	river.WorkerDefaults[PurgeArgs]
+	Gate *Gate
+}
+
+// Work runs one purge.
+func (w *PurgeWorker) Work(ctx context.Context, _ *river.Job[PurgeArgs]) error {
+	_, err := w.Gate.Purge(ctx)
+	return err
+}
+
+// AddWorkers registers the front-end's workers.
+func (g *Gate) AddWorkers(w *river.Workers) {
+	river.AddWorker(w, &TrackWorker{Gate: g})
+	river.AddWorker(w, &PurgeWorker{Gate: g})
+}
+
+// PeriodicJobs are the front-end's scheduled jobs (run by River's leader).
+func (g *Gate) PeriodicJobs() []*river.PeriodicJob {
+	opts := &river.InsertOpts{Queue: Queue}
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) { return PurgeArgs{}, opts },
+			&river.PeriodicJobOpts{RunOnStart: true}),
+	}
+}
+
+// Reconcile repairs what a crash can leave behind:
+//   - an intent never bound to its task is resubmitted under its key (the
+//     backend returns the request it already has, or creates it) and bound;
+//     if its task has ended meanwhile, the request is cancelled;
+//   - an abandoned intent (its task failed before binding, the submission's
+//     fate unknown) is resubmitted to find a request that may exist, which is
+//     cancelled (a request that never existed is refused as expired);
+//   - a claimed task past its execution deadline ends outcome-unknown.
+//
+// No intent is ever submitted under a new key, so nothing is submitted twice.
+func (g *Gate) Reconcile(ctx context.Context) error {
+	idleBefore := g.now().Add(-g.cfg.IntentGrace)
+	list, err := idleIntents(ctx, g.cfg.DB, idleBefore)
+	if err != nil {
+		return fmt.Errorf("pep: reconcile: %w", err)
+	}
+	for _, o := range list {
+		if ok, err := leaseIntent(ctx, g.cfg.DB, o.key, o.state, idleBefore); err != nil || !ok {
+			continue
+		}
+		in, err := g.loadIntent(ctx, o.key)
+		if err != nil {
+			g.cfg.Log.Error("reconcile: intent unreadable", "error", err)
+			continue
+		}
+		tr, err := g.submit(ctx, in)
+		switch {
+		case errors.Is(err, errUncertain):
+			continue // try again next round
+		case err != nil: // refused: no request exists under this key
+			if o.state == intentOpen {
+				err = g.failIntent(ctx, in, true, err)
+			} else {
+				err = intentSettled.apply(ctx, g.cfg.DB, in.Key, ``)
+			}
+		case o.state == intentOpen:
+			g.cfg.Log.Info("reconcile: binding an intent left unbound", "task_id", in.TaskID)
+			err = g.bind(ctx, in, tr)
+		default: // abandoned, and the request exists: cancel it
+			if cancelURL, _ := tr.Task.Links["cancel"].(string); cancelURL != "" && tr.Task.Status == authzen.StatusPending {
+				g.cancelBackend(ctx, cancelURL)
+			}
+			err = intentSettled.apply(ctx, g.cfg.DB, in.Key, ``)
+		}
+		if err != nil {
+			g.cfg.Log.Error("reconcile: intent not settled; next round retries", "task_id", in.TaskID, "error", err)
+		}
+	}
+
+	ids, err := overdueClaims(ctx, g.cfg.DB, g.now())
+	if err != nil {
+		return fmt.Errorf("pep: reconcile: %w", err)
+	}
+	for _, id := range ids {
+		a, err := getApproval(ctx, g.cfg.DB, id)
+		if err == nil {
+			_, err = g.reapClaim(ctx, a)
+		}
+		if err != nil {
+			g.cfg.Log.Error("reconcile: reap failed", "task_id", id, "error", err)
+		}
+	}
+	return nil
+}
+
+// Purge deletes terminal tasks past their TTL (with their sealed arguments
+// and submission bodies), spent MRTR nonces and expired webhook-id claims.
+func (g *Gate) Purge(ctx context.Context) (int64, error) {
+	n, err := g.tasks.Purge(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if _, err = g.cfg.DB.Exec(ctx, `DELETE FROM pep.used_states WHERE expires_at < $1`, g.now()); err != nil {
+		return n, err
+	}
+	_, err = (&WebhookIDs{DB: g.cfg.DB, Now: g.now}).Purge(ctx)
+	return n, err
+}

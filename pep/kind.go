@@ -1,0 +1,90 @@
+package pep
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/omcp/arap/internal/schemamsg"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// The approval task as a tasks.Kind: what tasks/cancel and tasks/update do
+// to it. The task store (mcp/tasks) checks ownership and status first.
+
+// KindApproval is the task kind of approval tasks.
+const KindApproval = "tool-approval"
+
+var _ tasks.Kind = (*Gate)(nil)
+
+// Cancel implements tasks.Kind: the same compare-and-set as the claim, from
+// a cancellable pre-claim phase to cancelled. If it wins, the tool can never
+// run and the backend request is cancelled; if the claim won, it is a no-op.
+func (g *Gate) Cancel(ctx context.Context, t *tasks.Task) error {
+	if brokenBuild && broken(violateCancelIgnored) {
+		return nil
+	}
+	if brokenBuild && broken(violateExecuteAfterCancel) { // reports cancelled, fences nothing, cancels no request
+		return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+			_, err := g.tasks.TransitionTx(ctx, tx, t.ID, tasks.Change{To: tasks.Cancelled, StatusMessage: "Cancelled by the client; the tool did not run."})
+			return err
+		})
+	}
+	a, won, err := g.cancelLocalWon(ctx, t.ID, "Cancelled by the client; the tool did not run.", t.Principal)
+	if err != nil || !won {
+		return err
+	}
+	if a.CancelURL != nil {
+		g.cancelBackend(ctx, *a.CancelURL)
+	}
+	return nil
+}
+
+// Update implements tasks.Kind: answers to the in-task input a chained
+// request needs (asked for by chain, in advance.go). They are validated
+// against the backend's request schema; then the call is evaluated afresh
+// and the new request submitted.
+func (g *Gate) Update(ctx context.Context, t *tasks.Task, responses map[string]json.RawMessage) error {
+	a, err := getApproval(ctx, g.cfg.DB, t.ID)
+	if err != nil {
+		return err
+	}
+	if a.Phase != phaseInput {
+		return nil
+	}
+	var key string
+	var raw json.RawMessage
+	for k, v := range responses {
+		key, raw = k, v
+	}
+	var ans struct {
+		Action  string         `json:"action"`
+		Content map[string]any `json:"content"`
+	}
+	if json.Unmarshal(raw, &ans) != nil {
+		return &tasks.InputError{Msg: "inputResponses[" + key + "] must be an elicitation result"}
+	}
+	if ans.Action != "accept" {
+		return g.deny(ctx, a, "The information needed for a new approval was declined; the tool did not run.")
+	}
+	if v := validateAnswers(a.InputSchema, ans.Content); len(v) > 0 {
+		return &tasks.InputError{Msg: "the answer does not satisfy the request schema: " + schemamsg.Join(v)}
+	}
+	b, err := g.binding(a)
+	if err != nil {
+		return g.fail(ctx, a, "the stored call binding is damaged")
+	}
+	d, err := g.cfg.Backend.Evaluate(ctx, evaluation(b.Principal, b.Tool, b.Args))
+	if err != nil {
+		return err
+	}
+	hint, ok := d.AccessRequest()
+	if d.Decision || !ok {
+		return g.deny(ctx, a, "The policy changed while waiting for input; call the tool again. It did not run.")
+	}
+	if err := g.tasks.MarkAnswered(ctx, t.ID, []string{key}); err != nil {
+		return err
+	}
+	return g.reopen(ctx, a, b, d, hint, ans.Content, phaseInput)
+}

@@ -1,0 +1,340 @@
+package pep
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/fault"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// Opening an approval task for a requestable denial, crash-consistently:
+// the intent (written and committed before the backend hears of it), the
+// submission under its key, and the binding of the returned handle to the
+// task. Also the two checks that come first (a live task for the same
+// call; the per-caller limits), and reopen, which does the same for a later
+// request of the same task.
+
+// existing returns the live approval task with dedup key, waiting (briefly)
+// for its handle to be bound: a task is never returned before that.
+func (g *Gate) existing(ctx context.Context, dedup string) (*tasks.Task, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		id, ph, err := liveTask(ctx, g.cfg.DB, dedup)
+		if err != nil || id == "" {
+			return nil, err
+		}
+		if ph != phaseSubmitting {
+			return g.tasks.Get(ctx, g.cfg.DB, id)
+		}
+		if time.Now().After(deadline) {
+			return nil, rpcError(tasks.CodeInternalError, "an identical call is still being submitted for approval; retry shortly")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Limit denials: non-requestable, so the agent does not loop.
+const (
+	msgBusy        = "The approval service is busy; the tool did not run. Try again later."
+	msgRate        = "Too many approval requests in the last minute; the tool did not run and no request was made. Wait before asking again."
+	msgOutstanding = "Too many approval requests are already waiting for a decision; the tool did not run and no request was made. Wait for them or cancel some."
+)
+
+// limitError is a call refused by the per-caller limits.
+type limitError struct{ msg string }
+
+func (e *limitError) Error() string { return e.msg }
+
+// lockLimits is the class (first key) of the transaction-scoped advisory
+// lock that serializes one principal's task openings (second key: hashtext
+// of the principal), so the limits are counted and taken in one step. Two
+// principals whose hashes collide only wait for each other.
+const lockLimits = 0x70657031 // "pep1"
+
+// limited says why p may not open another approval request now, or "".
+// Approval fatigue is a known bypass, so requests per caller are bounded in
+// rate and in number outstanding. Only a count taken under p's limit lock
+// (lockLimits, in insert) binds: two counts read outside it may both see
+// room for one more.
+func (g *Gate) limited(ctx context.Context, q tasks.Querier, p Principal) (string, error) {
+	recent, pending, err := countOpenings(ctx, q, p.Key(), g.now().Add(-time.Minute))
+	switch {
+	case err != nil:
+		return "", err
+	case brokenBuild && broken(violateLimitsOff):
+		return "", nil
+	case recent >= g.cfg.SubmitsPerMinute:
+		return msgRate, nil
+	case pending >= g.cfg.MaxPending:
+		return msgOutstanding, nil
+	}
+	return "", nil
+}
+
+// errDuplicate means a live task for the same call exists.
+var errDuplicate = errors.New("pep: an identical call has a live task")
+
+// open makes the approval task for a requestable denial of b,
+// crash-consistently: (1) in one transaction, under the principal's limit
+// lock, the dedup check, the limits, and the task, its sealed call binding
+// and a submission intent with a fresh idempotency key and the exact body;
+// (2) the backend submission under that key; (3) in one transaction, the
+// returned handle, bound to the task. Only then is the task returned. A
+// crash between any two steps is repaired by Reconcile, which resubmits the
+// intent (the key makes the backend return the same handle) and binds it,
+// or cancels it if the task ended meanwhile. A repeated call (same
+// principal, tool and arguments) while the task is live returns the same
+// task, whatever the limits; a call over a limit returns a *limitError and
+// nothing is written or submitted.
+func (g *Gate) open(ctx context.Context, b binding, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (*tasks.Task, error) {
+	d, err := digest(b.Tool, b.Args)
+	if err != nil {
+		return nil, err
+	}
+	dedup := dedupKey(b.Principal, b.Tool, d)
+	for range 3 {
+		o, err := g.insert(ctx, b, d, dedup, decision, hint, extra)
+		var pgErr *pgconn.PgError
+		if errors.Is(err, errDuplicate) || errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			// A concurrent duplicate won; should its task have ended
+			// since, try again.
+			if t, err := g.existing(ctx, dedup); t != nil || err != nil {
+				return t, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		fault.Point("pep.after-intent")
+		if err := g.submitAndBind(ctx, o.key); err != nil {
+			return nil, err
+		}
+		return g.tasks.Get(ctx, g.cfg.DB, o.task)
+	}
+	return nil, rpcError(tasks.CodeInternalError, "an identical call is changing state; retry shortly")
+}
+
+// opened names a task written by insert and its submission intent's key.
+type opened struct{ task, key string }
+
+// insert is step (1) of open.
+func (g *Gate) insert(ctx context.Context, b binding, d, dedup string, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (opened, error) {
+	taskID, key := tasks.NewID(), newKey()
+	if brokenBuild && broken(violateClockTaskIDs) {
+		taskID = fmt.Sprintf("tsk_%d", time.Now().UnixNano())
+	}
+	body, err := g.submission(b, decision, hint, extra, taskID)
+	if err != nil {
+		return opened{}, err
+	}
+	plainBinding, err := json.Marshal(b)
+	if err != nil {
+		return opened{}, err
+	}
+	p, now := b.Principal, g.now()
+	ttl := tasks.TTLUntil(now, hint.ExpiresAt.Add(g.cfg.ResultRetention)) // provisional: extended when bound
+	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		if err := lockOpenings(ctx, tx, p.Key()); err != nil {
+			return err
+		}
+		if live, err := hasLive(ctx, tx, dedup); err != nil || live {
+			if err == nil {
+				err = errDuplicate
+			}
+			return err
+		}
+		if msg, err := g.limited(ctx, tx, p); err != nil || msg != "" {
+			if err == nil {
+				err = &limitError{msg: msg}
+			}
+			return err
+		}
+		if err := g.tasks.CreateTx(ctx, tx, &tasks.Task{
+			ID: taskID, Principal: p.Key(), Kind: KindApproval, Status: tasks.Working,
+			StatusMessage: "Waiting for approval: " + describe(hint) + brokenStatusArgs(b.Args), Meta: pendingMeta(), CreatedAt: now,
+			TTLMs: &ttl, PollIntervalMs: int(g.cfg.PollInterval.Milliseconds()),
+		}); err != nil {
+			return err
+		}
+		return insertApproval(ctx, tx, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
+			Principal: p.Key(), Dedup: dedup, At: now,
+			Intent: newIntent{Key: key, Generation: 1, SubmitURL: g.submitURL(hint), BodySealed: g.box.Seal(body, key)}})
+	})
+	var le *limitError
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return opened{task: taskID, key: key}, nil
+	case errors.Is(err, errDuplicate), errors.As(err, &le), errors.As(err, &pgErr) && pgErr.Code == "23505":
+		return opened{}, err
+	}
+	return opened{}, fmt.Errorf("pep: record intent: %w", err)
+}
+
+// submitAndBind is steps (2) and (3) of open: it submits intent key and
+// binds the handle to its task.
+func (g *Gate) submitAndBind(ctx context.Context, key string) error {
+	in, err := g.loadIntent(ctx, key)
+	if err != nil {
+		return err
+	}
+	tr, err := g.submit(ctx, in)
+	fault.Point("pep.after-submit")
+	if err != nil {
+		g.cfg.Log.Warn("approval request not submitted", "task_id", in.TaskID, "error", err.Error())
+		if ferr := g.failIntent(ctx, in, !errors.Is(err, errUncertain), err); ferr != nil {
+			return ferr
+		}
+		return rpcError(tasks.CodeInternalError, "the approval request could not be submitted; the tool did not run")
+	}
+	return g.bind(ctx, in, tr)
+}
+
+// loadIntent reads intent key and opens its body.
+func (g *Gate) loadIntent(ctx context.Context, key string) (*intent, error) {
+	in, sealed, err := getIntent(ctx, g.cfg.DB, key)
+	if err != nil {
+		return nil, err
+	}
+	if in.Body, err = g.box.Open(sealed, key); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// submit sends an intent. A 4xx problem is a definite refusal (nothing was
+// created); anything else is uncertain and can only be settled by
+// resubmitting the same key.
+func (g *Gate) submit(ctx context.Context, in *intent) (authzen.TaskResponse, error) {
+	var tr authzen.TaskResponse
+	err := retryTransient(ctx, func() (err error) {
+		tr, err = g.cfg.Backend.Submit(ctx, in.SubmitURL, in.Key, in.Body)
+		return err
+	})
+	if err != nil && !refused(err) {
+		return authzen.TaskResponse{}, fmt.Errorf("%w: %v", errUncertain, err)
+	}
+	return tr, err
+}
+
+// bind records the handle of intent in's request on its task, extends the
+// TTL to the request's deadline plus retention, and schedules tracking. If
+// the task ended before the handle arrived (cancelled), the request is
+// cancelled instead.
+func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) error {
+	windowEnd := g.now().Add(g.cfg.MaxWindow)
+	deadline := windowEnd
+	if tr.Task.ExpiresAt != nil && tr.Task.ExpiresAt.Before(deadline) {
+		deadline = *tr.Task.ExpiresAt
+	}
+	cancelURL, _ := tr.Task.Links["cancel"].(string)
+	bound := false
+	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		won, held, err := bindHandle(ctx, tx, in, handle{BackendID: tr.Task.ID, StatusURL: tr.Task.StatusEndpoint, CancelURL: cancelURL,
+			Deadline: deadline, WindowEnd: windowEnd})
+		if err != nil {
+			return err
+		}
+		if !won {
+			// Either another binder (the reconciler, or the submitter when
+			// the reconciler lost) bound this same request first: it is the
+			// task's and stays; or the task moved on (cancelled) without it:
+			// cancel it below.
+			bound = held != nil && *held == tr.Task.ID
+			return nil
+		}
+		bound = true
+		if err := g.tasks.KeepUntilTx(ctx, tx, in.TaskID, deadline.Add(g.cfg.ResultRetention)); err != nil {
+			return err
+		}
+		first := g.now().Add(g.undecidedPoll())
+		if first.After(deadline.Add(time.Second)) {
+			first = deadline.Add(time.Second) // the deadline ends it, if nothing else does
+		}
+		_, err = g.cfg.Jobs.InsertTx(ctx, tx, TrackArgs{TaskID: in.TaskID}, trackOpts(first))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pep: bind handle: %w", err)
+	}
+	fault.Point("pep.after-handle")
+	if !bound && cancelURL != "" {
+		g.cancelBackend(ctx, cancelURL)
+	}
+	return nil
+}
+
+// failIntent ends a task whose request could not be made: failed (before any
+// claim, so failed is allowed). An uncertain submission leaves the intent
+// abandoned, so Reconcile finds and cancels a request that may exist.
+func (g *Gate) failIntent(ctx context.Context, in *intent, refused bool, cause error) error {
+	m := intentAbandon
+	if refused {
+		m = intentRefused
+	}
+	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		if ended, err := failIntentTx(ctx, tx, in, m); err != nil || !ended {
+			return err
+		}
+		why := "approval request could not be submitted: " + sanitize(cause.Error(), 200)
+		t, err := g.tasks.TransitionTx(ctx, tx, in.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: "The approval request could not be submitted; the tool did not run.",
+			Error: &tasks.Error{Code: tasks.CodeInternalError, Message: why}, KeepUntil: g.retained()})
+		if err != nil {
+			return err
+		}
+		return g.audit(ctx, tx, in.TaskID, AuditFailed, actorPEP, *t.TerminalAt, map[string]any{"generation": in.Generation, "backend_request_id": nil, "error": why})
+	})
+}
+
+// reopen consumes generation a.Generation (from phase from: pending when
+// chained, input when the input came) and submits a new request for the
+// same binding under a new intent, as open does for the first.
+func (g *Gate) reopen(ctx context.Context, a *approvalTask, b binding, d authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, from phase) error {
+	key := newKey()
+	body, err := g.submission(b, d, hint, extra, a.TaskID)
+	if err != nil {
+		return err
+	}
+	m, gen, chained := moveChain, a.Generation+1, true
+	if from == phaseInput {
+		m, gen, chained = moveAnswered, a.Generation, false // asking for input already advanced the generation
+	}
+	moved := false
+	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		var err error
+		moved, err = resubmitTx(ctx, tx, a, m, gen, chained, newIntent{Key: key, SubmitURL: g.submitURL(hint), BodySealed: g.box.Seal(body, key)})
+		if err != nil || !moved {
+			return err
+		}
+		_, err = g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Working,
+			StatusMessage: "Waiting for a new approval: " + describe(hint), Meta: pendingMeta(), Answered: nil})
+		return err
+	})
+	if err != nil || !moved {
+		return err
+	}
+	fault.Point("pep.after-intent")
+	err = g.submitAndBind(ctx, key)
+	var rpc *jsonrpc.Error
+	if errors.As(err, &rpc) {
+		return nil // not submitted: submitAndBind has failed the task
+	}
+	return err
+}
+
+// retained is when a task ended now stops being readable.
+func (g *Gate) retained() time.Time { return g.now().Add(g.cfg.ResultRetention) }

@@ -1,0 +1,340 @@
+package pep
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/logs"
+	"github.com/omcp/arap/internal/ratelimit"
+	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/webhook"
+)
+
+// Paths served by the front-end.
+const (
+	PathMCP      = "/mcp"
+	PathCallback = "/callbacks/arap"
+)
+
+// ServerOptions configure NewServer.
+type ServerOptions struct {
+	Name, Version string
+	// WebhookSecrets verify the backend's callbacks; without any, the
+	// callback endpoint is off and tasks are tracked by polling alone.
+	WebhookSecrets []string
+	// RequestsPerMinute bounds each caller's MCP requests (default 1200),
+	// counted in Counters for all replicas together.
+	RequestsPerMinute int
+	// Counters count the rate limits; default: pep.rate_counters in the
+	// gate's database.
+	Counters *ratelimit.Counters
+	// Replay remembers the callbacks' webhook ids for every replica;
+	// default: pep.webhook_ids in the gate's database.
+	Replay webhook.ReplayStore
+	// Extra registers additional tools or methods on the SDK server (the
+	// conformance fixtures).
+	Extra func(s *sdk.Server, ts *tasks.Server) error
+	// Anonymous, when set, is the principal of a request that carries no
+	// Authorization header at all (a wrong token is still refused). Only the
+	// conformance fixture mode sets it: the official suite sends no token.
+	Anonymous *Principal
+	// Notifier serves subscriptions/listen for tasks (started and stopped
+	// by the owner); nil refuses task listen streams.
+	Notifier *tasks.Notifier
+	Log      *slog.Logger
+}
+
+// Server is the MCP front-end's HTTP handler.
+type Server struct {
+	gate    *Gate
+	tasks   *tasks.Server
+	sdk     *sdk.Server
+	handler http.Handler
+	anon    *Principal
+	log     *slog.Logger
+}
+
+// NewServer builds the MCP server around g: the SDK server (stateless
+// streamable HTTP, JSON responses) with the gate's tools, the tasks extension
+// and the tool-approval extension advertised, bearer authentication, and the
+// backend callback endpoint.
+func NewServer(g *Gate, o ServerOptions) (*Server, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.RequestsPerMinute == 0 {
+		o.RequestsPerMinute = 1200
+	}
+	if o.Counters == nil {
+		o.Counters = ratelimit.NewCounters(g.cfg.DB, RateCounters)
+	}
+	if o.Replay == nil {
+		o.Replay = &WebhookIDs{DB: g.cfg.DB}
+	}
+	perCaller, err := o.Counters.NewLimiter("caller", o.RequestsPerMinute, time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	sdkLog := logs.Quiet(o.Log, slog.LevelWarn) // the SDK logs every stateless session at info
+	s := sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{
+		Logger: sdkLog,
+		Capabilities: &sdk.ServerCapabilities{
+			Tools:      &sdk.ToolCapabilities{},
+			Extensions: map[string]any{tasks.ExtensionID: map[string]any{}, ExtensionToolApproval: map[string]any{}},
+		},
+	})
+	if brokenBuild && broken(violateToolApprovalUndeclared) {
+		s = sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{Logger: sdkLog,
+			Capabilities: &sdk.ServerCapabilities{Tools: &sdk.ToolCapabilities{}, Extensions: map[string]any{tasks.ExtensionID: map[string]any{}}}})
+	}
+	for _, t := range g.cfg.Tools {
+		s.AddTool(&sdk.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}, relay)
+	}
+	ts := &tasks.Server{Store: g.tasks, Kinds: map[string]tasks.Kind{KindApproval: g}, Notifier: o.Notifier, Log: o.Log}
+	if err := ts.Register(s); err != nil {
+		return nil, err
+	}
+	if o.Extra != nil {
+		if err := o.Extra(s, ts); err != nil {
+			return nil, err
+		}
+	}
+	srv := &Server{gate: g, tasks: ts, sdk: s, anon: o.Anonymous, log: o.Log}
+	s.AddReceivingMiddleware(srv.route)
+
+	getServer := func(*http.Request) *sdk.Server { return s }
+	mcpHandler := byProgress(
+		sdk.NewStreamableHTTPHandler(getServer, &sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true, Logger: sdkLog}),
+		sdk.NewStreamableHTTPHandler(getServer, &sdk.StreamableHTTPOptions{Stateless: true, Logger: sdkLog}))
+	limit := perCaller.Middleware(func(r *http.Request) string { return tasks.PrincipalFrom(r.Context()) }, tooMany,
+		func(w http.ResponseWriter, _ *http.Request, err error) {
+			o.Log.Error("rate limit unavailable; refusing the request", "error", err)
+			http.Error(w, "internal error", http.StatusInternalServerError)
+		})
+	mux := http.NewServeMux()
+	mux.Handle(PathMCP, srv.authenticate(limit(ts.Wrap(mcpHandler))))
+	if len(o.WebhookSecrets) > 0 {
+		v, err := webhook.NewVerifier(o.WebhookSecrets...)
+		if err != nil {
+			return nil, err
+		}
+		v.Replay = o.Replay
+		mux.Handle("POST "+PathCallback, v.Middleware(http.HandlerFunc(srv.callback)))
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+	})
+	srv.handler = cleanURLs(mux)
+	return srv, nil
+}
+
+// cleanURLs refuses a path or query holding control characters or invalid
+// UTF-8 (see internal/clean) before any handler sees it: 404 for such a
+// path, 400 for such a query.
+func cleanURLs(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := clean.Path(r.URL.Path); err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		if err := clean.Query(r.URL.RawQuery); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// byProgress answers a request with a single JSON response (plain), unless
+// it asks for progress (_meta.progressToken) and the client accepts an event
+// stream: progress notifications can only travel on one (stream).
+func byProgress(plain, stream http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || !strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+			plain.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, tasks.MaxBody))
+		if err != nil {
+			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var msg struct {
+			Params struct {
+				Meta struct {
+					ProgressToken any `json:"progressToken"`
+				} `json:"_meta"`
+			} `json:"params"`
+		}
+		if json.Unmarshal(body, &msg) == nil && msg.Params.Meta.ProgressToken != nil {
+			stream.ServeHTTP(w, r)
+			return
+		}
+		plain.ServeHTTP(w, r)
+	})
+}
+
+type resultKey struct{}
+
+// relay is the SDK-level handler of every tool. The gate has already decided
+// (in route); relay hands its CallToolResult back through the SDK's own
+// tools/call path, which sets resultType (complete, or input_required for an
+// MRTR round) the way the protocol version wants.
+func relay(ctx context.Context, _ *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+	res, ok := ctx.Value(resultKey{}).(*sdk.CallToolResult)
+	if !ok {
+		return nil, errors.New("tools/call must go through the approval gate")
+	}
+	return res, nil
+}
+
+type principalKey struct{}
+
+// authenticate requires a caller token and records its principal. The SDK
+// passes it to handlers as TokenInfo (via auth.RequireBearerToken, which
+// here only relays what was already checked). With an anonymous principal
+// configured (conformance fixture mode), a request with no Authorization
+// header at all gets that principal.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	relay := auth.RequireBearerToken(func(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
+		p, ok := r.Context().Value(principalKey{}).(Principal)
+		if !ok {
+			return nil, auth.ErrInvalidToken
+		}
+		return &auth.TokenInfo{UserID: p.Key(), Expiration: time.Now().Add(time.Hour), Extra: map[string]any{"principal": p}}, nil
+	}, nil)(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := r.Header.Get("Authorization")
+		if h == "" && s.anon != nil {
+			anon := *s.anon
+			anon.anonymous = true
+			ctx := context.WithValue(r.Context(), principalKey{}, anon)
+			r = r.Clone(tasks.WithPrincipal(ctx, s.anon.Key()))
+			r.Header.Set("Authorization", "Bearer anonymous") // the SDK's relay wants one; the principal is already decided
+			relay.ServeHTTP(w, r)
+			return
+		}
+		scheme, token, _ := strings.Cut(h, " ")
+		if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+			unauthorized(w, `Bearer realm="arap-mcp"`, "a bearer token is required")
+			return
+		}
+		p, err := s.gate.callers.Authenticate(r.Context(), strings.TrimSpace(token))
+		if errors.Is(err, ErrUnknownCaller) {
+			unauthorized(w, `Bearer realm="arap-mcp", error="invalid_token"`, "the bearer token is unknown or revoked")
+			return
+		}
+		if err != nil {
+			s.log.Error("caller lookup failed", "error", err)
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		}
+		ctx := context.WithValue(r.Context(), principalKey{}, p)
+		relay.ServeHTTP(w, r.WithContext(tasks.WithPrincipal(ctx, p.Key())))
+	})
+}
+
+// tooMany answers a caller over its budget (HTTP 429; the limiter has set
+// Retry-After).
+func tooMany(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusTooManyRequests)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": "rate_limited",
+		"error_description": "too many requests; retry after the number of seconds in Retry-After"})
+}
+
+func unauthorized(w http.ResponseWriter, challenge, msg string) {
+	w.Header().Set("WWW-Authenticate", challenge)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusUnauthorized)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": "unauthorized", "error_description": msg})
+}
+
+// unserved are the methods of features this server neither offers nor
+// advertises. The SDK would answer them (an empty prompts/list, say), which
+// contradicts the capabilities in server/discover; they are unknown methods
+// here (-32601, HTTP 404).
+var unserved = map[string]bool{
+	"prompts/list": true, "prompts/get": true,
+	"resources/list": true, "resources/read": true, "resources/templates/list": true,
+	"resources/subscribe": true, "resources/unsubscribe": true,
+	"completion/complete": true,
+}
+
+// route puts the caller's principal in the context of every method, refuses
+// the methods of features not served, and sends tools/call through the gate.
+func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
+	return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
+		if unserved[method] {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "method not found: " + method}
+		}
+		var p Principal
+		if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil {
+			p, _ = ex.TokenInfo.Extra["principal"].(Principal)
+		}
+		ctx = tasks.WithPrincipal(ctx, p.Key())
+		if brokenBuild && broken(violateOtherPrincipalsTask) { // serves any task to anyone, as its owner
+			id := ""
+			switch x := req.GetParams().(type) {
+			case *tasks.TaskParams:
+				id = x.TaskID
+			case *tasks.UpdateParams:
+				id = x.TaskID
+			}
+			if t, err := s.gate.tasks.Get(ctx, s.gate.cfg.DB, id); err == nil {
+				ctx = tasks.WithPrincipal(ctx, t.Principal)
+			}
+		}
+		if method == "tools/call" {
+			ctr, ok := req.(*sdk.CallToolRequest)
+			if !ok || p.SubjectID == "" {
+				return nil, &jsonrpc.Error{Code: tasks.CodeInvalidParams, Message: "unauthenticated"}
+			}
+			if _, known := s.gate.tools[ctr.Params.Name]; known {
+				if p.anonymous {
+					return nil, &jsonrpc.Error{Code: tasks.CodeInvalidParams,
+						Message: "unauthenticated: without a bearer token only the conformance fixtures can be called"}
+				}
+				res, err := s.gate.Call(ctx, p, ctr)
+				if cr, ok := res.(*sdk.CallToolResult); ok && err == nil {
+					return next(context.WithValue(ctx, resultKey{}, cr), method, req)
+				}
+				return res, err
+			}
+		}
+		return next(ctx, method, req)
+	}
+}
+
+// callback receives the backend's signed callbacks (verified by the
+// middleware) and hands them to the gate (Wake), which only wakes the task.
+func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
+	raw, _ := io.ReadAll(r.Body)
+	body, err := webhook.ParseBody(raw)
+	if err != nil {
+		http.Error(w, "malformed callback: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if err := s.gate.Wake(r.Context(), body.State, body.Task.ID); err != nil {
+		s.log.Error("callback: task lookup failed", "error", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

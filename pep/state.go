@@ -1,0 +1,480 @@
+package pep
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// This file owns pep.approval_tasks and pep.intents: every statement on
+// them is here, and nowhere else (TestOneOwnerPerTable). An approval task's
+// phase and an intent's state change only by a move: one conditional UPDATE
+// from the states it names to one listed transition (TestTransitions
+// enumerates them). The callers (open, advance, execute, end, the Kind)
+// compose these statements with the task store and the audit trail in
+// their own transactions.
+
+// phase is where an approval task is in its life (pep.approval_tasks.phase).
+// The task's wire status (mcp/tasks) is working through submitting, pending
+// and claimed, input_required in input, and its terminal status in done.
+type phase string
+
+const (
+	phaseSubmitting phase = "submitting" // intent written; handle not yet bound
+	phasePending    phase = "pending"    // waiting for the backend's decision
+	phaseInput      phase = "input"      // waiting for in-task input to open a new request
+	phaseClaimed    phase = "claimed"    // execution claimed: the tool runs at most once
+	phaseDone       phase = "done"       // ended; never changes again
+)
+
+// allPhases lists every phase.
+var allPhases = []phase{phaseSubmitting, phasePending, phaseInput, phaseClaimed, phaseDone}
+
+// phaseTransitions lists every allowed phase change, and nothing else may
+// happen: a task is bound, then either claimed (and then done with the
+// run's outcome) or moved on to a new request (chained, maybe through
+// input), or it ends before the claim (denied, failed or cancelled).
+var phaseTransitions = map[phase][]phase{
+	phaseSubmitting: {phasePending, phaseDone},
+	phasePending:    {phaseClaimed, phaseInput, phaseSubmitting, phaseDone},
+	phaseInput:      {phaseSubmitting, phaseDone},
+	phaseClaimed:    {phaseDone},
+}
+
+// preClaim are the phases from which a task can still be denied, failed or
+// cancelled: before the execution claim.
+var preClaim = []phase{phaseSubmitting, phasePending, phaseInput}
+
+// A move is one phase transition as an UPDATE applies it: from any of from
+// to to, conditional on the phase (and, where it names one, the generation)
+// the caller read.
+type move struct {
+	from []phase
+	to   phase
+}
+
+// The moves; each is a listed transition (TestTransitions).
+var (
+	moveBind        = move{[]phase{phaseSubmitting}, phasePending} // the handle is bound
+	moveUnsubmitted = move{[]phase{phaseSubmitting}, phaseDone}    // the request could not be made
+	moveClaim       = move{[]phase{phasePending}, phaseClaimed}    // the execution claim
+	moveAsk         = move{[]phase{phasePending}, phaseInput}      // a new request needs input first
+	moveChain       = move{[]phase{phasePending}, phaseSubmitting} // a new request for the same call
+	moveAnswered    = move{[]phase{phaseInput}, phaseSubmitting}   // the input came: the new request
+	moveRan         = move{[]phase{phaseClaimed}, phaseDone}       // the run's outcome, or outcome unknown
+	moveEnd         = move{preClaim, phaseDone}                    // denied, failed or cancelled before the claim
+	moves           = []move{moveBind, moveUnsubmitted, moveClaim, moveAsk, moveChain, moveAnswered, moveRan, moveEnd}
+)
+
+// canMove reports whether a task may go from phase from to phase to.
+func canMove(from, to phase) bool { return slices.Contains(phaseTransitions[from], to) }
+
+// apply runs m on task id as one conditional UPDATE: $1 is the task, $2
+// the new phase, $3 the phases it may leave; set adds assignments and where
+// conditions (parameters from $4, the arguments after id), returning what to
+// return. It is the only statement that writes a phase.
+func (m move) apply(ctx context.Context, q querier, id, set, where, returning string, args ...any) pgx.Row {
+	sql := `UPDATE pep.approval_tasks t SET phase = $2` + set + ` WHERE task_id = $1 AND phase = ANY($3)` + where + returning
+	return q.QueryRow(ctx, sql, append([]any{id, string(m.to), phaseNames(m.from)}, args...)...)
+}
+
+func phaseNames(ps []phase) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = string(p)
+	}
+	return out
+}
+
+// intentState is where a submission intent is (pep.intents.state): written
+// and maybe submitted (intent); its handle persisted (bound); its task ended
+// before binding, so a request made under its key must be found and
+// cancelled (abandoned); settled with nothing left at the backend (failed).
+type intentState string
+
+const (
+	intentOpen      intentState = "intent"
+	intentBound     intentState = "bound"
+	intentAbandoned intentState = "abandoned"
+	intentFailed    intentState = "failed"
+)
+
+var allIntentStates = []intentState{intentOpen, intentBound, intentAbandoned, intentFailed}
+
+// intentTransitions lists every allowed intent state change.
+var intentTransitions = map[intentState][]intentState{
+	intentOpen:      {intentBound, intentAbandoned, intentFailed},
+	intentAbandoned: {intentBound, intentFailed},
+}
+
+// An intentMove is one intent state transition, as an UPDATE applies it.
+type intentMove struct {
+	from []intentState
+	to   intentState
+}
+
+// The intent moves; each is a listed transition (TestTransitions).
+var (
+	intentBind    = intentMove{[]intentState{intentOpen, intentAbandoned}, intentBound} // its handle is bound (by any binder)
+	intentRefused = intentMove{[]intentState{intentOpen}, intentFailed}                 // the backend refused it: nothing exists
+	intentAbandon = intentMove{[]intentState{intentOpen}, intentAbandoned}              // its fate unknown, its task failed
+	intentSettled = intentMove{[]intentState{intentAbandoned}, intentFailed}            // what it made is cancelled, or it made nothing
+	intentMoves   = []intentMove{intentBind, intentRefused, intentAbandon, intentSettled}
+)
+
+// canMoveIntent reports whether an intent may go from state from to to.
+func canMoveIntent(from, to intentState) bool { return slices.Contains(intentTransitions[from], to) }
+
+// apply runs m on intent key as one conditional UPDATE ($1 key, $2 the new
+// state, $3 the states it may leave; set's parameters from $4). It is the
+// only statement that writes an intent's state.
+func (m intentMove) apply(ctx context.Context, q querier, key, set string, args ...any) error {
+	from := make([]string, len(m.from))
+	for i, s := range m.from {
+		from[i] = string(s)
+	}
+	_, err := q.Exec(ctx, `UPDATE pep.intents SET state = $2, updated_at = now()`+set+` WHERE key = $1 AND state = ANY($3)`,
+		append([]any{key, string(m.to), from}, args...)...)
+	return err
+}
+
+// querier runs statements; pools and transactions both do.
+type querier interface {
+	tasks.Querier
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// approvalTask is pep.approval_tasks.
+type approvalTask struct {
+	TaskID      string
+	Tool        string
+	ArgsSealed  []byte
+	ArgsDigest  string
+	Principal   string // Principal.Key of the caller the task is for
+	Phase       phase
+	Generation  int
+	BackendID   *string
+	StatusURL   *string
+	CancelURL   *string
+	Deadline    *time.Time
+	Chained     int
+	InputSchema map[string]any
+	ClaimedAt   *time.Time
+	ExecDL      *time.Time
+	CreatedAt   time.Time
+}
+
+const approvalColumns = `task_id, tool, args_sealed, args_digest, principal, phase, generation, backend_id, status_url, cancel_url,
+	deadline, chained, input_schema, claimed_at, exec_deadline, created_at`
+
+func scanApproval(row pgx.Row) (*approvalTask, error) {
+	var a approvalTask
+	err := row.Scan(&a.TaskID, &a.Tool, &a.ArgsSealed, &a.ArgsDigest, &a.Principal, &a.Phase, &a.Generation, &a.BackendID,
+		&a.StatusURL, &a.CancelURL, &a.Deadline, &a.Chained, &a.InputSchema, &a.ClaimedAt, &a.ExecDL, &a.CreatedAt)
+	return &a, err
+}
+
+// getApproval reads approval task id; tasks.ErrNotFound if there is none.
+func getApproval(ctx context.Context, q tasks.Querier, id string) (*approvalTask, error) {
+	a, err := scanApproval(q.QueryRow(ctx, `SELECT `+approvalColumns+` FROM pep.approval_tasks WHERE task_id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, tasks.ErrNotFound
+	}
+	return a, err
+}
+
+// RequestOf is the backend request approval task id waits on now ("" if
+// none), for tools outside the gate that drive the backend's side of a
+// task (arapbench decides it through the decision API).
+func RequestOf(ctx context.Context, q tasks.Querier, id string) (string, error) {
+	var backendID *string
+	err := q.QueryRow(ctx, `SELECT backend_id FROM pep.approval_tasks WHERE task_id = $1`, id).Scan(&backendID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", tasks.ErrNotFound
+	}
+	if err != nil || backendID == nil {
+		return "", err
+	}
+	return *backendID, nil
+}
+
+// intent is pep.intents.
+type intent struct {
+	Key, TaskID, SubmitURL string
+	State                  intentState
+	Generation             int
+	Body                   []byte // the submission body, opened
+}
+
+// getIntent reads intent key with its sealed body.
+func getIntent(ctx context.Context, q tasks.Querier, key string) (*intent, []byte, error) {
+	var in intent
+	var sealed []byte
+	err := q.QueryRow(ctx, `SELECT key, task_id, generation, submit_url, body_sealed, state FROM pep.intents WHERE key = $1`, key).
+		Scan(&in.Key, &in.TaskID, &in.Generation, &in.SubmitURL, &sealed, &in.State)
+	return &in, sealed, err
+}
+
+// lockOpenings takes principal's limit lock (lockLimits) for the rest of
+// tx. It is its own statement: each statement after it reads a snapshot
+// taken once every earlier holder has committed.
+func lockOpenings(ctx context.Context, tx pgx.Tx, principal string) error {
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockLimits, principal)
+	return err
+}
+
+// hasLive reports whether a live (not done) task holds dedup key.
+func hasLive(ctx context.Context, q tasks.Querier, dedup string) (bool, error) {
+	var live bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done')`, dedup).Scan(&live)
+	return live, err
+}
+
+// liveTask returns the live task holding dedup key and its phase ("" if
+// none).
+func liveTask(ctx context.Context, q tasks.Querier, dedup string) (string, phase, error) {
+	var id string
+	var ph phase
+	live := `SELECT task_id, phase FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done'`
+	if brokenBuild && broken(violateTerminalReopened) { // the latest task for the call, ended or not
+		live = `SELECT task_id, 'pending' FROM pep.approval_tasks WHERE dedup_key = $1 ORDER BY created_at DESC LIMIT 1`
+	}
+	err := q.QueryRow(ctx, live, dedup).Scan(&id, &ph)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", nil
+	}
+	return id, ph, err
+}
+
+// countOpenings counts principal's approval tasks created since since, and
+// those still live; each count is served by its own index
+// (migrations/pep/0002).
+func countOpenings(ctx context.Context, q tasks.Querier, principal string, since time.Time) (recent, live int, err error) {
+	err = q.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND created_at > $2),
+		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND phase <> 'done')`, principal, since).Scan(&recent, &live)
+	return recent, live, err
+}
+
+// newApproval is a task's first row and its first intent.
+type newApproval struct {
+	TaskID, Tool, ArgsDigest, Principal, Dedup string
+	ArgsSealed                                 []byte
+	Intent                                     newIntent
+	At                                         time.Time
+}
+
+// newIntent is a submission intent as written, before the backend is
+// contacted.
+type newIntent struct {
+	Key, SubmitURL string
+	Generation     int
+	BodySealed     []byte
+}
+
+// insertApproval writes a's row, in phase submitting at generation 1, and
+// its first intent.
+func insertApproval(ctx context.Context, tx pgx.Tx, a newApproval) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO pep.approval_tasks (task_id, tool, args_sealed, args_digest, principal, dedup_key, phase,
+		generation, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, 'submitting', 1, $7, $7)`,
+		a.TaskID, a.Tool, a.ArgsSealed, a.ArgsDigest, a.Principal, a.Dedup, a.At); err != nil {
+		return err
+	}
+	return insertIntent(ctx, tx, a.TaskID, a.Intent, &a.At)
+}
+
+// insertIntent writes a new intent for task id, at time at (nil: the
+// database's now()).
+func insertIntent(ctx context.Context, tx pgx.Tx, taskID string, in newIntent, at *time.Time) error {
+	_, err := tx.Exec(ctx, `INSERT INTO pep.intents (key, task_id, generation, submit_url, body_sealed, state, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, 'intent', coalesce($6, now()), coalesce($6, now()))`, in.Key, taskID, in.Generation, in.SubmitURL, in.BodySealed, at)
+	return err
+}
+
+// handle is what the backend returned for a submission, as it is bound.
+type handle struct {
+	BackendID, StatusURL, CancelURL string
+	Deadline, WindowEnd             time.Time
+}
+
+// bindHandle records h on intent in and, if the task is still submitting
+// in.Generation, on the task (moveBind). It reports whether the task took
+// it, and otherwise which request the task holds at that generation (nil:
+// none, it moved on without one).
+func bindHandle(ctx context.Context, tx pgx.Tx, in *intent, h handle) (bound bool, held *string, err error) {
+	if err := intentBind.apply(ctx, tx, in.Key, `, backend_id = $4, status_url = $5, cancel_url = $6, deadline = $7`,
+		h.BackendID, h.StatusURL, h.CancelURL, h.Deadline); err != nil {
+		return false, nil, err
+	}
+	err = moveBind.apply(ctx, tx, in.TaskID, `, backend_id = $5, status_url = $6, cancel_url = $7, deadline = $8, window_end = $9, updated_at = now()`,
+		` AND generation = $4`, ` RETURNING true`, in.Generation, h.BackendID, h.StatusURL, h.CancelURL, h.Deadline, h.WindowEnd).Scan(&bound)
+	if err == nil {
+		return true, nil, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return false, nil, err
+	}
+	err = tx.QueryRow(ctx, `SELECT backend_id FROM pep.approval_tasks WHERE task_id = $1 AND generation = $2`, in.TaskID, in.Generation).Scan(&held)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
+	}
+	return false, held, err
+}
+
+// failIntentTx settles intent in as the backend left it (intentRefused, or
+// intentAbandon when the outcome is unknown) and ends its task if it is
+// still submitting that generation (moveUnsubmitted); it reports whether
+// the task ended here.
+func failIntentTx(ctx context.Context, tx pgx.Tx, in *intent, m intentMove) (bool, error) {
+	if err := m.apply(ctx, tx, in.Key, ``); err != nil {
+		return false, err
+	}
+	var ended bool
+	err := moveUnsubmitted.apply(ctx, tx, in.TaskID, `, updated_at = now()`, ` AND generation = $4`, ` RETURNING true`, in.Generation).Scan(&ended)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return ended, err
+}
+
+// isPending reports whether task id is waiting on backend request
+// backendID (so a callback about that request may wake it).
+func isPending(ctx context.Context, q tasks.Querier, id, backendID string) (bool, error) {
+	var current bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pep.approval_tasks WHERE task_id = $1 AND backend_id = $2 AND phase = 'pending')`,
+		id, backendID).Scan(&current)
+	return current, err
+}
+
+// moveDeadline moves a pending task's deadline (at generation gen) up to
+// expiresAt, never past its window's end nor back; it returns the new
+// deadline, or the zero time if nothing moved.
+func moveDeadline(ctx context.Context, tx pgx.Tx, id string, gen int, expiresAt time.Time) (time.Time, error) {
+	var deadline time.Time
+	err := tx.QueryRow(ctx, `UPDATE pep.approval_tasks SET deadline = least($3::timestamptz, window_end), updated_at = now()
+		WHERE task_id = $1 AND phase = 'pending' AND generation = $2 AND window_end IS NOT NULL -- least() would skip a NULL
+			AND deadline < least($3::timestamptz, window_end)
+		RETURNING deadline`, id, gen, expiresAt.UTC()).Scan(&deadline)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, nil // already as late as allowed, or the task moved on
+	}
+	return deadline, err
+}
+
+// claimTx takes the execution claim of a (moveClaim at a's generation)
+// while its caller still has a live token, in the claim's own statement.
+// It reports whether this call won, and the request it was approved in.
+func claimTx(ctx context.Context, tx pgx.Tx, a *approvalTask, at, execDeadline time.Time) (bool, *string, error) {
+	var backendID *string
+	err := moveClaim.apply(ctx, tx, a.TaskID, `, claimed_at = $5, exec_deadline = $6, updated_at = $5`,
+		` AND generation = $4 AND `+callerLive("t.principal"), ` RETURNING backend_id`, a.Generation, at, execDeadline).Scan(&backendID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil, nil // lost to cancel, expiry or another runner, or the caller is gone
+	}
+	return err == nil, backendID, err
+}
+
+// endTx ends a by m (from the phase and at the generation it was read at),
+// recording disposition ("" for none). It reports whether this call ended
+// it, and the request it was bound to.
+func endTx(ctx context.Context, tx pgx.Tx, a *approvalTask, m move, disposition string) (bool, *string, error) {
+	var backendID *string
+	err := m.apply(ctx, tx, a.TaskID, `, disposition = nullif($5, ''), updated_at = now()`, ` AND generation = $4`, ` RETURNING backend_id`,
+		a.Generation, disposition).Scan(&backendID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil, nil
+	}
+	return err == nil, backendID, err
+}
+
+// cancelTx ends task id before the claim (moveEnd, whatever its
+// generation) and returns it as it was, or nil if it was claimed or ended.
+func cancelTx(ctx context.Context, tx pgx.Tx, id string) (*approvalTask, error) {
+	a, err := scanApproval(moveEnd.apply(ctx, tx, id, `, updated_at = now()`, ``, ` RETURNING `+approvalColumns))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// askTx consumes a's generation and waits for the input a new request
+// needs (moveAsk); it reports whether it moved.
+func askTx(ctx context.Context, tx pgx.Tx, a *approvalTask, schema map[string]any) (bool, error) {
+	var moved bool
+	err := moveAsk.apply(ctx, tx, a.TaskID, `, generation = generation + 1, chained = chained + 1,
+		backend_id = NULL, status_url = NULL, cancel_url = NULL, input_schema = $5, updated_at = now()`,
+		` AND generation = $4`, ` RETURNING true`, a.Generation, schema).Scan(&moved)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return moved, err
+}
+
+// resubmitTx moves a (by m, from the generation it was read at) back to
+// submitting at generation gen with one more chained request if chained,
+// and writes the new request's intent; it reports whether it moved.
+func resubmitTx(ctx context.Context, tx pgx.Tx, a *approvalTask, m move, gen int, chained bool, in newIntent) (bool, error) {
+	inc := 0
+	if chained {
+		inc = 1
+	}
+	var moved bool
+	err := m.apply(ctx, tx, a.TaskID, `, generation = $5, chained = chained + $6,
+		backend_id = NULL, status_url = NULL, cancel_url = NULL, input_schema = NULL, updated_at = now()`,
+		` AND generation = $4`, ` RETURNING true`, a.Generation, gen, inc).Scan(&moved)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	in.Generation = gen
+	return true, insertIntent(ctx, tx, a.TaskID, in, nil)
+}
+
+// leaseIntent takes intent key for this run if it is still in state and
+// has been idle since before idleBefore; only one replica gets it.
+func leaseIntent(ctx context.Context, q querier, key string, state intentState, idleBefore time.Time) (bool, error) {
+	tag, err := q.Exec(ctx, `UPDATE pep.intents SET updated_at = now() WHERE key = $1 AND state = $2 AND updated_at < $3`,
+		key, string(state), idleBefore)
+	return tag.RowsAffected() == 1, err
+}
+
+// openIntent is an intent Reconcile may have to repair.
+type openIntent struct {
+	key   string
+	state intentState
+}
+
+// idleIntents lists (at most 100) intents not bound nor settled, idle since
+// before idleBefore, oldest first.
+func idleIntents(ctx context.Context, q querier, idleBefore time.Time) ([]openIntent, error) {
+	rows, err := q.Query(ctx, `SELECT key, state FROM pep.intents WHERE state = ANY($1) AND updated_at < $2 ORDER BY updated_at LIMIT 100`,
+		[]string{string(intentOpen), string(intentAbandoned)}, idleBefore)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (openIntent, error) {
+		var o openIntent
+		return o, r.Scan(&o.key, &o.state)
+	})
+}
+
+// overdueClaims lists claimed tasks whose execution deadline is before now.
+func overdueClaims(ctx context.Context, q querier, now time.Time) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT task_id FROM pep.approval_tasks WHERE phase = 'claimed' AND exec_deadline < $1`, now)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}

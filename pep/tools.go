@@ -1,0 +1,163 @@
+package pep
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Tool is a tool this server offers. Its side effects are the Run function's;
+// the gate decides whether and when Run is called, and calls it at most once
+// per task.
+type Tool struct {
+	Name        string
+	Description string
+	InputSchema map[string]any
+	// TaskRequired makes a call that can only proceed through approval fail
+	// with -32021 for a client without the tasks extension, instead of the
+	// degraded isError result.
+	TaskRequired bool
+	Run          func(ctx context.Context, x Invocation) (Output, error)
+}
+
+// Invocation is one execution of a tool.
+type Invocation struct {
+	DB        *pgxpool.Pool
+	TaskID    string // "" when the call ran directly, without a task
+	Principal Principal
+	Args      map[string]any
+}
+
+// Output is what a tool returns: text for the model, and optional
+// structured content.
+type Output struct {
+	Text       string
+	Structured map[string]any
+}
+
+// record writes the side effect to the ledger: the demo tools' stand-in for
+// moving money or deleting a repository, which tests count.
+func (x Invocation) record(ctx context.Context, tool string, effect map[string]any) (int64, error) {
+	var id int64
+	err := x.DB.QueryRow(ctx, `INSERT INTO pep.ledger (task_id, tool, principal, effect, at) VALUES (nullif($1, ''), $2, $3, $4, $5) RETURNING id`,
+		x.TaskID, tool, x.Principal.Key(), effect, time.Now()).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("%s: record: %w", tool, err)
+	}
+	return id, nil
+}
+
+func str(m map[string]any, k string) string { s, _ := m[k].(string); return s }
+
+func object(props map[string]any, required ...string) map[string]any {
+	o := map[string]any{"type": "object", "properties": props, "additionalProperties": false}
+	if len(required) > 0 {
+		o["required"] = required
+	}
+	return o
+}
+
+// DemoTools are the tools of dev mode (DESIGN.md): get_balance (always
+// allowed), wire_transfer, delete_repository, deploy_service and
+// read_customer_record, each gated by the policy.
+func DemoTools() []Tool {
+	return []Tool{
+		{
+			Name:        "get_balance",
+			Description: "Return the account balance.",
+			InputSchema: object(map[string]any{}),
+			Run: func(ctx context.Context, x Invocation) (Output, error) {
+				var spent float64
+				err := x.DB.QueryRow(ctx, `SELECT coalesce(sum((effect->>'amount')::numeric), 0) FROM pep.ledger WHERE tool = 'wire_transfer' AND principal = $1`,
+					x.Principal.Key()).Scan(&spent)
+				if err != nil {
+					return Output{}, err
+				}
+				bal := 1_000_000 - spent
+				return Output{Text: fmt.Sprintf("Balance: $%s.", money(bal)), Structured: map[string]any{"balance": bal, "currency": "USD"}}, nil
+			},
+		},
+		{
+			Name:        "wire_transfer",
+			Description: "Transfer money to an account. Transfers over $25,000 need treasury approval; accounts named closed-... are refused by the bank.",
+			InputSchema: object(map[string]any{
+				"to":     map[string]any{"type": "string", "minLength": 1, "maxLength": 64, "description": "Beneficiary account"},
+				"amount": map[string]any{"type": "number", "exclusiveMinimum": 0, "description": "Amount in USD"},
+			}, "to", "amount"),
+			Run: func(ctx context.Context, x Invocation) (Output, error) {
+				amount, _ := x.Args["amount"].(float64)
+				if to := str(x.Args, "to"); strings.HasPrefix(to, "closed-") {
+					// A failing run after approval (execution-error) needs a
+					// tool that can fail: the bank refuses closed accounts.
+					return Output{}, fmt.Errorf("the beneficiary account %s is closed; nothing was transferred", to)
+				}
+				id, err := x.record(ctx, "wire_transfer", map[string]any{"to": str(x.Args, "to"), "amount": amount})
+				if err != nil {
+					return Output{}, err
+				}
+				return Output{Text: fmt.Sprintf("Transfer of $%s to %s completed (transfer %d).", money(amount), str(x.Args, "to"), id),
+					Structured: map[string]any{"transfer_id": id, "to": str(x.Args, "to"), "amount": amount}}, nil
+			},
+		},
+		{
+			Name:         "delete_repository",
+			Description:  "Delete a source repository. Needs two platform approvals.",
+			InputSchema:  object(map[string]any{"repo": map[string]any{"type": "string", "minLength": 1, "maxLength": 100}}, "repo"),
+			TaskRequired: true,
+			Run: func(ctx context.Context, x Invocation) (Output, error) {
+				if _, err := x.record(ctx, "delete_repository", map[string]any{"repo": str(x.Args, "repo")}); err != nil {
+					return Output{}, err
+				}
+				return Output{Text: fmt.Sprintf("Repository %s deleted.", str(x.Args, "repo"))}, nil
+			},
+		},
+		{
+			Name:        "deploy_service",
+			Description: "Deploy a service version. Approved automatically inside the change window.",
+			InputSchema: object(map[string]any{
+				"service": map[string]any{"type": "string", "minLength": 1, "maxLength": 64},
+				"version": map[string]any{"type": "string", "minLength": 1, "maxLength": 32},
+			}, "service", "version"),
+			Run: func(ctx context.Context, x Invocation) (Output, error) {
+				if _, err := x.record(ctx, "deploy_service", map[string]any{"service": str(x.Args, "service"), "version": str(x.Args, "version")}); err != nil {
+					return Output{}, err
+				}
+				return Output{Text: fmt.Sprintf("Deployed %s version %s.", str(x.Args, "service"), str(x.Args, "version"))}, nil
+			},
+		},
+		{
+			Name:        "read_customer_record",
+			Description: "Read a customer record. Needs a business justification and an approval.",
+			InputSchema: object(map[string]any{"customer_id": map[string]any{"type": "string", "minLength": 1, "maxLength": 64}}, "customer_id"),
+			Run: func(ctx context.Context, x Invocation) (Output, error) {
+				id := str(x.Args, "customer_id")
+				if _, err := x.record(ctx, "read_customer_record", map[string]any{"customer_id": id}); err != nil {
+					return Output{}, err
+				}
+				rec := map[string]any{"customer_id": id, "name": "Customer " + strings.ToUpper(id), "tier": "gold", "since": "2019-04-01"}
+				return Output{Text: fmt.Sprintf("Customer %s: tier gold, customer since 2019-04-01.", id), Structured: rec}, nil
+			},
+		},
+	}
+}
+
+// money formats 50000 as 50,000 (and keeps cents when there are any).
+func money(v float64) string {
+	whole := int64(v)
+	cents := int64((v-float64(whole))*100 + 0.5)
+	s := fmt.Sprint(whole)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if cents > 0 {
+		fmt.Fprintf(&b, ".%02d", cents)
+	}
+	return b.String()
+}
