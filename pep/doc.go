@@ -18,8 +18,8 @@
 //
 //	server.go   callback: a verified callback (or jobs.go: the tracking job)
 //	advance.go  Wake, Advance: the status endpoint, reevaluate, chain
-//	execute.go  execute: the claim, the run, finish; then the task store
-//	end.go      deny, fail, cancel: how a task ends without running
+//	execute.go  execute: the claim, the run; its outcome through finish
+//	end.go      finish (every ending, with the task store), deny, fail, cancel
 //
 // kind.go is the task as a tasks.Kind (tasks/cancel, tasks/update); state.go
 // owns the tables of approval tasks and intents, lists their phases and states

@@ -2,6 +2,8 @@ package pep
 
 import (
 	"context"
+	"encoding/json"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -9,10 +11,11 @@ import (
 	"github.com/omcp/arap/mcp/tasks"
 )
 
-// How a task ends without running, always before the claim: denied (a
-// CallToolResult saying so), failed (a JSON-RPC error), or cancelled. Each
-// is one conditional move to done, with the task's terminal status and its
-// audit event in the same transaction.
+// How a task ends. Before the claim, without running: denied (a
+// CallToolResult saying so), failed (a JSON-RPC error), or cancelled; after
+// it, with the run's outcome (execute). Each is one conditional move to
+// done, with the task's terminal status and its audit event in the same
+// transaction (finish).
 
 // deny completes the task as a terminal denial: it did not run, and is
 // fenced against any later approval or callback.
@@ -74,3 +77,37 @@ func (g *Gate) cancelLocal(ctx context.Context, a *approvalTask, msg string) err
 	_, _, err := g.cancelLocalWon(ctx, a.TaskID, msg, actorPEP)
 	return err
 }
+
+// finish completes approval task a with res by m (moveRan after a run,
+// moveEnd for a denial), if it is still in one of m's phases and at the
+// generation a was read at: a decision about an earlier request never ends
+// the task after it has moved on to a new one. The audit event kind (with
+// extra data) is written with it.
+func (g *Gate) finish(ctx context.Context, a *approvalTask, m move, res *sdk.CallToolResult, disposition, msg, kind string, extra map[string]any) error {
+	raw, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		ended, backendID, err := endTx(ctx, tx, a, m, disposition)
+		if err != nil || !ended {
+			return err
+		}
+		t, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, KeepUntil: g.retained()})
+		if err != nil {
+			return err
+		}
+		sum, err := resultDigest(raw)
+		if err != nil {
+			return err
+		}
+		data := map[string]any{"generation": a.Generation, "backend_request_id": backendID, "disposition": disposition, "result_digest": sum}
+		for k, v := range extra {
+			data[k] = v
+		}
+		return g.audit(ctx, tx, a.TaskID, kind, actorPEP, *t.TerminalAt, data)
+	})
+}
+
+// retained is when a task ended now stops being readable.
+func (g *Gate) retained() time.Time { return g.now().Add(g.cfg.ResultRetention) }

@@ -2,20 +2,17 @@ package pep
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/omcp/arap/internal/fault"
-	"github.com/omcp/arap/mcp/tasks"
 )
 
-// Executing an approved call, at most once: the claim, the run, and the
-// recorded outcome (finish), which is also how every task that ends with a
-// CallToolResult ends. A claim whose outcome never got recorded ends
-// outcome-unknown (reapClaim) and is never run again.
+// Executing an approved call, at most once: the claim, the run, and its
+// outcome recorded through finish (end.go). A claim whose outcome never got
+// recorded ends outcome-unknown (reapClaim) and is never run again.
 
 // execute claims the task and runs the tool, at most once. The claim is one
 // compare-and-set (pending -> claimed, in the current generation, while the
@@ -114,37 +111,6 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	recordCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	return g.finish(recordCtx, a, moveRan, res, disposition, "The tool ran after approval.", AuditCompleted, nil)
-}
-
-// finish completes approval task a with res by m (moveRan after a run,
-// moveEnd for a denial), if it is still in one of m's phases and at the
-// generation a was read at: a decision about an earlier request never ends
-// the task after it has moved on to a new one. The audit event kind (with
-// extra data) is written with it.
-func (g *Gate) finish(ctx context.Context, a *approvalTask, m move, res *sdk.CallToolResult, disposition, msg, kind string, extra map[string]any) error {
-	raw, err := json.Marshal(res)
-	if err != nil {
-		return err
-	}
-	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		ended, backendID, err := endTx(ctx, tx, a, m, disposition)
-		if err != nil || !ended {
-			return err
-		}
-		t, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, KeepUntil: g.retained()})
-		if err != nil {
-			return err
-		}
-		sum, err := resultDigest(raw)
-		if err != nil {
-			return err
-		}
-		data := map[string]any{"generation": a.Generation, "backend_request_id": backendID, "disposition": disposition, "result_digest": sum}
-		for k, v := range extra {
-			data[k] = v
-		}
-		return g.audit(ctx, tx, a.TaskID, kind, actorPEP, *t.TerminalAt, data)
-	})
 }
 
 // reapClaim ends a claimed task whose execution deadline has passed without

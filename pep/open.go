@@ -335,6 +335,3 @@ func (g *Gate) reopen(ctx context.Context, a *approvalTask, b binding, d authzen
 	}
 	return err
 }
-
-// retained is when a task ended now stops being readable.
-func (g *Gate) retained() time.Time { return g.now().Add(g.cfg.ResultRetention) }
