@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -16,19 +17,13 @@ import (
 )
 
 func attributesList(fs *flag.FlagSet) action {
-	d := databaseFlag(fs)
-	return func(s streams, _ []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, _ []string) error {
 		snap, err := attributes.NewStore(db).Snapshot(ctx)
 		if err != nil {
 			return err
 		}
 		return json.NewEncoder(s.out).Encode(snap)
-	}
+	})
 }
 
 func attributesSet(fs *flag.FlagSet) action {
@@ -50,13 +45,7 @@ func attributesUnset(fs *flag.FlagSet) action {
 // pos[0] and, in the same transaction, re-runs the automated resolvers of
 // pending requests, whose inputs just changed.
 func attributeChange(fs *flag.FlagSet, value func(pos []string) any, done string) action {
-	d := databaseFlag(fs)
-	return func(s streams, pos []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, pos []string) error {
 		jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.RiverSchema})
 		if err != nil {
 			return err
@@ -68,5 +57,5 @@ func attributeChange(fs *flag.FlagSet, value func(pos []string) any, done string
 		}
 		fmt.Fprintf(s.out, "attribute %s %s; automated resolvers of pending requests will run again\n", pos[0], done)
 		return nil
-	}
+	})
 }

@@ -1,23 +1,20 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/pep"
 )
 
 func auditVerify(fs *flag.FlagSet) action {
-	d := databaseFlag(fs)
 	frontEnd := fs.Bool("pep", false, "verify the MCP front-end's audit trail (schema pep) instead of the backend's")
-	return func(s streams, _ []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, _ []string) error {
 		if *frontEnd {
 			rep, err := pep.VerifyAudit(ctx, db)
 			if err != nil {
@@ -30,7 +27,7 @@ func auditVerify(fs *flag.FlagSet) action {
 			return err
 		}
 		return report(s, "audit", rep.OK(), rep.Chains, rep.Events, rep.Breaks)
-	}
+	})
 }
 
 // report prints a verification's outcome; a broken chain is an error.
@@ -46,15 +43,9 @@ func report[B fmt.Stringer](s streams, name string, ok bool, chains, events int,
 }
 
 func auditExport(fs *flag.FlagSet) action {
-	d := databaseFlag(fs)
 	file := fs.String("out", "", "write to FILE instead of standard output")
 	frontEnd := fs.Bool("pep", false, "export the MCP front-end's audit trail (schema pep) instead of the backend's")
-	return func(s streams, _ []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, _ []string) error {
 		w := s.out
 		if *file != "" {
 			f, err := os.OpenFile(*file, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
@@ -68,5 +59,5 @@ func auditExport(fs *flag.FlagSet) action {
 			return pep.ExportAudit(ctx, db, w)
 		}
 		return audit.Export(ctx, db, w)
-	}
+	})
 }

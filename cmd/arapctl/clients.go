@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -17,7 +19,6 @@ import (
 )
 
 func clientsCreate(fs *flag.FlagSet) action {
-	d := databaseFlag(fs)
 	name := fs.String("name", "", "client name")
 	scopes := fs.String("scope", "", "comma-separated scopes: "+strings.Join(clients.AllScopes, ", "))
 	kind := fs.String("kind", clients.KindAutomation, "resolver kind: "+strings.Join(clients.AllKinds, ", "))
@@ -25,12 +26,7 @@ func clientsCreate(fs *flag.FlagSet) action {
 	fs.Var(&actors, "actor", "actor id pattern the client may assert (repeatable), e.g. 'agent:*'")
 	fs.Var(&prefixes, "callback-prefix", "URL prefix the client may register callbacks under (repeatable)")
 	fs.Var(&networks, "callback-network", "internal network its callbacks may reach: loopback, private, link-local (repeatable)")
-	return func(s streams, _ []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, _ []string) error {
 		var sc []string
 		for _, s := range strings.Split(*scopes, ",") {
 			if s = strings.TrimSpace(s); s != "" {
@@ -47,18 +43,12 @@ func clientsCreate(fs *flag.FlagSet) action {
 			fmt.Fprintln(s.out, "Create its webhook secret with: arapctl clients secret rotate "+c.Name)
 		}
 		return nil
-	}
+	})
 }
 
 func clientsList(fs *flag.FlagSet) action {
-	d := databaseFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	return func(s streams, _ []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, _ []string) error {
 		list, err := clients.NewStore(db).List(ctx)
 		if err != nil {
 			return err
@@ -77,24 +67,18 @@ func clientsList(fs *flag.FlagSet) action {
 				strings.Join(c.Actors, ","), c.CreatedAt.Format(time.RFC3339), status)
 		}
 		return tw.Flush()
-	}
+	})
 }
 
 func clientsRevoke(fs *flag.FlagSet) action {
-	d := databaseFlag(fs)
-	return func(s streams, pos []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, pos []string) error {
 		c, err := clients.NewStore(db).Revoke(ctx, pos[0], operator())
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(s.out, "revoked client %s (%s); replicas refuse its token within 5 seconds\n", c.Name, c.ID)
 		return nil
-	}
+	})
 }
 
 func clientsSecretRotate(fs *flag.FlagSet) action {

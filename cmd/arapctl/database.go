@@ -29,6 +29,20 @@ func databaseFlag(fs *flag.FlagSet) database {
 	return database{fs.String("database-url", "", "PostgreSQL URL (default: DATABASE_URL, else the one arapd dev recorded in "+devDataDir+"/"+devDatabaseURLFile+")")}
 }
 
+// withDatabase is an action on the database: it registers --database-url
+// on fs, and connects before run and closes after it.
+func withDatabase(fs *flag.FlagSet, run func(ctx context.Context, db *pgxpool.Pool, s streams, args []string) error) action {
+	d := databaseFlag(fs)
+	return func(s streams, args []string) error {
+		ctx, db, err := d.open(s)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		return run(ctx, db, s, args)
+	}
+}
+
 // open connects to the database: --database-url, else DATABASE_URL, else
 // the database `arapd dev` records in ./.arap-dev/database-url, which it
 // names on s.note. The caller closes the pool.

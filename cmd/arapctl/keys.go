@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"text/tabwriter"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/signing"
 )
@@ -38,13 +41,7 @@ func keysRotate(fs *flag.FlagSet) action {
 }
 
 func keysList(fs *flag.FlagSet) action {
-	d := databaseFlag(fs)
-	return func(s streams, _ []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, _ []string) error {
 		list, err := signing.List(ctx, db)
 		if err != nil {
 			return err
@@ -65,5 +62,5 @@ func keysList(fs *flag.FlagSet) action {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k.Kid, k.Alg, k.CreatedAt.Format(time.RFC3339), state)
 		}
 		return tw.Flush()
-	}
+	})
 }

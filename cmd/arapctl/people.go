@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/omcp/arap/directory"
 )
 
@@ -53,13 +55,7 @@ func usersCreate(fs *flag.FlagSet) action {
 }
 
 func usersList(fs *flag.FlagSet) action {
-	d := databaseFlag(fs)
-	return func(s streams, _ []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, _ []string) error {
 		list, err := directory.NewStore(db).Users(ctx)
 		if err != nil {
 			return err
@@ -74,7 +70,7 @@ func usersList(fs *flag.FlagSet) action {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", u.Name, u.DisplayName, u.Email, strings.Join(u.Groups, ","), status)
 		}
 		return tw.Flush()
-	}
+	})
 }
 
 func usersDisable(fs *flag.FlagSet) action {
@@ -112,13 +108,7 @@ func groupsRemove(fs *flag.FlagSet) action {
 }
 
 func groupsList(fs *flag.FlagSet) action {
-	d := databaseFlag(fs)
-	return func(s streams, _ []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, _ []string) error {
 		gs, err := directory.NewStore(db).Groups(ctx)
 		if err != nil {
 			return err
@@ -132,24 +122,18 @@ func groupsList(fs *flag.FlagSet) action {
 			fmt.Fprintf(s.out, "%s: %s\n", g, strings.Join(gs[g], ", "))
 		}
 		return nil
-	}
+	})
 }
 
 // directoryChange is a command that makes one change in the directory and
 // prints what it did.
 func directoryChange(fs *flag.FlagSet, change func(dir *directory.Store, ctx context.Context, pos []string) (string, error)) action {
-	d := databaseFlag(fs)
-	return func(s streams, pos []string) error {
-		ctx, db, err := d.open(s)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, pos []string) error {
 		done, err := change(directory.NewStore(db), ctx, pos)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintln(s.out, done)
 		return nil
-	}
+	})
 }
