@@ -573,7 +573,13 @@ func (u *Upstream) redact(s string) string {
 // same reports whether two entries would connect the same way, so a reload
 // keeps the live session of an unchanged upstream.
 func (u *Upstream) same(o *Upstream) bool {
-	// DeepEqual follows the sealed pointer, so a rotated secret reconnects.
+	// A rotated secret reconnects; the same secret from another file does not.
+	cred := func(c *Credentials) [4]string {
+		if c == nil {
+			return [4]string{}
+		}
+		return [4]string{c.Header, c.Scheme, c.AsEnv, secretOf(c)}
+	}
 	return reflect.DeepEqual(u.HTTP, o.HTTP) && reflect.DeepEqual(u.Stdio, o.Stdio) &&
-		reflect.DeepEqual(u.Credentials, o.Credentials) && u.Connect == o.Connect
+		cred(u.Credentials) == cred(o.Credentials) && u.Connect == o.Connect
 }
