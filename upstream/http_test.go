@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ type mcpServer struct {
 	entered   chan struct{} // a "block" call has started
 	release   chan struct{} // lets "block" calls finish
 	runs      atomic.Int32  // tool executions, all tools
+	progress  chan struct{} // closed by the test when it has seen echo's progress
 }
 
 type serverOpts struct {
@@ -48,7 +50,7 @@ func startServer(t *testing.T, o serverOpts) *mcpServer {
 		sopts = &mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: false}}}
 	}
 	s := &mcpServer{t: t, srv: mcp.NewServer(&mcp.Implementation{Name: "test-upstream", Version: "1"}, sopts),
-		stateless: o.stateless, entered: make(chan struct{}, 10), release: make(chan struct{})}
+		stateless: o.stateless, entered: make(chan struct{}, 10), release: make(chan struct{}), progress: make(chan struct{})}
 	obj := map[string]any{"type": "object", "properties": map[string]any{"text": map[string]any{"type": "string"}}}
 	s.srv.AddTool(&mcp.Tool{
 		Name:         "echo",
@@ -64,6 +66,12 @@ func startServer(t *testing.T, o serverOpts) *mcpServer {
 		said := fmt.Sprint(args["text"])
 		if tok := req.Params.GetProgressToken(); tok != nil {
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1, Total: 2, Message: "half"})
+			// Progress is delivered while the call runs; a notification that
+			// arrives after the result has no call left to go to.
+			select {
+			case <-s.progress:
+			case <-ctx.Done():
+			}
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: said}}, StructuredContent: map[string]any{"said": said}}, nil
 	})
@@ -212,20 +220,20 @@ func TestHTTPProtocols(t *testing.T) {
 			require.Len(t, echo.Digest, 64)
 
 			var progress atomic.Pointer[mcp.ProgressNotificationParams]
+			var once sync.Once
 			res, err := r.Call(context.Background(), "up.echo", map[string]any{"text": "hello"}, &CallOptions{
-				Digest:   echo.Digest,
-				Progress: func(p *mcp.ProgressNotificationParams) { progress.Store(p) },
+				Digest: echo.Digest,
+				Progress: func(p *mcp.ProgressNotificationParams) {
+					progress.Store(p)
+					once.Do(func() { close(s.progress) })
+				},
 			})
 			require.NoError(t, err)
 			require.False(t, res.IsError)
 			require.Equal(t, "hello", res.Content[0].(*mcp.TextContent).Text)
 			require.Equal(t, map[string]any{"said": "hello"}, res.StructuredContent)
-			if tc.stateless {
-				// Progress notifications of a 2026-07-28 call arrive on the call's own
-				// stream before its response.
-				require.NotNil(t, progress.Load())
-				require.Equal(t, "half", progress.Load().Message)
-			}
+			require.NotNil(t, progress.Load(), "the upstream's progress reached the caller")
+			require.Equal(t, "half", progress.Load().Message)
 
 			res, err = r.Call(context.Background(), "up.fail", nil, nil)
 			require.NoError(t, err, "a tool error is a result, not an error")
