@@ -137,7 +137,7 @@ func (r *Registry) Call(ctx context.Context, name string, args map[string]any, o
 	switch {
 	case !sent.Load():
 		c.poke() // a transport failure: let the loop check the session
-		return nil, fail(NotSent, "the request could not be sent: "+describe(&u, err, callCtx, 0), err)
+		return nil, fail(NotSent, "the request could not be sent: "+describe(callCtx, &u, err, 0), err)
 	case we != nil:
 		return nil, &Error{Upstream: t.Upstream, Tool: name, Kind: Rejected, Code: we.Code,
 			Reason: fmt.Sprintf("the upstream refused the call: %s (code %d)", clip(u.redact(we.Message)), we.Code), cause: err}
@@ -147,7 +147,7 @@ func (r *Registry) Call(ctx context.Context, name string, args map[string]any, o
 		return nil, fail(MaybeSent, fmt.Sprintf("no answer within %s", u.Call), err)
 	default:
 		c.poke()
-		return nil, fail(MaybeSent, "the connection was lost before the upstream answered: "+describe(&u, err, callCtx, 0), err)
+		return nil, fail(MaybeSent, "the connection was lost before the upstream answered: "+describe(callCtx, &u, err, 0), err)
 	}
 }
 

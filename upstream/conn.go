@@ -132,7 +132,7 @@ func (c *conn) connect() (*mcp.ClientSession, error) {
 	}
 	sess, err := c.client.Connect(ctx, t, nil)
 	if err != nil {
-		return nil, fmt.Errorf("connect: %s", describe(u, err, ctx, u.Connect))
+		return nil, fmt.Errorf("connect: %s", describe(ctx, u, err, u.Connect))
 	}
 	c.mu.Lock()
 	c.session, c.protocol, c.err = sess, sess.InitializeResult().ProtocolVersion, nil
@@ -159,7 +159,7 @@ func (c *conn) serve(sess *mcp.ClientSession) error {
 		case <-c.ctx.Done():
 			return c.ctx.Err()
 		case err := <-lost:
-			return fmt.Errorf("connection lost: %s", describe(c.config(), err, c.ctx, 0))
+			return fmt.Errorf("connection lost: %s", describe(c.ctx, c.config(), err, 0))
 		case <-c.kick:
 		case <-tick.C:
 		}
@@ -180,7 +180,7 @@ func (c *conn) list(ctx context.Context, sess *mcp.ClientSession) error {
 	var digests []string
 	for t, err := range sess.Tools(ctx, nil) {
 		if err != nil {
-			return fmt.Errorf("tools/list: %s", describe(u, err, ctx, u.Call))
+			return fmt.Errorf("tools/list: %s", describe(ctx, u, err, u.Call))
 		}
 		if len(tools) == maxTools {
 			return fmt.Errorf("tools/list: more than %d tools", maxTools)
@@ -313,7 +313,7 @@ func closedPipe(err error) bool {
 // describe says what went wrong in words safe for a client: no URL, host,
 // header or credential (anything of the upstream's configuration that
 // appears in err's text is redacted).
-func describe(u *Upstream, err error, ctx context.Context, limit time.Duration) string {
+func describe(ctx context.Context, u *Upstream, err error, limit time.Duration) string {
 	var opErr interface{ Timeout() bool }
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) && limit > 0:

@@ -302,6 +302,7 @@ func TestHTTPFailures(t *testing.T) {
 			s.stop()
 			err := <-errc
 			ue := requireKind(t, err, MaybeSent)
+			t.Logf("mid-call: %v", err)
 			require.Equal(t, "svc", ue.Upstream)
 			require.NotContains(t, err.Error(), s.addr)
 			require.NotContains(t, err.Error(), testToken)
@@ -310,6 +311,7 @@ func TestHTTPFailures(t *testing.T) {
 			// Down: a call is refused before anything is written.
 			_, err = r.Call(context.Background(), "echo", map[string]any{"text": "x"}, nil)
 			requireKind(t, err, NotSent)
+			t.Logf("down: %v", err)
 			require.Contains(t, err.Error(), `upstream "svc"`)
 			require.NotContains(t, err.Error(), s.addr)
 			require.NotContains(t, err.Error(), testToken)
@@ -442,4 +444,63 @@ func sessionOf(r *Registry, i int) *mcp.ClientSession {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.session
+}
+
+// TestCollisionLater: a name that starts to collide after a list change
+// stays with the tool that had it; the newcomer is withheld and reported.
+func TestCollisionLater(t *testing.T) {
+	t.Parallel()
+	a, b := startServer(t, serverOpts{stateless: true}), startServer(t, serverOpts{stateless: true})
+	r := newRegistry(t, Options{})
+	cfg := httpConfig(t, "    relist: 1h\n", map[string]*mcpServer{"a": a, "b": b})
+	for i := range cfg.Upstreams {
+		cfg.Upstreams[i].Include = []string{"dyn"}
+		if cfg.Upstreams[i].Name == "a" {
+			cfg.Upstreams[i].Include = []string{"echo", "dyn"}
+		}
+	}
+	require.NoError(t, r.Reload(context.Background(), cfg))
+	waitReady(t, r, "a")
+	waitReady(t, r, "b")
+	dyn := func(from string) mcp.ToolHandler {
+		return func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: from}}}, nil
+		}
+	}
+	b.srv.AddTool(&mcp.Tool{Name: "dyn", InputSchema: map[string]any{"type": "object"}}, dyn("b"))
+	require.Eventually(t, func() bool { tl, ok := toolNamed(r, "dyn"); return ok && tl.Upstream == "b" }, 10*time.Second, 10*time.Millisecond)
+	a.srv.AddTool(&mcp.Tool{Name: "dyn", InputSchema: map[string]any{"type": "object"}}, dyn("a"))
+	require.Eventually(t, func() bool {
+		for _, s := range r.Status() {
+			if s.Name == "a" && len(s.Withheld) == 1 {
+				return strings.Contains(s.Withheld[0], `tool name "dyn" is exposed by upstream "b"`)
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+	tl, _ := toolNamed(r, "dyn")
+	require.Equal(t, "b", tl.Upstream, "the name stays with the tool that had it")
+	res, err := r.Call(context.Background(), "dyn", nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, "b", res.Content[0].(*mcp.TextContent).Text)
+}
+
+// TestBadCredentials: an upstream refusing the gateway's credential is
+// reported without the credential or the address.
+func TestBadCredentials(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, serverOpts{stateless: false})
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("wrong-token-9d8e7f"), 0o600))
+	cfg, err := Parse("bad.yaml", []byte(fmt.Sprintf("upstreams:\n  - name: svc\n    http: {url: %q}\n    credentials: {file: %s}\n", s.url(), tokenFile)))
+	require.NoError(t, err)
+	r := newRegistry(t, Options{})
+	require.NoError(t, r.Reload(context.Background(), cfg))
+	err = r.Ready()["svc"]
+	require.Error(t, err)
+	t.Logf("reported: %v", err)
+	require.NotContains(t, err.Error(), "wrong-token-9d8e7f")
+	require.NotContains(t, err.Error(), s.addr)
+	_, err = r.Call(context.Background(), "echo", nil, nil)
+	requireKind(t, err, NotSent)
 }
