@@ -1,9 +1,11 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -107,6 +109,20 @@ func (s *mcpServer) serve(ln net.Listener) {
 		if r.Header.Get("Authorization") != "Bearer "+testToken || r.Header.Get("X-Tenant") != testTenant {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
+		}
+		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			if bytes.Contains(body, []byte(`"name":"drop"`)) {
+				// The "drop" tool runs, then its response is lost: the connection
+				// closes without an answer while the server stays up.
+				s.runs.Add(1)
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err == nil {
+					_ = conn.Close()
+				}
+				return
+			}
 		}
 		h.ServeHTTP(w, r)
 	})
@@ -503,4 +519,30 @@ func TestBadCredentials(t *testing.T) {
 	require.NotContains(t, err.Error(), s.addr)
 	_, err = r.Call(context.Background(), "echo", nil, nil)
 	requireKind(t, err, NotSent)
+}
+
+// TestLostResponseNotResent: the upstream ran the call and its response was
+// lost while the upstream stayed reachable: MaybeSent, and the call is not
+// sent again.
+func TestLostResponseNotResent(t *testing.T) {
+	for _, stateless := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stateless=%v", stateless), func(t *testing.T) {
+			t.Parallel()
+			s := startServer(t, serverOpts{stateless: stateless})
+			s.srv.AddTool(&mcp.Tool{Name: "drop", InputSchema: map[string]any{"type": "object"}}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return &mcp.CallToolResult{}, nil
+			})
+			r := newRegistry(t, Options{})
+			require.NoError(t, r.Reload(context.Background(), httpConfig(t, "", map[string]*mcpServer{"svc": s})))
+			waitReady(t, r, "svc")
+			require.Eventually(t, func() bool { _, ok := toolNamed(r, "drop"); return ok }, 10*time.Second, 10*time.Millisecond)
+			_, err := r.Call(context.Background(), "drop", nil, nil)
+			requireKind(t, err, MaybeSent)
+			require.Equal(t, int32(1), s.runs.Load(), "sent once, never again")
+			// The upstream is still there: the next call works.
+			_, err = r.Call(context.Background(), "echo", map[string]any{"text": "x"}, nil)
+			require.NoError(t, err)
+			require.Equal(t, int32(2), s.runs.Load())
+		})
+	}
 }
