@@ -334,6 +334,12 @@ func TestHTTPFailures(t *testing.T) {
 			require.Equal(t, int32(1), s.runs.Load())
 			require.Eventually(t, func() bool { return r.Ready()["svc"] != nil }, 10*time.Second, 10*time.Millisecond)
 			require.NotContains(t, r.Ready()["svc"].Error(), s.addr)
+			// Known to be down: refused without trying, the tool still listed.
+			_, err = r.Call(context.Background(), "echo", map[string]any{"text": "x"}, nil)
+			requireKind(t, err, NotSent)
+			require.ErrorContains(t, err, "not connected")
+			_, ok := toolNamed(r, "echo")
+			require.True(t, ok, "the last list is kept while the upstream is down")
 
 			// Back: reconnected with backoff, and calls work again.
 			close(s.release)
@@ -417,7 +423,7 @@ func TestCollision(t *testing.T) {
 // finishes its in-flight call before it is closed.
 func TestReload(t *testing.T) {
 	t.Parallel()
-	a, b := startServer(t, serverOpts{stateless: true}), startServer(t, serverOpts{stateless: false})
+	a, b := startServer(t, serverOpts{stateless: false}), startServer(t, serverOpts{stateless: true})
 	r := newRegistry(t, Options{})
 	require.NoError(t, r.Reload(context.Background(), httpConfig(t, "", map[string]*mcpServer{"a": a})))
 	waitReady(t, r, "a")
