@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"os"
 	"os/exec"
 	"sync"
@@ -74,8 +75,12 @@ func (c *conn) config() *Upstream {
 
 func (c *conn) setConfig(u Upstream) {
 	c.mu.Lock()
+	changed := c.cfg.Relist != u.Relist
 	c.cfg = u
 	c.mu.Unlock()
+	if changed {
+		c.poke() // serve picks up the new period
+	}
 }
 
 func (c *conn) poke() {
@@ -96,8 +101,13 @@ func (c *conn) run() {
 	first := true
 	for {
 		sess, err := c.connect()
+		if err != nil {
+			c.mu.Lock()
+			c.session, c.err = nil, err
+			c.mu.Unlock()
+		}
 		if first {
-			close(c.firstTry)
+			close(c.firstTry) // after c.err is set, so a reload reports it
 			first = false
 		}
 		if err == nil {
@@ -152,7 +162,8 @@ func (c *conn) serve(sess *mcp.ClientSession) error {
 	defer sess.Close()
 	lost := make(chan error, 1)
 	go func() { lost <- sess.Wait() }()
-	tick := time.NewTicker(c.config().Relist)
+	period := c.config().Relist
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
 		select {
@@ -164,6 +175,10 @@ func (c *conn) serve(sess *mcp.ClientSession) error {
 		case <-tick.C:
 		}
 		u := c.config()
+		if u.Relist != period {
+			period = u.Relist
+			tick.Reset(period)
+		}
 		ctx, cancel := context.WithTimeout(c.ctx, u.Call)
 		err := c.list(ctx, sess)
 		cancel()
@@ -221,9 +236,15 @@ func (c *conn) transport(u *Upstream) (mcp.Transport, error) {
 		return &stdioTransport{&mcp.CommandTransport{Command: cmd}}, nil
 	}
 	base := http.DefaultTransport.(*http.Transport).Clone()
+	client := &http.Client{
+		Transport: &roundTripper{base: base, u: u},
+		// An MCP endpoint has no business redirecting; following one would
+		// carry the credential to wherever it points.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	return &mcp.StreamableClientTransport{
 		Endpoint:   u.HTTP.URL,
-		HTTPClient: &http.Client{Transport: &roundTripper{base: base, u: u}},
+		HTTPClient: client,
 		// A stream lost mid-call is resumed at most twice before the call
 		// fails (and is reported MaybeSent); the call timeout bounds it too.
 		MaxRetries: 2,
@@ -249,6 +270,9 @@ type roundTripper struct {
 
 func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
+	if !sameOrigin(req.URL, rt.u.HTTP.URL) {
+		return nil, errors.New("refusing a request outside the upstream's origin")
+	}
 	for k, v := range rt.u.HTTP.Headers {
 		req.Header.Set(k, v)
 	}
@@ -262,6 +286,13 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 	}
 	return rt.base.RoundTrip(req)
+}
+
+// sameOrigin reports whether u has the scheme and host of the configured
+// endpoint: headers and the credential go nowhere else.
+func sameOrigin(u *url.URL, endpoint string) bool {
+	e, err := url.Parse(endpoint)
+	return err == nil && u.Scheme == e.Scheme && u.Host == e.Host
 }
 
 func isToolCall(req *http.Request) bool {

@@ -552,3 +552,32 @@ func TestLostResponseNotResent(t *testing.T) {
 		})
 	}
 }
+
+// TestNoCredentialOnRedirect: an upstream that redirects does not get the
+// gateway to carry its credential elsewhere.
+func TestNoCredentialOnRedirect(t *testing.T) {
+	t.Parallel()
+	var leaked atomic.Int32
+	other := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.Header.Get("Authorization"), testToken) || r.Header.Get("X-Tenant") != "" {
+			leaked.Add(1)
+		}
+		http.Error(w, "nope", http.StatusNotFound)
+	})}
+	oln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = other.Serve(oln) }()
+	t.Cleanup(func() { _ = other.Close() })
+	redir := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "http://"+oln.Addr().String()+"/mcp", http.StatusTemporaryRedirect)
+	})}
+	rln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = redir.Serve(rln) }()
+	t.Cleanup(func() { _ = redir.Close() })
+
+	r := newRegistry(t, Options{})
+	require.NoError(t, r.Reload(context.Background(), httpConfig(t, "", map[string]*mcpServer{"svc": {addr: rln.Addr().String()}})))
+	require.Error(t, r.Ready()["svc"])
+	require.Zero(t, leaked.Load(), "the credential went to the redirect target")
+}
