@@ -184,8 +184,9 @@ var (
 	reservedHeaders = []string{"Accept", "Content-Type", "Content-Length", "Host", "Connection", "Transfer-Encoding", "Last-Event-Id"}
 )
 
-// Load reads and validates an upstreams file. Relative paths in it (stdio
-// dir, credential files) are relative to the file's directory.
+// Load reads and validates an upstreams file. Relative paths in it (a stdio
+// command with a '/', stdio dir, credential files) are relative to the
+// file's directory.
 func Load(file string) (*Config, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
@@ -300,6 +301,10 @@ func compile(s upstreamSpec, n *yaml.Node, dir string) (*Upstream, []Problem) {
 		}
 		if u.Stdio.Dir != "" && !filepath.IsAbs(u.Stdio.Dir) {
 			u.Stdio.Dir = filepath.Join(dir, u.Stdio.Dir)
+		}
+		if strings.Contains(u.Stdio.Command, "/") && !filepath.IsAbs(u.Stdio.Command) {
+			// A path, not a name looked up on PATH: relative to the file too.
+			u.Stdio.Command = filepath.Join(dir, u.Stdio.Command)
 		}
 	}
 	if s.Credentials != nil {

@@ -33,7 +33,7 @@ upstreams:
     timeouts: {connect: 3s, call: 2m}
   - name: github
     stdio:
-      command: github-mcp-server
+      command: bin/github-mcp-server
       args: [stdio]
       env: {GITHUB_HOST: github.com}
       dir: work
@@ -62,6 +62,7 @@ upstreams:
 	require.False(t, b.taskRequired("get_invoice"))
 
 	require.Equal(t, filepath.Join(dir, "work"), g.Stdio.Dir, "relative dir is relative to the file")
+	require.Equal(t, filepath.Join(dir, "bin/github-mcp-server"), g.Stdio.Command, "so is a relative command path")
 	require.Equal(t, "GITHUB_PERSONAL_ACCESS_TOKEN", g.Credentials.AsEnv)
 	require.Equal(t, "s3cret-env-token", secretOf(g.Credentials))
 	require.Equal(t, DefaultCallTimeout, g.Call)

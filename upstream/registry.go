@@ -313,7 +313,8 @@ func build(views []view, reserved []string, prev *snapshot, strict bool) (*snaps
 		cfg := v.cfg
 		v.c.mu.Lock()
 		if cfg == nil {
-			cfg = &v.c.cfg
+			own := v.c.cfg
+			cfg = &own
 		}
 		tools := v.c.tools
 		digests := v.c.digests
