@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -285,7 +286,33 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		trace := &httptrace.ClientTrace{WroteHeaders: func() { f.Store(true) }}
 		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 	}
-	return rt.base.RoundTrip(req)
+	resp, err := rt.base.RoundTrip(req)
+	if err == nil && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		// The SDK reads a JSON response whole; SSE events it bounds itself.
+		resp.Body = &cappedBody{ReadCloser: resp.Body, left: maxJSONResponse + 1}
+	}
+	return resp, err
+}
+
+// maxJSONResponse bounds one JSON response from an upstream, as the SDK
+// bounds one SSE event.
+const maxJSONResponse = mcp.DefaultMaxEventSize
+
+type cappedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *cappedBody) Read(p []byte) (int, error) {
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	if b.left <= 0 {
+		return n, fmt.Errorf("response larger than %d bytes", maxJSONResponse)
+	}
+	return n, err
 }
 
 // sameOrigin reports whether u has the scheme and host of the configured

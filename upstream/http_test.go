@@ -29,20 +29,22 @@ const (
 // mcpServer is a real go-sdk MCP server on loopback, which the test can
 // stop and start again on the same address (a restarted process).
 type mcpServer struct {
-	t         *testing.T
-	srv       *mcp.Server
-	stateless bool
-	addr      string
-	http      *http.Server
-	entered   chan struct{} // a "block" call has started
-	release   chan struct{} // lets "block" calls finish
-	runs      atomic.Int32  // tool executions, all tools
-	progress  chan struct{} // closed by the test when it has seen echo's progress
+	t            *testing.T
+	srv          *mcp.Server
+	stateless    bool
+	addr         string
+	http         *http.Server
+	entered      chan struct{} // a "block" call has started
+	release      chan struct{} // lets "block" calls finish
+	runs         atomic.Int32  // tool executions, all tools
+	progress     chan struct{} // closed by the test when it has seen echo's progress
+	jsonResponse bool
 }
 
 type serverOpts struct {
 	stateless    bool
 	noListChange bool
+	jsonResponse bool // answer calls with application/json instead of SSE
 }
 
 func startServer(t *testing.T, o serverOpts) *mcpServer {
@@ -51,7 +53,7 @@ func startServer(t *testing.T, o serverOpts) *mcpServer {
 	if o.noListChange {
 		sopts = &mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: false}}}
 	}
-	s := &mcpServer{t: t, srv: mcp.NewServer(&mcp.Implementation{Name: "test-upstream", Version: "1"}, sopts),
+	s := &mcpServer{t: t, jsonResponse: o.jsonResponse, srv: mcp.NewServer(&mcp.Implementation{Name: "test-upstream", Version: "1"}, sopts),
 		stateless: o.stateless, entered: make(chan struct{}, 10), release: make(chan struct{}), progress: make(chan struct{})}
 	obj := map[string]any{"type": "object", "properties": map[string]any{"text": map[string]any{"type": "string"}}}
 	s.srv.AddTool(&mcp.Tool{
@@ -104,7 +106,7 @@ func startServer(t *testing.T, o serverOpts) *mcpServer {
 }
 
 func (s *mcpServer) serve(ln net.Listener) {
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.srv }, &mcp.StreamableHTTPOptions{Stateless: s.stateless})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.srv }, &mcp.StreamableHTTPOptions{Stateless: s.stateless, JSONResponse: s.jsonResponse})
 	auth := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+testToken || r.Header.Get("X-Tenant") != testTenant {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
@@ -580,4 +582,23 @@ func TestNoCredentialOnRedirect(t *testing.T) {
 	require.NoError(t, r.Reload(context.Background(), httpConfig(t, "", map[string]*mcpServer{"svc": {addr: rln.Addr().String()}})))
 	require.Error(t, r.Ready()["svc"])
 	require.Zero(t, leaked.Load(), "the credential went to the redirect target")
+}
+
+// TestResponseTooLarge: a JSON response over the bound is not read whole;
+// the call was sent, so its outcome is unknown.
+func TestResponseTooLarge(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, serverOpts{stateless: true, jsonResponse: true})
+	s.srv.AddTool(&mcp.Tool{Name: "huge", InputSchema: map[string]any{"type": "object"}}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("x", maxJSONResponse+1)}}}, nil
+	})
+	r := newRegistry(t, Options{})
+	require.NoError(t, r.Reload(context.Background(), httpConfig(t, "", map[string]*mcpServer{"svc": s})))
+	waitReady(t, r, "svc")
+	require.Eventually(t, func() bool { _, ok := toolNamed(r, "huge"); return ok }, 10*time.Second, 10*time.Millisecond)
+	res, err := r.Call(context.Background(), "echo", map[string]any{"text": "small"}, nil)
+	require.NoError(t, err, "JSON responses under the bound are read")
+	require.Equal(t, "small", res.Content[0].(*mcp.TextContent).Text)
+	_, err = r.Call(context.Background(), "huge", nil, nil)
+	requireKind(t, err, MaybeSent)
 }
