@@ -189,7 +189,9 @@ func (r *Registry) Reload(ctx context.Context, cfg *Config) error {
 
 	for _, c := range retire {
 		go func() {
-			c.calls.Wait() // no new calls: c left r.ups under r.mu
+			// No new calls: c left r.ups under r.mu. (The SDK's session
+			// Close waits for outstanding calls too; this does not rely on it.)
+			c.calls.Wait()
 			c.cancel()
 		}()
 	}
@@ -241,7 +243,9 @@ func (r *Registry) Ready() map[string]error {
 }
 
 // Close stops reconnecting, waits for in-flight calls until ctx is done,
-// then closes every session (stopping stdio children).
+// then closes every session (stopping stdio children). The SDK's session
+// Close lets outstanding calls finish, so Close can outlast ctx by up to
+// the longest call timeout.
 func (r *Registry) Close(ctx context.Context) error {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
