@@ -1,0 +1,164 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Kind says what is known about a failed call's effect.
+type Kind int
+
+const (
+	// NotSent: the request never reached the upstream (not connected,
+	// unreachable, unknown or changed tool); the tool did not run.
+	NotSent Kind = iota + 1
+	// Rejected: the upstream answered with a JSON-RPC error (unknown tool,
+	// invalid arguments, internal error); the outcome is that answer.
+	Rejected
+	// MaybeSent: the request was written and its answer lost (timeout,
+	// connection lost, caller gone); the tool may have run. Never retried.
+	MaybeSent
+)
+
+func (k Kind) String() string {
+	switch k {
+	case NotSent:
+		return "not sent"
+	case Rejected:
+		return "rejected"
+	case MaybeSent:
+		return "outcome unknown"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Sentinels a caller can test with errors.Is on an *Error.
+var (
+	ErrUnknownTool = errors.New("no such tool")
+	ErrToolChanged = errors.New("the tool's definition changed")
+)
+
+// Error is a call that produced no result. Its message names the upstream
+// and what happened, and is safe to show an MCP client: it never contains
+// the upstream's URL, headers or credential. Unwrap gives the underlying
+// error for operators' logs.
+type Error struct {
+	Upstream string // the upstream's name in the file; "" for an unknown tool
+	Tool     string // the exposed tool name
+	Kind     Kind
+	Code     int64  // Rejected: the upstream's JSON-RPC error code
+	Reason   string // what happened, in client-safe words
+	cause    error
+}
+
+func (e *Error) Error() string {
+	if e.Upstream == "" {
+		return fmt.Sprintf("tool %q: %s: %s", e.Tool, e.Kind, e.Reason)
+	}
+	return fmt.Sprintf("upstream %q, tool %q: %s: %s", e.Upstream, e.Tool, e.Kind, e.Reason)
+}
+
+func (e *Error) Unwrap() error { return e.cause }
+
+// CallOptions are optional parameters of Call.
+type CallOptions struct {
+	// Digest, when set, is the Tool.Digest the caller decided on; a tool
+	// whose definition has changed since is not called (NotSent,
+	// ErrToolChanged).
+	Digest string
+	// Progress receives the upstream's progress notifications for this call.
+	Progress func(*mcp.ProgressNotificationParams)
+}
+
+// Call forwards one tools/call to the upstream that exposes name, at most
+// once, within the upstream's call timeout. A result with IsError (a tool
+// error) is returned as a result. Any other failure is an *Error whose Kind
+// tells NotSent, Rejected and MaybeSent apart.
+func (r *Registry) Call(ctx context.Context, name string, args map[string]any, o *CallOptions) (*mcp.CallToolResult, error) {
+	if o == nil {
+		o = &CallOptions{}
+	}
+	r.mu.Lock()
+	i, ok := r.snap.byName[name]
+	if !ok {
+		r.mu.Unlock()
+		return nil, &Error{Tool: name, Kind: NotSent, Reason: "no such tool", cause: ErrUnknownTool}
+	}
+	t := r.snap.tools[i]
+	var c *conn
+	for _, u := range r.ups {
+		if u.name == t.Upstream {
+			c = u
+		}
+	}
+	if o.Digest != "" && o.Digest != t.Digest {
+		r.mu.Unlock()
+		return nil, &Error{Upstream: t.Upstream, Tool: name, Kind: NotSent, Reason: "the tool's definition changed; it was not called", cause: ErrToolChanged}
+	}
+	c.calls.Add(1) // under r.mu, so a reload retiring c waits for this call
+	r.mu.Unlock()
+	defer c.calls.Done()
+
+	c.mu.Lock()
+	sess, u, lastErr := c.session, c.cfg, c.err
+	c.mu.Unlock()
+	fail := func(k Kind, reason string, cause error) error {
+		return &Error{Upstream: t.Upstream, Tool: name, Kind: k, Reason: reason, cause: cause}
+	}
+	if sess == nil {
+		reason := "not connected"
+		if lastErr != nil {
+			reason += " (" + lastErr.Error() + ")"
+		}
+		return nil, fail(NotSent, reason, lastErr)
+	}
+
+	callCtx, cancel := context.WithTimeout(ctx, u.Call)
+	defer cancel()
+	var sent atomic.Bool
+	callCtx = context.WithValue(callCtx, sentKey{}, &sent)
+	params := &mcp.CallToolParams{Name: t.UpstreamTool, Arguments: args}
+	if o.Progress != nil {
+		tok := fmt.Sprintf("arap-%d", r.seq.Add(1))
+		r.prog.Store(tok, o.Progress)
+		defer r.prog.Delete(tok)
+		params.SetProgressToken(tok)
+	}
+	res, err := sess.CallTool(callCtx, params)
+	if err == nil {
+		return res, nil
+	}
+	we := upstreamError(err)
+	switch {
+	case !sent.Load():
+		c.poke() // a transport failure: let the loop check the session
+		return nil, fail(NotSent, "the request could not be sent: "+describe(callCtx, &u, err, 0), err)
+	case we != nil:
+		return nil, &Error{Upstream: t.Upstream, Tool: name, Kind: Rejected, Code: we.Code,
+			Reason: fmt.Sprintf("the upstream refused the call: %s (code %d)", clip(u.redact(we.Message)), we.Code), cause: err}
+	case ctx.Err() != nil:
+		return nil, fail(MaybeSent, "the call was abandoned before the upstream answered", err)
+	case callCtx.Err() != nil:
+		return nil, fail(MaybeSent, fmt.Sprintf("no answer within %s", u.Call), err)
+	default:
+		c.poke()
+		return nil, fail(MaybeSent, "the connection was lost before the upstream answered: "+describe(callCtx, &u, err, 0), err)
+	}
+}
+
+// upstreamError is the JSON-RPC error the upstream answered with, or nil.
+// The SDK marks its own transport failures with a JSON-RPC error too
+// (-32005 "rejected by transport", even when the request was written and
+// the connection then dropped); that one is not an answer.
+func upstreamError(err error) *jsonrpc.Error {
+	var we *jsonrpc.Error
+	if !errors.As(err, &we) || (we.Code == -32005 && we.Message == "rejected by transport") {
+		return nil
+	}
+	return we
+}

@@ -1,0 +1,214 @@
+package upstream
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+)
+
+// The reference filesystem server, pinned; the tests install it with npm
+// into a cache directory (ARAP_NPM_CACHE, else the user cache dir).
+const filesystemServer = "@modelcontextprotocol/server-filesystem@2026.8.31"
+
+// TestMain lets the test binary double as a stdio MCP server (the "self"
+// upstream), so the stdio transport is tested against a real child process
+// the test controls.
+func TestMain(m *testing.M) {
+	if os.Getenv("ARAP_UPSTREAM_TEST_CHILD") == "1" {
+		selfServer()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func selfServer() {
+	s := mcp.NewServer(&mcp.Implementation{Name: "self", Version: "1"}, nil)
+	obj := map[string]any{"type": "object"}
+	s.AddTool(&mcp.Tool{Name: "env", InputSchema: obj}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		env := os.Environ()
+		sort.Strings(env)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Join(env, "\n")}}}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "crash", InputSchema: obj}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		os.Exit(3) // dies with the call in hand: its outcome is unknown to the gateway
+		return nil, nil
+	})
+	_ = s.Run(context.Background(), &mcp.StdioTransport{})
+}
+
+var npmInstall struct {
+	sync.Mutex
+	dirs map[string]string
+}
+
+// npmPackage installs spec (name@version) once per cache and returns the
+// directory holding node_modules. Without npm it skips, unless
+// ARAP_REQUIRE_NPM is set (CI), where it fails.
+func npmPackage(t *testing.T, spec string) string {
+	t.Helper()
+	for _, tool := range []string{"npm", "node"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("ARAP_REQUIRE_NPM") != "" {
+				t.Fatalf("%s is required (ARAP_REQUIRE_NPM is set) but not on PATH", tool)
+			}
+			t.Skipf("%s not on PATH: skipping the test against %s (set ARAP_REQUIRE_NPM=1 to fail instead)", tool, spec)
+		}
+	}
+	npmInstall.Lock()
+	defer npmInstall.Unlock()
+	if d, ok := npmInstall.dirs[spec]; ok {
+		return d
+	}
+	cache := os.Getenv("ARAP_NPM_CACHE")
+	if cache == "" {
+		uc, err := os.UserCacheDir()
+		require.NoError(t, err)
+		cache = filepath.Join(uc, "arap-test", "npm")
+	}
+	safe := strings.NewReplacer("@", "", "/", "_").Replace(spec)
+	dir := filepath.Join(cache, safe)
+	if _, err := os.Stat(filepath.Join(dir, "installed")); err != nil {
+		// Install beside, then rename: a half-finished install is never used.
+		require.NoError(t, os.MkdirAll(cache, 0o755))
+		tmp, err := os.MkdirTemp(cache, safe+".tmp")
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "npm", "install", "--prefix", tmp, "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error", spec)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "npm install %s: %s", spec, out)
+		require.NoError(t, os.WriteFile(filepath.Join(tmp, "installed"), []byte(spec+"\n"), 0o644))
+		_ = os.RemoveAll(dir)
+		require.NoError(t, os.Rename(tmp, dir))
+	}
+	if npmInstall.dirs == nil {
+		npmInstall.dirs = map[string]string{}
+	}
+	npmInstall.dirs[spec] = dir
+	return dir
+}
+
+// TestFilesystemServer runs the reference filesystem server over stdio:
+// its tools keep their annotations and schemas, the prefix and the filters
+// apply, calls work, and a tool error stays a result.
+func TestFilesystemServer(t *testing.T) {
+	t.Parallel()
+	pkg := npmPackage(t, filesystemServer)
+	root := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(root, "hello.txt"), []byte("hello from the upstream\n"), 0o644))
+	doc := fmt.Sprintf(`
+upstreams:
+  - name: files
+    stdio:
+      command: %s
+      args: [%q]
+    prefix: fs.
+    tools:
+      include: ["read_*", "write_file", "list_directory"]
+      exclude: ["read_media_file"]
+      task_required: ["write_file"]
+    timeouts: {connect: 60s, call: 30s}
+`, filepath.Join(pkg, "node_modules", ".bin", "mcp-server-filesystem"), root)
+	cfg, err := Parse("fs.yaml", []byte(doc))
+	require.NoError(t, err)
+	r := newRegistry(t, Options{})
+	require.NoError(t, r.Reload(context.Background(), cfg))
+	waitReady(t, r, "files")
+	require.Equal(t, "2025-11-25", r.Status()[0].Protocol, "the pinned TypeScript server falls back to a 2025-11-25 session")
+
+	var names []string
+	for _, tl := range r.Tools() {
+		names = append(names, tl.Name)
+	}
+	require.Equal(t, []string{"fs.list_directory", "fs.read_file", "fs.read_multiple_files", "fs.read_text_file", "fs.write_file"}, names,
+		"include, then exclude, then the prefix")
+
+	read, _ := toolNamed(r, "fs.read_file")
+	require.Equal(t, "read_file", read.UpstreamTool)
+	require.True(t, read.Def.Annotations.ReadOnlyHint)
+	require.NotNil(t, read.Def.Annotations.OpenWorldHint)
+	require.False(t, *read.Def.Annotations.OpenWorldHint)
+	require.NotNil(t, read.Def.OutputSchema)
+	require.Contains(t, fmt.Sprint(read.Def.InputSchema), "path")
+	require.False(t, read.TaskRequired)
+	write, _ := toolNamed(r, "fs.write_file")
+	require.NotNil(t, write.Def.Annotations.DestructiveHint)
+	require.True(t, *write.Def.Annotations.DestructiveHint)
+	require.True(t, write.Def.Annotations.IdempotentHint)
+	require.True(t, write.TaskRequired)
+
+	res, err := r.Call(context.Background(), "fs.read_file", map[string]any{"path": filepath.Join(root, "hello.txt")}, nil)
+	require.NoError(t, err)
+	require.False(t, res.IsError)
+	require.Contains(t, res.Content[0].(*mcp.TextContent).Text, "hello from the upstream")
+
+	res, err = r.Call(context.Background(), "fs.write_file", map[string]any{"path": filepath.Join(root, "out.txt"), "content": "written"}, nil)
+	require.NoError(t, err)
+	require.False(t, res.IsError)
+	b, err := os.ReadFile(filepath.Join(root, "out.txt"))
+	require.NoError(t, err)
+	require.Equal(t, "written", string(b))
+
+	// Outside its allowed directory: the upstream's tool error, as a result.
+	res, err = r.Call(context.Background(), "fs.read_file", map[string]any{"path": "/etc/hostname"}, nil)
+	require.NoError(t, err)
+	require.True(t, res.IsError)
+
+	_, err = r.Call(context.Background(), "fs.read_media_file", map[string]any{"path": "x"}, nil)
+	requireKind(t, err, NotSent)
+	require.ErrorIs(t, err, ErrUnknownTool, "an excluded tool is not offered")
+}
+
+// TestStdioChild: the child gets a clean environment with its credential,
+// a child that dies with a call in hand is MaybeSent, and it is restarted.
+func TestStdioChild(t *testing.T) {
+	t.Setenv("ARAP_TEST_PARENT_SECRET", "parent-only-value")
+	t.Setenv("ARAP_TEST_CHILD_CRED", "child-cred-value")
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	doc := fmt.Sprintf(`
+upstreams:
+  - name: self
+    stdio:
+      command: %s
+      env: {ARAP_UPSTREAM_TEST_CHILD: "1"}
+      dir: .
+    credentials:
+      env: ARAP_TEST_CHILD_CRED
+      as_env: CHILD_TOKEN
+`, exe)
+	cfg, err := Parse(filepath.Join(t.TempDir(), "self.yaml"), []byte(doc))
+	require.NoError(t, err)
+	r := newRegistry(t, Options{})
+	require.NoError(t, r.Reload(context.Background(), cfg))
+	waitReady(t, r, "self")
+	require.Equal(t, "2026-07-28", r.Status()[0].Protocol, "a go-sdk child speaks the stateless revision")
+
+	res, err := r.Call(context.Background(), "env", nil, nil)
+	require.NoError(t, err)
+	env := res.Content[0].(*mcp.TextContent).Text
+	require.Contains(t, env, "CHILD_TOKEN=child-cred-value")
+	require.Contains(t, env, "ARAP_UPSTREAM_TEST_CHILD=1")
+	require.NotContains(t, env, "parent-only-value", "the gateway's environment is not inherited")
+
+	_, err = r.Call(context.Background(), "crash", nil, nil)
+	ue := requireKind(t, err, MaybeSent)
+	require.Equal(t, "self", ue.Upstream)
+	require.NotContains(t, err.Error(), "child-cred-value")
+
+	// The child is started again; calls work.
+	require.Eventually(t, func() bool {
+		_, err := r.Call(context.Background(), "env", nil, nil)
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond)
+}
