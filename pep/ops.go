@@ -98,7 +98,12 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		if rec.status == 0 {
 			rec.status = http.StatusOK
 		}
-		route := r.Pattern // set on r by the mux (cleanURLs passes r on as is)
+		// The mux sets the pattern on r (cleanURLs passes r on as is);
+		// without its method, as the backend labels routes.
+		route := r.Pattern
+		if _, path, ok := strings.Cut(route, " "); ok {
+			route = path
+		}
 		if route == "" {
 			route = "unmatched"
 		}
