@@ -138,6 +138,26 @@ func TestReadyzDatabase(t *testing.T) {
 	require.Equal(t, []string{"database"}, failing)
 }
 
+// approveAndRun approves the backend request task waits on (as the dev
+// ITSM resolver) and advances the task, which runs the tool.
+func (s *opsStack) approveAndRun(t *testing.T, taskID string) {
+	t.Helper()
+	ctx := context.Background()
+	var id string
+	require.NoError(t, s.f.Pool().QueryRow(ctx, `SELECT backend_id FROM pep.approval_tasks WHERE task_id = $1`, taskID).Scan(&id))
+	body := strings.NewReader(`{"decision": "approve", "reason": "test"}`)
+	req, err := http.NewRequest(http.MethodPost, s.env.URL+"/v1/requests/"+id+"/decisions", body)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+dev.ITSMToken)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	_, err = s.f.Gate().Advance(ctx, taskID)
+	require.NoError(t, err)
+}
+
 // metric returns the value of the sample with exactly this name and
 // labels (as the text format writes them, sorted), and whether it is there.
 func metric(body, sample string) (string, bool) {
@@ -169,6 +189,10 @@ func TestMetrics(t *testing.T) {
 	r, err = alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-2", "amount": 60000}, nil)
 	require.NoError(t, err)
 	require.Equal(t, tasks.ResultTypeTask, r.ResultType, "%s", r.Raw)
+	s.approveAndRun(t, r.Task.TaskID)
+	done, _, err := alice.Get(ctx, r.Task.TaskID)
+	require.NoError(t, err)
+	require.Equal(t, tasks.Completed, done.Status)
 	_, err = plain.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-3", "amount": 50000}, nil)
 	require.NoError(t, err)
 	_, err = alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-4", "amount": 2000000}, nil)
@@ -196,14 +220,15 @@ func TestMetrics(t *testing.T) {
 		`arap_pep_calls_total{outcome="input-required",tool="read_customer_record"}`: "1",
 		`arap_pep_calls_total{outcome="invalid",tool="wire_transfer"}`:               "1",
 		`arap_pep_tasks_ended_total{outcome="cancelled"}`:                            "1",
-		`arap_pep_tasks{status="working"}`:                                           "1",
+		`arap_pep_tasks_ended_total{outcome="approved-executed"}`:                    "1",
+		`arap_pep_tasks{status="working"}`:                                           "0",
 		`arap_pep_tasks{status="cancelled"}`:                                         "1",
-		`arap_pep_tasks{status="completed"}`:                                         "0",
+		`arap_pep_tasks{status="completed"}`:                                         "1",
 		`arap_pep_upstream_request_duration_seconds_count{upstream="crm"}`:           "3",
 		`arap_pep_upstream_errors_total{kind="timeout",upstream="crm"}`:              "1",
 		`arap_pep_upstream_errors_total{kind="rpc",upstream="crm"}`:                  "1",
 		// Counted as each response ends, after the client may have read it.
-		`arap_pep_http_requests_total{code="200",method="POST",route="/mcp"}`:    "7",
+		`arap_pep_http_requests_total{code="200",method="POST",route="/mcp"}`:    "8",
 		`arap_pep_http_requests_total{code="400",method="POST",route="/mcp"}`:    "1", // -32602 is a 400
 		`arap_pep_http_requests_total{code="200",method="GET",route="/healthz"}`: "1",
 	}
