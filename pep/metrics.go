@@ -3,6 +3,8 @@ package pep
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -91,10 +93,15 @@ func (m *Metrics) Register(c prometheus.Collector) error { return m.reg.Register
 
 // Handler serves the registry in the Prometheus text format. A collector
 // that fails (the task counts, with the database down) is left out of that
-// scrape; the rest is served.
-func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+// scrape, and logged; the rest is served.
+func (m *Metrics) Handler(log *slog.Logger) http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, ErrorLog: scrapeLog{log}})
 }
+
+// scrapeLog logs the errors of a scrape.
+type scrapeLog struct{ log *slog.Logger }
+
+func (l scrapeLog) Println(v ...any) { l.log.Warn("metrics: " + fmt.Sprint(v...)) }
 
 // ObserveUpstream records one request to an upstream MCP server (name as
 // configured): how long it took and, if err is not nil, what kind of

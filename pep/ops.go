@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/omcp/arap/authzen"
 )
 
 // Operating the front-end: readiness, and one access-log line per request.
@@ -25,9 +27,6 @@ const (
 	PathReady   = "/readyz"
 	PathMetrics = "/metrics"
 )
-
-// HeaderRequestID is echoed (or assigned) on every response and logged.
-const HeaderRequestID = "X-Request-ID"
 
 // readyz answers 200 when every component is ready, else 503 naming the
 // failing ones (their errors, which may hold addresses, are only logged).
@@ -86,11 +85,11 @@ func noteMethod(ctx context.Context, method, tool, outcome string) {
 func (s *Server) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		id := r.Header.Get(HeaderRequestID)
+		id := r.Header.Get(authzen.HeaderRequestID)
 		if id == "" || len(id) > 200 || strings.ContainsFunc(id, func(c rune) bool { return c < 0x20 || c > 0x7e }) {
 			id = rand.Text()
 		}
-		w.Header().Set(HeaderRequestID, id)
+		w.Header().Set(authzen.HeaderRequestID, id)
 		rec := &statusRecorder{ResponseWriter: w}
 		li := &logInfo{}
 		r = r.WithContext(context.WithValue(r.Context(), logInfoKey{}, li))

@@ -144,7 +144,7 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	mux.HandleFunc("GET "+PathReady, srv.readyz)
 	// Unauthenticated, like the backend's: counts by bounded labels only;
 	// keep it off public networks (docs/reference.md, Operations).
-	mux.Handle("GET "+PathMetrics, g.cfg.Metrics.Handler())
+	mux.Handle("GET "+PathMetrics, g.cfg.Metrics.Handler(o.Log))
 	srv.handler = srv.accessLog(cleanURLs(mux))
 	return srv, nil
 }
