@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -67,7 +68,14 @@ type Config struct {
 	// before the workers stop and the pool closes (the conformance
 	// fixtures settle their running tasks there).
 	Stopping func()
-	Log      *slog.Logger
+	// UpstreamsReady reports the upstream MCP servers that cannot serve
+	// now, by configured name; /readyz names each upstream:<name>.
+	UpstreamsReady func(ctx context.Context) map[string]error
+	// Metrics are the front-end's metrics (served at /metrics); fresh ones
+	// when nil. Made before New, they can be handed to the upstream
+	// clients too (Metrics.ObserveUpstream).
+	Metrics *pep.Metrics
+	Log     *slog.Logger
 }
 
 // Frontend is a running (or ready to run) MCP front-end.
@@ -113,7 +121,7 @@ func (f *Frontend) build(ctx context.Context) error {
 	if f.gate, err = pep.NewGate(pep.Config{
 		DB: pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
 		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
-		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Log: cfg.Log,
+		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Metrics: cfg.Metrics, Log: cfg.Log,
 	}); err != nil {
 		return err
 	}
@@ -138,7 +146,7 @@ func (f *Frontend) build(ctx context.Context) error {
 	}
 	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
 	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
-		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Log: cfg.Log})
+		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Ready: f.ready, Log: cfg.Log})
 	if err != nil {
 		return err
 	}
@@ -155,6 +163,44 @@ func (f *Frontend) build(ctx context.Context) error {
 		Started:    func() []any { return []any{"mcp", f.host.URL() + pep.PathMCP, "backend", cfg.BackendURL} },
 	})
 	return nil
+}
+
+// ready checks, at once, the process and its database (host.Ready), the
+// backend, and every upstream, and names those that fail.
+func (f *Frontend) ready(ctx context.Context) map[string]error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second) // a probe's answer is worth little later
+	defer cancel()
+	var mu sync.Mutex
+	failing := map[string]error{}
+	fail := func(name string, err error) {
+		mu.Lock()
+		failing[name] = err
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := f.host.Ready(ctx); errors.Is(err, host.ErrDatabase) {
+			fail("database", err)
+		} else if err != nil {
+			fail("process", err) // starting, or shutting down
+		}
+	})
+	wg.Go(func() {
+		if err := f.gate.BackendReady(ctx); err != nil {
+			fail("backend", err)
+		}
+	})
+	if f.cfg.UpstreamsReady != nil {
+		wg.Go(func() {
+			for name, err := range f.cfg.UpstreamsReady(ctx) {
+				if err != nil {
+					fail("upstream:"+name, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return failing
 }
 
 // stopping runs Config.Stopping as a host service stops.

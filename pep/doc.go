@@ -28,5 +28,6 @@
 // goroutines (callback wake-ups, the reconciler), which Stop waits for. The
 // claim and every way a task ends are recorded, in the same transaction, in
 // the front-end's own hash-chained audit trail (audit.go), which VerifyAudit
-// (arapctl audit verify --pep) checks.
+// (arapctl audit verify --pep) checks. ops.go serves /readyz and writes
+// the access log; metrics.go is what /metrics counts.
 package pep

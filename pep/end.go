@@ -36,9 +36,11 @@ func (g *Gate) deny(ctx context.Context, a *approvalTask, text string) error {
 // fail ends a task before any claim with a JSON-RPC error (failed is only
 // ever used before the claim, so a possible side effect is never hidden).
 func (g *Gate) fail(ctx context.Context, a *approvalTask, why string) error {
-	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		ended, backendID, err := endTx(ctx, tx, a, moveEnd, "")
-		if err != nil || !ended {
+	var ended bool
+	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		var backendID *string
+		var err error
+		if ended, backendID, err = endTx(ctx, tx, a, moveEnd, ""); err != nil || !ended {
 			return err
 		}
 		t, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: "The approval could not be completed; the tool did not run.",
@@ -48,6 +50,8 @@ func (g *Gate) fail(ctx context.Context, a *approvalTask, why string) error {
 		}
 		return g.audit(ctx, tx, a.TaskID, AuditFailed, actorPEP, *t.TerminalAt, map[string]any{"generation": a.Generation, "backend_request_id": backendID, "error": why})
 	})
+	g.counted(ended, err, EndedFailed)
+	return err
 }
 
 // cancelLocalWon moves a pre-claim task to cancelled on behalf of actor,
@@ -69,6 +73,7 @@ func (g *Gate) cancelLocalWon(ctx context.Context, id, msg, actor string) (*appr
 	if err != nil {
 		a = nil
 	}
+	g.counted(a != nil, err, EndedCancelled)
 	return a, a != nil, err
 }
 
@@ -88,9 +93,11 @@ func (g *Gate) finish(ctx context.Context, a *approvalTask, m move, res *sdk.Cal
 	if err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		ended, backendID, err := endTx(ctx, tx, a, m, disposition)
-		if err != nil || !ended {
+	var ended bool
+	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		var backendID *string
+		var err error
+		if ended, backendID, err = endTx(ctx, tx, a, m, disposition); err != nil || !ended {
 			return err
 		}
 		t, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, KeepUntil: g.retained()})
@@ -107,6 +114,15 @@ func (g *Gate) finish(ctx context.Context, a *approvalTask, m move, res *sdk.Cal
 		}
 		return g.audit(ctx, tx, a.TaskID, kind, actorPEP, *t.TerminalAt, data)
 	})
+	g.counted(ended, err, disposition)
+	return err
+}
+
+// counted counts a task this call ended, once its transaction committed.
+func (g *Gate) counted(ended bool, err error, outcome string) {
+	if ended && err == nil {
+		g.cfg.Metrics.taskEnded(outcome)
+	}
 }
 
 // retained is when a task ended now stops being readable.

@@ -66,8 +66,11 @@ type Config struct {
 	// ReconcileEvery is how often Start's reconciler repairs crash
 	// leftovers (Reconcile); default 10s.
 	ReconcileEvery time.Duration
-	Now            func() time.Time
-	Log            *slog.Logger
+	// Metrics counts calls, task endings and the task gauge (on the
+	// metrics' registry); default: fresh metrics of the gate's own.
+	Metrics *Metrics
+	Now     func() time.Time
+	Log     *slog.Logger
 }
 
 // Gate is the enforcement point: it decides every tools/call through the PDP
@@ -127,6 +130,12 @@ func NewGate(cfg Config) (*Gate, error) {
 	if g.tools, g.schemas, err = compileTools(cfg.Tools); err != nil {
 		return nil, err
 	}
+	if g.cfg.Metrics == nil {
+		g.cfg.Metrics = NewMetrics()
+	}
+	if err := g.cfg.Metrics.Register(newTaskCounts(g.tasks)); err != nil {
+		return nil, fmt.Errorf("pep: metrics: %w", err)
+	}
 	return g, nil
 }
 
@@ -159,6 +168,9 @@ func (g *Gate) now() time.Time { return g.cfg.Now().UTC().Truncate(time.Microsec
 
 // Tasks is the gate's task store.
 func (g *Gate) Tasks() *tasks.Store { return g.tasks }
+
+// Metrics are the gate's metrics (Config.Metrics).
+func (g *Gate) Metrics() *Metrics { return g.cfg.Metrics }
 
 // Callers is the gate's caller store.
 func (g *Gate) Callers() *Callers { return g.callers }

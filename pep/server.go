@@ -53,7 +53,10 @@ type ServerOptions struct {
 	// Notifier serves subscriptions/listen for tasks (started and stopped
 	// by the owner); nil refuses task listen streams.
 	Notifier *tasks.Notifier
-	Log      *slog.Logger
+	// Ready reports the components that cannot serve now, by name (none:
+	// ready); GET /readyz answers 503 naming them. Nil: always ready.
+	Ready func(ctx context.Context) map[string]error
+	Log   *slog.Logger
 }
 
 // Server is the MCP front-end's HTTP handler.
@@ -63,6 +66,7 @@ type Server struct {
 	sdk     *sdk.Server
 	handler http.Handler
 	anon    *Principal
+	ready   func(context.Context) map[string]error
 	log     *slog.Logger
 }
 
@@ -111,7 +115,7 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 			return nil, err
 		}
 	}
-	srv := &Server{gate: g, tasks: ts, sdk: s, anon: o.Anonymous, log: o.Log}
+	srv := &Server{gate: g, tasks: ts, sdk: s, anon: o.Anonymous, ready: o.Ready, log: o.Log}
 	s.AddReceivingMiddleware(srv.route)
 
 	getServer := func(*http.Request) *sdk.Server { return s }
@@ -133,11 +137,15 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		v.Replay = o.Replay
 		mux.Handle("POST "+PathCallback, v.Middleware(http.HandlerFunc(srv.callback)))
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET "+PathHealth, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
 	})
-	srv.handler = cleanURLs(mux)
+	mux.HandleFunc("GET "+PathReady, srv.readyz)
+	// Unauthenticated, like the backend's: counts by bounded labels only;
+	// keep it off public networks (docs/reference.md, Operations).
+	mux.Handle("GET "+PathMetrics, g.cfg.Metrics.Handler(o.Log))
+	srv.handler = srv.accessLog(cleanURLs(mux))
 	return srv, nil
 }
 
@@ -245,6 +253,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			http.Error(w, "internal error", http.StatusInternalServerError)
 			return
 		}
+		noteCaller(r.Context(), p.Name)
 		ctx := context.WithValue(r.Context(), principalKey{}, p)
 		relay.ServeHTTP(w, r.WithContext(tasks.WithPrincipal(ctx, p.Key())))
 	})
@@ -312,12 +321,14 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 						Message: "unauthenticated: without a bearer token only the conformance fixtures can be called"}
 				}
 				res, err := s.gate.Call(ctx, p, ctr)
+				noteMethod(ctx, method, ctr.Params.Name, s.gate.cfg.Metrics.called(ctr.Params.Name, res, err))
 				if cr, ok := res.(*sdk.CallToolResult); ok && err == nil {
 					return next(context.WithValue(ctx, resultKey{}, cr), method, req)
 				}
 				return res, err
 			}
 		}
+		noteMethod(ctx, method, "", "")
 		return next(ctx, method, req)
 	}
 }

@@ -229,6 +229,10 @@ loop:
 	return errors.Join(serveErr, stop())
 }
 
+// ErrDatabase marks Ready's error when the database does not answer (as
+// opposed to a process starting or stopping).
+var ErrDatabase = errors.New("database")
+
 // Ready reports whether the process can take traffic: started, not
 // stopping, and its database answering.
 func (h *Host) Ready(ctx context.Context) error {
@@ -241,7 +245,7 @@ func (h *Host) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := h.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("database: %w", err)
+		return fmt.Errorf("%w: %w", ErrDatabase, err)
 	}
 	return nil
 }

@@ -279,6 +279,25 @@ func TTLUntil(created, until time.Time) int64 {
 	return until.Sub(created).Milliseconds()
 }
 
+// CountByStatus counts the stored tasks (terminal ones until purged) by
+// status, every status present, for the front-end's metrics.
+func (s *Store) CountByStatus(ctx context.Context) (map[Status]int64, error) {
+	counts := make(map[Status]int64, len(AllStatuses))
+	for _, st := range AllStatuses {
+		counts[st] = 0
+	}
+	rows, err := s.DB.Query(ctx, `SELECT status, count(*) FROM pep.tasks GROUP BY status`)
+	if err != nil {
+		return nil, fmt.Errorf("tasks: count by status: %w", err)
+	}
+	var st Status
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&st, &n}, func() error { counts[st] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("tasks: count by status: %w", err)
+	}
+	return counts, nil
+}
+
 // Purge deletes terminal tasks whose TTL has elapsed. Non-terminal tasks are
 // never purged here: their kind decides when they end.
 func (s *Store) Purge(ctx context.Context) (int64, error) {

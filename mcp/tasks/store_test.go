@@ -129,3 +129,24 @@ func TestAccessTTLAndPurge(t *testing.T) {
 	w, _ := json.Marshal(d.Wire())
 	require.Contains(t, string(w), `"ttlMs":null`, "unlimited is null on the wire, not absent")
 }
+
+// TestCountByStatus counts each status, listing the empty ones as zero.
+func TestCountByStatus(t *testing.T) {
+	s := &tasks.Store{DB: dbtest.New(t)}
+	ctx := context.Background()
+	counts, err := s.CountByStatus(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[tasks.Status]int64{tasks.Working: 0, tasks.InputRequired: 0, tasks.Completed: 0, tasks.Failed: 0, tasks.Cancelled: 0}, counts)
+	for range 3 {
+		create(t, s, nil)
+	}
+	done := create(t, s, nil)
+	_, err = transition(s, done.ID, tasks.Change{To: tasks.Completed, Result: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	cancelled := create(t, s, nil)
+	_, err = transition(s, cancelled.ID, tasks.Change{To: tasks.Cancelled})
+	require.NoError(t, err)
+	counts, err = s.CountByStatus(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[tasks.Status]int64{tasks.Working: 3, tasks.InputRequired: 0, tasks.Completed: 1, tasks.Failed: 0, tasks.Cancelled: 1}, counts)
+}
