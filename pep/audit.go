@@ -36,9 +36,14 @@ const (
 	// disposition (approved-executed or execution-error), result_digest
 	// (SHA-256 of the stored CallToolResult's RFC 8785 form).
 	AuditCompleted = "execution.completed"
-	// AuditOutcomeUnknown: a claimed run whose outcome was never recorded,
-	// ended at its execution deadline; it is never run again. Same data.
+	// AuditOutcomeUnknown: a claimed run whose outcome was never recorded
+	// (ended at its execution deadline), or whose upstream's response was
+	// lost; it is never run again. Same data.
 	AuditOutcomeUnknown = "execution.outcome_unknown"
+	// AuditNotRun: a claimed run that certainly did not reach the tool (its
+	// upstream was not reached), ended failed; it is never run again.
+	// Data: generation, backend_request_id, error.
+	AuditNotRun = "execution.not_run"
 	// AuditDenied: ended denied-not-executed. Data: generation,
 	// backend_request_id, disposition, result_digest, reason.
 	AuditDenied = "task.denied"
