@@ -70,7 +70,7 @@ func (e *UpstreamError) shown() string {
 	if e.MaybeRan {
 		ran = "the tool may have run"
 	}
-	return sanitize(fmt.Sprintf("upstream %q: %s; %s", e.Upstream, e.Message, ran), 300)
+	return sanitize(fmt.Sprintf("upstream %s: %s; %s", e.Upstream, e.Message, ran), 300)
 }
 
 // ToolDigest is the identity of a tool's definition: the hex SHA-256 of
