@@ -277,6 +277,27 @@ func TestUpstreamFailureAfterClaim(t *testing.T) {
 	}
 }
 
+// TestUpstreamToolErrorAfterApproval: an upstream tool that ran after
+// approval and reported an error (isError) ends execution-error, the
+// upstream's own content after the gate's sentence; it ran once.
+func TestUpstreamToolErrorAfterApproval(t *testing.T) {
+	t.Parallel()
+	u := newUpstream()
+	u.out.Store(&pep.Output{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "table orders is locked"}}})
+	p := newPEP(t, pepOptions{sources: []pep.ToolSource{u}})
+	id := p.drop(t, "orders")
+	p.approveAndAdvance(t, id)
+	d := p.get(t, id)
+	require.Equal(t, pep.ExecutionError, disposition(t, d))
+	var res sdk.CallToolResult
+	require.NoError(t, json.Unmarshal(d.Result, &res))
+	require.True(t, res.IsError)
+	require.Len(t, res.Content, 2)
+	require.Contains(t, res.Content[0].(*sdk.TextContent).Text, "ran after approval but reported an error")
+	require.Equal(t, "table orders is locked", res.Content[1].(*sdk.TextContent).Text)
+	require.Equal(t, int64(1), u.calls.Load())
+}
+
 // allowDrop adds, to the dev policy, a rule that allows drop_table
 // outright (for the calls that run at once, without a task).
 var allowDrop = append(dev.SeedPolicy(), []byte(`
