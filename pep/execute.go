@@ -51,7 +51,7 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 		return g.audit(ctx, tx, a.TaskID, AuditClaimed, actorPEP, now, map[string]any{
 			"generation": a.Generation, "tool": a.Tool, "args_digest": a.ArgsDigest, "principal": a.Principal,
 			"backend_request_id": backendID, "approval_id": approvalID, "approved_until": approvedUntil.UTC().Format(time.RFC3339Nano),
-			"exec_deadline": execDeadline.UTC().Format(time.RFC3339Nano)})
+			"exec_deadline": execDeadline.UTC().Format(time.RFC3339Nano), "tool_digest": tool.Digest, "upstream": tool.Upstream, "upstream_tool": tool.UpstreamTool})
 	})
 	if err != nil {
 		return err
