@@ -41,7 +41,11 @@ type Config struct {
 	// WebhookSecrets verify the backend's callbacks; none: poll only.
 	WebhookSecrets []string
 	Migrate        bool
-	Tools          []pep.Tool
+	// Tools are the built-in tools (default: the demo tools, the built-in
+	// upstream "demo"); Sources offer more (upstream MCP servers), read on
+	// every call. A name offered by two of them at startup is refused.
+	Tools   []pep.Tool
+	Sources []pep.ToolSource
 	// Gate tuning (zero values take the gate's defaults).
 	PollInterval time.Duration
 	ExecTimeout  time.Duration
@@ -120,7 +124,7 @@ func (f *Frontend) build(ctx context.Context) error {
 	}
 	if f.gate, err = pep.NewGate(pep.Config{
 		DB: pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
-		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
+		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, Sources: cfg.Sources, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
 		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Metrics: cfg.Metrics, Log: cfg.Log,
 	}); err != nil {
 		return err
