@@ -75,6 +75,11 @@ type Server struct {
 	shown   map[string]string // the gate's tools registered on sdk: name -> digest
 }
 
+// ToolsChanged tells the server that a source's tools changed (an
+// upstream's list): it offers the current ones now, and the SDK tells
+// connected clients (notifications/tools/list_changed).
+func (s *Server) ToolsChanged() { s.syncTools() }
+
 // syncTools makes the gate's tools registered on the SDK server (which
 // answers tools/list and routes tools/call to relay) the sources' current
 // ones, definitions as they give them: a tool added, changed or gone
