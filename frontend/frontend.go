@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,6 +26,7 @@ import (
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
+	"github.com/omcp/arap/upstream"
 )
 
 // Config configures the front-end.
@@ -41,7 +44,15 @@ type Config struct {
 	// WebhookSecrets verify the backend's callbacks; none: poll only.
 	WebhookSecrets []string
 	Migrate        bool
-	Tools          []pep.Tool
+	// Tools are the built-in tools (default: the demo tools, the built-in
+	// upstream "demo"); Sources offer more (upstream MCP servers), read on
+	// every call. A name offered by two of them at startup is refused.
+	Tools   []pep.Tool
+	Sources []pep.ToolSource
+	// Upstreams is the upstreams file (package upstream): MCP servers whose
+	// tools are offered after the built-in ones, decided by the PDP and
+	// forwarded at most once. Reloaded on SIGHUP; "" for none.
+	Upstreams string
 	// Gate tuning (zero values take the gate's defaults).
 	PollInterval time.Duration
 	ExecTimeout  time.Duration
@@ -80,9 +91,11 @@ type Config struct {
 
 // Frontend is a running (or ready to run) MCP front-end.
 type Frontend struct {
-	cfg  Config
-	gate *pep.Gate
-	host *host.Host
+	cfg       Config
+	gate      *pep.Gate
+	host      *host.Host
+	upstreams *upstream.Registry // nil without Config.Upstreams
+	server    atomic.Pointer[pep.Server]
 }
 
 // New connects and builds everything; nothing runs until Start.
@@ -102,6 +115,9 @@ func New(ctx context.Context, cfg Config) (*Frontend, error) {
 	}
 	f := &Frontend{cfg: cfg, host: h}
 	if err := f.build(ctx); err != nil {
+		if f.upstreams != nil {
+			_ = f.upstreams.Close(ctx)
+		}
 		h.Close()
 		return nil, err
 	}
@@ -118,9 +134,22 @@ func (f *Frontend) build(ctx context.Context) error {
 	if len(cfg.WebhookSecrets) > 0 {
 		callbackURL = f.host.URL() + pep.PathCallback
 	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = pep.NewMetrics()
+	}
+	sources := cfg.Sources
+	if cfg.Upstreams != "" {
+		if err := f.connectUpstreams(ctx, cfg.Metrics); err != nil {
+			return err
+		}
+		sources = append(slices.Clone(sources), pep.NewUpstreams(f.upstreams, cfg.Metrics))
+		if f.cfg.UpstreamsReady == nil {
+			f.cfg.UpstreamsReady = func(context.Context) map[string]error { return f.upstreams.Ready() }
+		}
+	}
 	if f.gate, err = pep.NewGate(pep.Config{
 		DB: pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
-		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
+		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, Sources: sources, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
 		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Metrics: cfg.Metrics, Log: cfg.Log,
 	}); err != nil {
 		return err
@@ -150,13 +179,16 @@ func (f *Frontend) build(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	f.server.Store(srv)
 	f.host.Mount(host.Parts{
 		Handler: srv, Workers: jobs,
 		// They stop in reverse once HTTP has drained: the notifier (its
 		// streams already ended by OnShutdown), then the Stopping hook,
 		// then the gate (its callback wake-ups and the reconciler, waited
-		// for); the workers after them.
-		Services: []host.Service{f.gate, stopping(cfg.Stopping), notifier},
+		// for), then the upstream sessions the gate's runs used; the
+		// workers after them.
+		Services: []host.Service{stopping(f.closeUpstreams), f.gate, stopping(cfg.Stopping), notifier},
+		Reload:   f.reloadUpstreams,
 		// Shutdown waits for open requests, and a listen stream never ends
 		// by itself: ending them is the first thing Shutdown does.
 		OnShutdown: []func(){notifier.Stop},
@@ -203,7 +235,64 @@ func (f *Frontend) ready(ctx context.Context) map[string]error {
 	return failing
 }
 
-// stopping runs Config.Stopping as a host service stops.
+// connectUpstreams reads the upstreams file and connects its servers; an
+// upstream that cannot be reached now is retried (and named by /readyz),
+// a bad file or two tools under one name are refused.
+func (f *Frontend) connectUpstreams(ctx context.Context, m *pep.Metrics) error {
+	ucfg, err := upstream.Load(f.cfg.Upstreams)
+	if err != nil {
+		return fmt.Errorf("frontend: %w", err)
+	}
+	var reserved []string
+	for _, t := range f.cfg.Tools {
+		reserved = append(reserved, t.Name)
+	}
+	f.upstreams = upstream.New(upstream.Options{
+		Logger: f.cfg.Log, Client: &sdk.Implementation{Name: "arapd", Version: "0.1.0"}, Reserved: reserved,
+		// Clients hear of a changed tool set (tools/list_changed).
+		OnChange: func() {
+			if s := f.server.Load(); s != nil {
+				s.ToolsChanged()
+			}
+		},
+	})
+	if err := f.upstreams.Reload(ctx, ucfg); err != nil {
+		return fmt.Errorf("frontend: %w", err)
+	}
+	return nil
+}
+
+// reloadUpstreams reads the upstreams file again (SIGHUP): a bad file or a
+// name collision is refused and the running set stays; upstreams left
+// unchanged keep their sessions and their calls in flight.
+func (f *Frontend) reloadUpstreams() {
+	if f.upstreams == nil {
+		return
+	}
+	ucfg, err := upstream.Load(f.cfg.Upstreams)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err = f.upstreams.Reload(ctx, ucfg)
+		cancel()
+	}
+	if err != nil {
+		f.cfg.Log.Error("upstreams not reloaded; the running set stays", "error", err.Error())
+		return
+	}
+	f.cfg.Log.Info("upstreams reloaded", "file", f.cfg.Upstreams)
+}
+
+func (f *Frontend) closeUpstreams() {
+	if f.upstreams == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = f.upstreams.Close(ctx)
+}
+
+// stopping runs a function (closing the upstreams, Config.Stopping) as a
+// host service stops.
 type stopping func()
 
 func (stopping) Start(context.Context) error { return nil }
@@ -225,9 +314,10 @@ func (f *Frontend) Start(ctx context.Context) error {
 // Stop drains HTTP, then stops the workers and closes the pool.
 func (f *Frontend) Stop(ctx context.Context) error { return f.host.Stop(ctx) }
 
-// Run serves until ctx ends, then stops gracefully.
-func (f *Frontend) Run(ctx context.Context) error {
-	if err := f.host.Run(ctx, nil); err != nil {
+// Run serves until ctx ends, then stops gracefully; every value from
+// reload (SIGHUP; nil for none) reads the upstreams file again.
+func (f *Frontend) Run(ctx context.Context, reload <-chan struct{}) error {
+	if err := f.host.Run(ctx, reload); err != nil {
 		return fmt.Errorf("frontend: %w", err)
 	}
 	return nil

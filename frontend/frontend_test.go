@@ -72,3 +72,13 @@ func TestStopEndsListenStreams(t *testing.T) {
 	require.Contains(t, rest[0], `"id":9`)
 	require.Contains(t, rest[0], `"resultType":"complete"`)
 }
+
+// TestSourceNameCollisionRefused: a source offering a name the demo tools
+// (or another source) already offer is refused at startup, naming both.
+func TestSourceNameCollisionRefused(t *testing.T) {
+	t.Parallel()
+	clash := pep.StaticTools{{Name: "wire_transfer", Upstream: "bank", InputSchema: map[string]any{"type": "object"}}}
+	_, err := frontend.New(context.Background(), frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
+		BackendURL: "http://127.0.0.1:1", BackendToken: "unused", Sources: []pep.ToolSource{clash}})
+	require.ErrorContains(t, err, `tool "wire_transfer" is offered by both upstream demo and upstream bank`)
+}

@@ -97,7 +97,9 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 	case authzen.StatusDenied:
 		if brokenBuild && broken(violateExecuteAfterDenial) {
 			if b, err := g.binding(a); err == nil {
-				_, _ = g.tools[a.Tool].Run(ctx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: b.Args})
+				if tool, err := g.catalog.lookup(a.Tool); err == nil {
+					_, _ = tool.Run(ctx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: b.Args})
+				}
 			}
 		}
 		return time.Time{}, g.deny(ctx, a, "The approval was denied; the tool did not run.")
@@ -203,7 +205,13 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 	if err != nil {
 		return time.Time{}, g.fail(ctx, a, "the stored call binding is damaged")
 	}
-	req := evaluation(b.Principal, b.Tool, b.Args)
+	// The approval is for the tool as it was: a changed one is not asked
+	// about (nor a new request opened for it).
+	tool, why := g.current(a, b)
+	if why != "" {
+		return time.Time{}, g.deny(ctx, a, why)
+	}
+	req := evaluation(b.Principal, &tool.Tool, b.Args)
 	req.Context = authzen.Object{authzen.CtxApproval: approval}
 	d, err := g.cfg.Backend.Evaluate(ctx, req)
 	if err != nil {
@@ -261,7 +269,7 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 		return next, nil
 	case authzen.NextActionRequest:
 		if hint, ok := d.AccessRequest(); ok {
-			return time.Time{}, g.chain(ctx, a, b, d, hint)
+			return time.Time{}, g.chain(ctx, a, tool, b, d, hint)
 		}
 	}
 	return time.Time{}, g.deny(ctx, a, "After the approval, the policy still does not allow this call; the tool did not run.")
@@ -271,7 +279,7 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 // approval does not suffice (next_action request). The current generation is
 // consumed first, atomically, so a late callback or poll for it can no
 // longer act; the number of chained requests is bounded.
-func (g *Gate) chain(ctx context.Context, a *approvalTask, b binding, d authzen.Decision, hint *authzen.AccessRequestHint) error {
+func (g *Gate) chain(ctx context.Context, a *approvalTask, tool *offered, b binding, d authzen.Decision, hint *authzen.AccessRequestHint) error {
 	if a.Chained+1 >= g.cfg.MaxChained && !(brokenBuild && broken(violateChainUnbounded)) {
 		return g.deny(ctx, a, "The approval did not cover this call and too many new approval requests were made for it; the tool did not run.")
 	}
@@ -286,7 +294,7 @@ func (g *Gate) chain(ctx context.Context, a *approvalTask, b binding, d authzen.
 		}
 	}
 	if schema == nil {
-		return g.reopen(ctx, a, b, d, hint, nil, phasePending)
+		return g.reopen(ctx, a, tool, b, d, hint, nil, phasePending)
 	}
 	// The new request needs input the task does not have: ask in-task
 	// (Update, in kind.go, takes the answer).

@@ -30,15 +30,21 @@ import (
 const (
 	// AuditClaimed: the execution claim was taken; the tool runs at most
 	// once, now. Data: generation, tool, args_digest, principal,
-	// backend_request_id, approval_id, approved_until, exec_deadline.
+	// backend_request_id, approval_id, approved_until, exec_deadline,
+	// tool_digest, upstream, upstream_tool (the definition that runs).
 	AuditClaimed = "execution.claimed"
 	// AuditCompleted: the claimed run's recorded outcome. Data: generation,
 	// disposition (approved-executed or execution-error), result_digest
 	// (SHA-256 of the stored CallToolResult's RFC 8785 form).
 	AuditCompleted = "execution.completed"
-	// AuditOutcomeUnknown: a claimed run whose outcome was never recorded,
-	// ended at its execution deadline; it is never run again. Same data.
+	// AuditOutcomeUnknown: a claimed run whose outcome was never recorded
+	// (ended at its execution deadline), or whose upstream's response was
+	// lost; it is never run again. Same data.
 	AuditOutcomeUnknown = "execution.outcome_unknown"
+	// AuditNotRun: a claimed run that certainly did not reach the tool (its
+	// upstream was not reached), ended failed; it is never run again.
+	// Data: generation, backend_request_id, error.
+	AuditNotRun = "execution.not_run"
 	// AuditDenied: ended denied-not-executed. Data: generation,
 	// backend_request_id, disposition, result_digest, reason.
 	AuditDenied = "task.denied"

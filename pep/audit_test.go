@@ -54,11 +54,11 @@ func TestPEPAuditTrail(t *testing.T) {
 	require.Equal(t, "pep", claim.Actor)
 	var cd map[string]any
 	require.NoError(t, json.Unmarshal(claim.Data, &cd))
-	var digest, principal string
-	require.NoError(t, p.db.QueryRow(ctx, `SELECT args_digest, principal FROM pep.approval_tasks WHERE task_id = $1`, ran).Scan(&digest, &principal))
+	var digest, principal, toolDigest string
+	require.NoError(t, p.db.QueryRow(ctx, `SELECT args_digest, principal, tool_digest FROM pep.approval_tasks WHERE task_id = $1`, ran).Scan(&digest, &principal, &toolDigest))
 	require.Equal(t, map[string]any{"generation": 1.0, "tool": "wire_transfer", "args_digest": digest, "principal": "user:alice|agent:demo",
 		"backend_request_id": req, "approval_id": ap.ID, "approved_until": ap.ApprovedUntil.UTC().Format(time.RFC3339Nano),
-		"exec_deadline": cd["exec_deadline"]}, cd)
+		"exec_deadline": cd["exec_deadline"], "tool_digest": toolDigest, "upstream": "demo", "upstream_tool": "wire_transfer"}, cd)
 	require.Equal(t, principal, cd["principal"])
 	require.Equal(t, pep.AuditCompleted, done.Kind)
 	var dd map[string]any

@@ -45,6 +45,34 @@ func (g *Gate) binding(a *approvalTask) (binding, error) {
 	return b, nil
 }
 
+// Messages of a call that may not run because its tool changed.
+const (
+	msgToolGone    = "The tool is no longer offered as it was when the call was approved; the tool did not run."
+	msgToolChanged = "The tool's definition (its description, schema or annotations) changed after the call was approved; the approval does not carry over and the tool did not run. Call it again to ask for a new approval."
+	msgArgsStale   = "The approved arguments no longer fit the tool's current input schema; the tool did not run."
+)
+
+// current is the tool a's call was approved for, as its source offers it
+// now, if it is still that tool: the same definition (digest, recorded at
+// open; it covers the upstream and upstream tool too) and the stored
+// arguments valid against its current input schema. Otherwise it returns
+// why the call may not run: an approval never carries over to a changed
+// tool (SEP-2848: a material change while pending fails closed). A task
+// opened before the digest was recorded is checked against the schema only.
+func (g *Gate) current(a *approvalTask, b binding) (*offered, string) {
+	tool, err := g.catalog.lookup(a.Tool)
+	if err != nil {
+		return nil, msgToolGone
+	}
+	if a.ToolDigest != nil && tool.Digest != *a.ToolDigest {
+		return nil, msgToolChanged
+	}
+	if err := tool.schema.Validate(toJSONValue(b.Args)); err != nil {
+		return nil, msgArgsStale
+	}
+	return tool, ""
+}
+
 // digest is the JCS SHA-256 of tool and arguments (hex).
 func digest(tool string, args map[string]any) (string, error) {
 	c, err := authzen.Canonical(map[string]any{"tool": tool, "arguments": args})
@@ -70,19 +98,21 @@ func dedupKey(p Principal, tool, argsDigest string) string {
 
 // evaluation is the AuthZEN request for a call (COAZ-style mapping):
 // subject = the principal with its actor, action tools/call, resource the
-// tool with its arguments.
-func evaluation(p Principal, tool string, args map[string]any) authzen.EvaluationRequest {
+// tool (its exposed name) with its arguments, upstream and annotations
+// (resourceProperties).
+func evaluation(p Principal, tool *Tool, args map[string]any) authzen.EvaluationRequest {
 	return authzen.EvaluationRequest{
 		Subject:  p.Subject(),
 		Action:   authzen.Object{"name": "tools/call"},
-		Resource: authzen.Object{"type": "mcp_tool", "id": tool, "properties": map[string]any{"arguments": args}},
+		Resource: authzen.Object{"type": "mcp_tool", "id": tool.Name, "properties": resourceProperties(tool, args)},
 	}
 }
 
-// submission is the ARAP access request body for a denial of b.
-func (g *Gate) submission(b binding, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, taskID string) ([]byte, error) {
+// submission is the ARAP access request body for a denial of b, a call of
+// tool.
+func (g *Gate) submission(tool *Tool, b binding, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, taskID string) ([]byte, error) {
 	p := b.Principal
-	ev := evaluation(p, b.Tool, b.Args)
+	ev := evaluation(p, tool, b.Args)
 	denial := map[string]any{"expires_at": hint.ExpiresAt.UTC().Format(time.RFC3339), "binding_token": hint.BindingToken}
 	for _, k := range []string{authzen.CtxEvaluationID, authzen.CtxEvaluatedAt, authzen.CtxReason} {
 		if v, ok := decision.Context[k]; ok {

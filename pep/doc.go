@@ -21,7 +21,11 @@
 //	execute.go  execute: the claim, the run; its outcome through finish
 //	end.go      finish (every ending, with the task store), deny, fail, cancel
 //
-// kind.go is the task as a tasks.Kind (tasks/cancel, tasks/update); state.go
+// source.go is where tools come from (ToolSource: the demo tools are the
+// built-in upstream "demo", an upstream MCP server another), read per call;
+// a tool's identity (its Digest, recorded with the task and checked before
+// re-evaluation and at the claim), and what the PDP sees of it. kind.go is
+// the task as a tasks.Kind (tasks/cancel, tasks/update); state.go
 // owns the tables of approval tasks and intents, lists their phases and states
 // with the transitions between them, and holds every statement on them;
 // binding.go is what a call is bound to; background.go is the gate's own

@@ -34,21 +34,33 @@ func (g *Gate) deny(ctx context.Context, a *approvalTask, text string) error {
 }
 
 // fail ends a task before any claim with a JSON-RPC error (failed is only
-// ever used before the claim, so a possible side effect is never hidden).
+// used where the tool certainly did not run, so a possible side effect is
+// never hidden).
 func (g *Gate) fail(ctx context.Context, a *approvalTask, why string) error {
+	return g.failBy(ctx, a, moveEnd, AuditFailed, "The approval could not be completed; the tool did not run.", why)
+}
+
+// failRan ends a claimed task failed whose run certainly did not reach the
+// tool (its upstream was not reached: an *UpstreamError that is not
+// MaybeRan); it is never run again.
+func (g *Gate) failRan(ctx context.Context, a *approvalTask, why string) error {
+	return g.failBy(ctx, a, moveRan, AuditNotRun, "The tool could not be reached after approval; it did not run.", why)
+}
+
+func (g *Gate) failBy(ctx context.Context, a *approvalTask, m move, kind, msg, why string) error {
 	var ended bool
 	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
 		var backendID *string
 		var err error
-		if ended, backendID, err = endTx(ctx, tx, a, moveEnd, ""); err != nil || !ended {
+		if ended, backendID, err = endTx(ctx, tx, a, m, ""); err != nil || !ended {
 			return err
 		}
-		t, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: "The approval could not be completed; the tool did not run.",
+		t, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: msg,
 			Error: &tasks.Error{Code: tasks.CodeInternalError, Message: why}, KeepUntil: g.retained()})
 		if err != nil {
 			return err
 		}
-		return g.audit(ctx, tx, a.TaskID, AuditFailed, actorPEP, *t.TerminalAt, map[string]any{"generation": a.Generation, "backend_request_id": backendID, "error": why})
+		return g.audit(ctx, tx, a.TaskID, kind, actorPEP, *t.TerminalAt, map[string]any{"generation": a.Generation, "backend_request_id": backendID, "error": why})
 	})
 	g.counted(ended, err, EndedFailed)
 	return err

@@ -2,6 +2,7 @@ package pep
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,9 +30,12 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	if !now.Before(approvedUntil) {
 		return g.deny(ctx, a, "The approval expired before the tool could run; the tool did not run.")
 	}
-	tool, ok := g.tools[a.Tool]
-	if !ok {
-		return g.fail(ctx, a, "the tool is no longer offered")
+	// The tool must still be the one approved, and the arguments fit it
+	// now: checked here, just before the claim (reevaluate checked it
+	// before asking the PDP; the source may have changed since).
+	tool, why := g.current(a, b)
+	if why != "" {
+		return g.deny(ctx, a, why)
 	}
 	execDeadline := now.Add(g.cfg.ExecTimeout)
 	claimed := false
@@ -47,7 +51,7 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 		return g.audit(ctx, tx, a.TaskID, AuditClaimed, actorPEP, now, map[string]any{
 			"generation": a.Generation, "tool": a.Tool, "args_digest": a.ArgsDigest, "principal": a.Principal,
 			"backend_request_id": backendID, "approval_id": approvalID, "approved_until": approvedUntil.UTC().Format(time.RFC3339Nano),
-			"exec_deadline": execDeadline.UTC().Format(time.RFC3339Nano)})
+			"exec_deadline": execDeadline.UTC().Format(time.RFC3339Nano), "tool_digest": tool.Digest, "upstream": tool.Upstream, "upstream_tool": tool.UpstreamTool})
 	})
 	if err != nil {
 		return err
@@ -80,9 +84,22 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 		_, _ = tool.Run(ctx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: b.Args})
 	}
 	fault.Point("pep.after-invoke")
+	var ue *UpstreamError
+	if errors.As(runErr, &ue) {
+		// Not the cause: it may hold the upstream's URL.
+		g.cfg.Log.Warn("upstream failed after the claim", "task_id", a.TaskID, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
+		recordCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if ue.MaybeRan {
+			// The request may have reached the tool: never sent again.
+			return g.unknown(recordCtx, a, ue.shown())
+		}
+		return g.failRan(recordCtx, a, ue.shown())
+	}
 	var res *sdk.CallToolResult
 	disposition := ApprovedExecuted
-	if runErr != nil {
+	switch {
+	case runErr != nil:
 		disposition = ExecutionError
 		res = &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
 			Text: "The tool ran after approval but failed, so it may have had side effects: " + sanitize(runErr.Error(), 200)}}}
@@ -92,13 +109,15 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 		case brokenBuild && broken(violateExecutionErrorAsSuccess):
 			disposition = ApprovedExecuted
 		}
-	} else {
-		res = &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "Approved; the tool ran once. " + out.Text}}}
+	case out.IsError:
+		// The tool ran and reported an error (an upstream's isError): its
+		// own words follow ours.
+		disposition = ExecutionError
+		res = out.result("The tool ran after approval but reported an error, so it may have had side effects.")
+	default:
+		res = out.result("Approved; the tool ran once.")
 		if brokenBuild && broken(violateBodySilentOnRun) {
 			res.Content = []sdk.Content{&sdk.TextContent{Text: "Approved. See the structured content."}}
-		}
-		if out.Structured != nil {
-			res.StructuredContent = out.Structured
 		}
 	}
 	res.Meta = sdk.Meta{MetaDisposition: disposition}
@@ -123,8 +142,17 @@ func (g *Gate) reapClaim(ctx context.Context, a *approvalTask) (time.Time, error
 		}
 		return time.Time{}, nil
 	}
-	res := &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
-		Text: "The tool may have run: it was started after approval, but its outcome could not be confirmed. Do not retry automatically; check whether it took effect."}},
+	return time.Time{}, g.unknown(ctx, a, "")
+}
+
+// unknown ends claimed task a outcome-unknown: the tool may have run (why
+// says what happened, "" for a run never recorded). It is never run again.
+func (g *Gate) unknown(ctx context.Context, a *approvalTask, why string) error {
+	text := "The tool may have run: it was started after approval, but its outcome could not be confirmed. Do not retry automatically; check whether it took effect."
+	if why != "" {
+		text += " (" + why + ")"
+	}
+	res := &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: text}},
 		Meta: sdk.Meta{MetaDisposition: OutcomeUnknown}}
-	return time.Time{}, g.finish(ctx, a, moveRan, res, OutcomeUnknown, "Outcome unknown: the tool may have run.", AuditOutcomeUnknown, nil)
+	return g.finish(ctx, a, moveRan, res, OutcomeUnknown, "Outcome unknown: the tool may have run.", AuditOutcomeUnknown, nil)
 }

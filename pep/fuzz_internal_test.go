@@ -30,9 +30,9 @@ func requireInvalidParams(t *testing.T, err error) {
 // tool's schema, hold nothing the PDP or PostgreSQL would refuse, and give
 // the same binding digest after a round trip (so a retry matches its task).
 func FuzzGateArguments(f *testing.F) {
-	tools, schemas, err := compileTools(DemoTools())
+	cat, err := newCatalog([]ToolSource{DemoSource()})
 	require.NoError(f, err)
-	g := &Gate{tools: tools, schemas: schemas}
+	g := &Gate{catalog: cat}
 	for _, c := range [][2]string{
 		{"wire_transfer", `{"to":"acct-991","amount":50000}`}, {"wire_transfer", `{"to":"acct\u0000","amount":1}`},
 		{"wire_transfer", `{"to":"a","amount":"lots"}`}, {"wire_transfer", `[]`}, {"wire_transfer", `null`}, {"get_balance", `{}`},
@@ -43,23 +43,24 @@ func FuzzGateArguments(f *testing.F) {
 		f.Add(c[0], []byte(c[1]))
 	}
 	f.Fuzz(func(t *testing.T, tool string, raw []byte) {
-		if _, ok := g.tools[tool]; !ok || !json.Valid(raw) {
+		def, err := g.catalog.lookup(tool)
+		if err != nil || !json.Valid(raw) {
 			return
 		}
 		req := &sdk.CallToolRequest{Params: &sdk.CallToolParamsRaw{Name: tool, Arguments: json.RawMessage(raw)}}
-		args, err := g.arguments(req)
+		args, err := g.arguments(req, def)
 		if err != nil {
 			requireInvalidParams(t, err)
 			return
 		}
 		require.NotNil(t, args)
-		require.NoError(t, g.schemas[tool].Validate(toJSONValue(args)))
+		require.NoError(t, def.schema.Validate(toJSONValue(args)))
 		b, err := json.Marshal(args)
 		require.NoError(t, err)
 		require.NoError(t, clean.JSON(b))
 		d1, err := digest(tool, args)
 		require.NoError(t, err)
-		again, err := g.arguments(&sdk.CallToolRequest{Params: &sdk.CallToolParamsRaw{Name: tool, Arguments: b}})
+		again, err := g.arguments(&sdk.CallToolRequest{Params: &sdk.CallToolParamsRaw{Name: tool, Arguments: b}}, def)
 		require.NoError(t, err)
 		d2, err := digest(tool, again)
 		require.NoError(t, err)

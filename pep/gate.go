@@ -13,7 +13,6 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
-	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/clean"
@@ -38,7 +37,12 @@ type Config struct {
 	// callback endpoint); empty means poll only.
 	CallbackURL string
 	Jobs        JobInserter
-	Tools       []Tool
+	// Tools are built-in tools that never change (the demo tools); they
+	// come before Sources, whose tools are read on every call. An exposed
+	// name offered twice at startup is refused; one that appears twice
+	// later is the first source's.
+	Tools   []Tool
+	Sources []ToolSource
 	// PollInterval is suggested to clients (pollIntervalMs); default 2s.
 	PollInterval time.Duration
 	// ResultRetention keeps a terminal task readable this long; default 24h.
@@ -80,8 +84,7 @@ type Gate struct {
 	box     *seal.Box
 	tasks   *tasks.Store
 	callers *Callers
-	tools   map[string]Tool
-	schemas map[string]*jsonschema.Schema
+	catalog *catalog
 	advance chan struct{} // bounds concurrent Advance runs started by callbacks
 	bg      background    // what the gate runs on its own: wake-ups, the reconciler
 }
@@ -127,7 +130,24 @@ func NewGate(cfg Config) (*Gate, error) {
 	}
 	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB}, advance: make(chan struct{}, 16)}
 	g.bg.life, g.bg.end = context.WithCancel(context.Background())
-	if g.tools, g.schemas, err = compileTools(cfg.Tools); err != nil {
+	sources := cfg.Sources
+	if len(cfg.Tools) > 0 {
+		// Their derived fields once, not on every call.
+		static := make(StaticTools, len(cfg.Tools))
+		for i, t := range cfg.Tools {
+			if t.UpstreamTool == "" {
+				t.UpstreamTool = t.Name
+			}
+			if t.Digest == "" {
+				if t.Digest, err = ToolDigest(t); err != nil {
+					return nil, err
+				}
+			}
+			static[i] = t
+		}
+		sources = append([]ToolSource{static}, sources...)
+	}
+	if g.catalog, err = newCatalog(sources); err != nil {
 		return nil, err
 	}
 	if g.cfg.Metrics == nil {
@@ -137,24 +157,6 @@ func NewGate(cfg Config) (*Gate, error) {
 		return nil, fmt.Errorf("pep: metrics: %w", err)
 	}
 	return g, nil
-}
-
-// compileTools indexes tools by name with their compiled input schemas.
-func compileTools(list []Tool) (map[string]Tool, map[string]*jsonschema.Schema, error) {
-	tools, schemas := map[string]Tool{}, map[string]*jsonschema.Schema{}
-	for _, t := range list {
-		c := jsonschema.NewCompiler()
-		url := "urn:arap:tool:" + t.Name
-		if err := c.AddResource(url, toJSONValue(t.InputSchema)); err != nil {
-			return nil, nil, fmt.Errorf("pep: tool %s schema: %w", t.Name, err)
-		}
-		sch, err := c.Compile(url)
-		if err != nil {
-			return nil, nil, fmt.Errorf("pep: tool %s schema: %w", t.Name, err)
-		}
-		tools[t.Name], schemas[t.Name] = t, sch
-	}
-	return tools, schemas, nil
 }
 
 func toJSONValue(v any) any {
@@ -178,11 +180,15 @@ func (g *Gate) Callers() *Callers { return g.callers }
 // Call handles tools/call for principal p. It returns a CallToolResult, a
 // CreateTaskResult, an input_required result, or a JSON-RPC error.
 func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) (sdk.Result, error) {
-	tool, ok := g.tools[req.Params.Name]
-	if !ok {
+	tool, err := g.catalog.lookup(req.Params.Name)
+	if errors.Is(err, errNoTool) {
 		return nil, rpcError(tasks.CodeInvalidParams, fmt.Sprintf("unknown tool %q", req.Params.Name))
 	}
-	args, err := g.arguments(req)
+	if err != nil {
+		g.cfg.Log.Warn("tool not offered: its definition is unusable", "tool", req.Params.Name, "error", err.Error())
+		return nil, rpcError(tasks.CodeInvalidParams, fmt.Sprintf("tool %q is unavailable: its definition is unusable", req.Params.Name))
+	}
+	args, err := g.arguments(req, tool)
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +212,7 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 
 	var decision authzen.Decision
 	err = retryTransient(ctx, func() (err error) {
-		decision, err = g.cfg.Backend.Evaluate(ctx, evaluation(p, tool.Name, args))
+		decision, err = g.cfg.Backend.Evaluate(ctx, evaluation(p, &tool.Tool, args))
 		return err
 	})
 	if err != nil {
@@ -262,7 +268,7 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	if ask != nil {
 		return ask, nil
 	}
-	t, err := g.open(ctx, binding{Tool: tool.Name, Args: args, Principal: p}, decision, hint, extra)
+	t, err := g.open(ctx, tool, binding{Tool: tool.Name, Args: args, Principal: p}, decision, hint, extra)
 	var le *limitError
 	if errors.As(err, &le) {
 		return denied(le.msg, RemediationUnavailable), nil
@@ -280,7 +286,7 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 
 // arguments decodes and validates the call's arguments against the tool's
 // input schema.
-func (g *Gate) arguments(req *sdk.CallToolRequest) (map[string]any, error) {
+func (g *Gate) arguments(req *sdk.CallToolRequest, tool *offered) (map[string]any, error) {
 	var args map[string]any
 	raw, err := json.Marshal(req.Params.Arguments)
 	if err != nil {
@@ -296,23 +302,27 @@ func (g *Gate) arguments(req *sdk.CallToolRequest) (map[string]any, error) {
 		// Neither the PDP nor a tool's storage could take them.
 		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be valid UTF-8 without NUL characters")
 	}
-	if err := g.schemas[req.Params.Name].Validate(toJSONValue(args)); err != nil {
+	if err := tool.schema.Validate(toJSONValue(args)); err != nil {
 		return nil, rpcError(tasks.CodeInvalidParams, "invalid arguments for "+req.Params.Name+": "+schemamsg.Join(schemamsg.Messages(err)))
 	}
 	return args, nil
 }
 
-// runDirect runs an allowed call at once: no task, no approval.
-func (g *Gate) runDirect(ctx context.Context, p Principal, tool Tool, args map[string]any) (sdk.Result, error) {
+// runDirect runs an allowed call at once: no task, no approval. A tool's
+// error is a tool error (isError); an upstream that could not be reached,
+// timed out or broke the protocol is a JSON-RPC error naming it.
+func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args map[string]any) (sdk.Result, error) {
 	out, err := tool.Run(ctx, Invocation{DB: g.cfg.DB, Principal: p, Args: args})
+	var ue *UpstreamError
+	if errors.As(err, &ue) {
+		// Not the cause: it may hold the upstream's URL.
+		g.cfg.Log.Warn("upstream failed", "tool", tool.Name, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
+		return nil, rpcError(tasks.CodeInternalError, ue.shown())
+	}
 	if err != nil {
 		// Not the error's text: a tool's message may quote its arguments.
 		g.cfg.Log.Warn("tool failed", "tool", tool.Name)
 		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "The tool failed: " + sanitize(err.Error(), 200)}}}, nil
 	}
-	res := &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: out.Text}}}
-	if out.Structured != nil {
-		res.StructuredContent = out.Structured
-	}
-	return res, nil
+	return out.result(""), nil
 }

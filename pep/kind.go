@@ -75,7 +75,11 @@ func (g *Gate) Update(ctx context.Context, t *tasks.Task, responses map[string]j
 	if err != nil {
 		return g.fail(ctx, a, "the stored call binding is damaged")
 	}
-	d, err := g.cfg.Backend.Evaluate(ctx, evaluation(b.Principal, b.Tool, b.Args))
+	tool, why := g.current(a, b)
+	if why != "" {
+		return g.deny(ctx, a, why)
+	}
+	d, err := g.cfg.Backend.Evaluate(ctx, evaluation(b.Principal, &tool.Tool, b.Args))
 	if err != nil {
 		return err
 	}
@@ -86,5 +90,5 @@ func (g *Gate) Update(ctx context.Context, t *tasks.Task, responses map[string]j
 	if err := g.tasks.MarkAnswered(ctx, t.ID, []string{key}); err != nil {
 		return err
 	}
-	return g.reopen(ctx, a, b, d, hint, ans.Content, phaseInput)
+	return g.reopen(ctx, a, tool, b, d, hint, ans.Content, phaseInput)
 }

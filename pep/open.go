@@ -99,14 +99,14 @@ var errDuplicate = errors.New("pep: an identical call has a live task")
 // principal, tool and arguments) while the task is live returns the same
 // task, whatever the limits; a call over a limit returns a *limitError and
 // nothing is written or submitted.
-func (g *Gate) open(ctx context.Context, b binding, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (*tasks.Task, error) {
+func (g *Gate) open(ctx context.Context, tool *offered, b binding, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (*tasks.Task, error) {
 	d, err := digest(b.Tool, b.Args)
 	if err != nil {
 		return nil, err
 	}
 	dedup := dedupKey(b.Principal, b.Tool, d)
 	for range 3 {
-		o, err := g.insert(ctx, b, d, dedup, decision, hint, extra)
+		o, err := g.insert(ctx, tool, b, d, dedup, decision, hint, extra)
 		var pgErr *pgconn.PgError
 		if errors.Is(err, errDuplicate) || errors.As(err, &pgErr) && pgErr.Code == "23505" {
 			// A concurrent duplicate won; should its task have ended
@@ -131,13 +131,14 @@ func (g *Gate) open(ctx context.Context, b binding, decision authzen.Decision, h
 // opened names a task written by insert and its submission intent's key.
 type opened struct{ task, key string }
 
-// insert is step (1) of open.
-func (g *Gate) insert(ctx context.Context, b binding, d, dedup string, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (opened, error) {
+// insert is step (1) of open. The task records the tool's identity (its
+// digest, upstream and upstream tool) beside the call binding.
+func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup string, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (opened, error) {
 	taskID, key := tasks.NewID(), newKey()
 	if brokenBuild && broken(violateClockTaskIDs) {
 		taskID = fmt.Sprintf("tsk_%d", time.Now().UnixNano())
 	}
-	body, err := g.submission(b, decision, hint, extra, taskID)
+	body, err := g.submission(&tool.Tool, b, decision, hint, extra, taskID)
 	if err != nil {
 		return opened{}, err
 	}
@@ -171,7 +172,7 @@ func (g *Gate) insert(ctx context.Context, b binding, d, dedup string, decision 
 			return err
 		}
 		return insertApproval(ctx, tx, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
-			Principal: p.Key(), Dedup: dedup, At: now,
+			Principal: p.Key(), Dedup: dedup, At: now, ToolDigest: tool.Digest, Upstream: tool.Upstream, UpstreamTool: tool.UpstreamTool,
 			Intent: newIntent{Key: key, Generation: 1, SubmitURL: g.submitURL(hint), BodySealed: g.box.Seal(body, key)}})
 	})
 	var le *limitError
@@ -303,9 +304,9 @@ func (g *Gate) failIntent(ctx context.Context, in *intent, refused bool, cause e
 // reopen consumes generation a.Generation (from phase from: pending when
 // chained, input when the input came) and submits a new request for the
 // same binding under a new intent, as open does for the first.
-func (g *Gate) reopen(ctx context.Context, a *approvalTask, b binding, d authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, from phase) error {
+func (g *Gate) reopen(ctx context.Context, a *approvalTask, tool *offered, b binding, d authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, from phase) error {
 	key := newKey()
-	body, err := g.submission(b, d, hint, extra, a.TaskID)
+	body, err := g.submission(&tool.Tool, b, d, hint, extra, a.TaskID)
 	if err != nil {
 		return err
 	}

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -68,6 +70,82 @@ type Server struct {
 	anon    *Principal
 	ready   func(context.Context) map[string]error
 	log     *slog.Logger
+
+	toolsMu sync.Mutex
+	shown   map[string]string // the gate's tools registered on sdk: name -> digest
+}
+
+// ToolsChanged tells the server that a source's tools changed (an
+// upstream's list): it offers the current ones now, and the SDK tells
+// connected clients (notifications/tools/list_changed).
+func (s *Server) ToolsChanged() { s.syncTools() }
+
+// syncTools makes the gate's tools registered on the SDK server (which
+// answers tools/list and routes tools/call to relay) the sources' current
+// ones, definitions as they give them: a tool added, changed or gone
+// upstream is listed so at the next tools/list.
+func (s *Server) syncTools() {
+	tools, skipped := s.gate.catalog.list()
+	s.toolsMu.Lock()
+	defer s.toolsMu.Unlock()
+	now := make(map[string]string, len(tools))
+	changed := false
+	for _, t := range tools {
+		if s.shown[t.Name] == t.Digest {
+			now[t.Name] = t.Digest
+			continue
+		}
+		changed = true
+		if err := addTool(s.sdk, t); err != nil {
+			skipped = append(skipped, err)
+			continue
+		}
+		now[t.Name] = t.Digest
+	}
+	var gone []string
+	for name := range s.shown {
+		if _, ok := now[name]; !ok {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) > 0 {
+		changed = true
+		s.sdk.RemoveTools(gone...)
+	}
+	s.shown = now
+	if changed {
+		for _, err := range skipped {
+			s.log.Warn("tool not offered", "error", err.Error())
+		}
+	}
+}
+
+// syncTool registers the gate's tool t on the SDK server if it is not, as
+// it is now, so a tools/call of a tool new since the last tools/list
+// reaches relay.
+func (s *Server) syncTool(t *offered) {
+	s.toolsMu.Lock()
+	defer s.toolsMu.Unlock()
+	if s.shown[t.Name] == t.Digest {
+		return
+	}
+	if err := addTool(s.sdk, t); err != nil {
+		s.log.Warn("tool not offered", "error", err.Error())
+		return
+	}
+	s.shown[t.Name] = t.Digest
+}
+
+// addTool registers t on the SDK server, which panics on a definition it
+// cannot take (an upstream's): that tool is left out instead.
+func addTool(s *sdk.Server, t *offered) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("pep: tool %q of %s: %v", t.Name, upstreamName(t.Upstream), r)
+		}
+	}()
+	s.AddTool(t.sdkTool(), relay)
+	return nil
 }
 
 // NewServer builds the MCP server around g: the SDK server (stateless
@@ -103,9 +181,6 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		s = sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{Logger: sdkLog,
 			Capabilities: &sdk.ServerCapabilities{Tools: &sdk.ToolCapabilities{}, Extensions: map[string]any{tasks.ExtensionID: map[string]any{}}}})
 	}
-	for _, t := range g.cfg.Tools {
-		s.AddTool(&sdk.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}, relay)
-	}
 	ts := &tasks.Server{Store: g.tasks, Kinds: map[string]tasks.Kind{KindApproval: g}, Notifier: o.Notifier, Log: o.Log}
 	if err := ts.Register(s); err != nil {
 		return nil, err
@@ -115,7 +190,8 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 			return nil, err
 		}
 	}
-	srv := &Server{gate: g, tasks: ts, sdk: s, anon: o.Anonymous, ready: o.Ready, log: o.Log}
+	srv := &Server{gate: g, tasks: ts, sdk: s, anon: o.Anonymous, ready: o.Ready, log: o.Log, shown: map[string]string{}}
+	srv.syncTools()
 	s.AddReceivingMiddleware(srv.route)
 
 	getServer := func(*http.Request) *sdk.Server { return s }
@@ -310,12 +386,18 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 				ctx = tasks.WithPrincipal(ctx, t.Principal)
 			}
 		}
+		if method == "tools/list" {
+			s.syncTools()
+		}
 		if method == "tools/call" {
 			ctr, ok := req.(*sdk.CallToolRequest)
 			if !ok || p.SubjectID == "" {
 				return nil, &jsonrpc.Error{Code: tasks.CodeInvalidParams, Message: "unauthenticated"}
 			}
-			if _, known := s.gate.tools[ctr.Params.Name]; known {
+			if t, err := s.gate.catalog.lookup(ctr.Params.Name); !errors.Is(err, errNoTool) {
+				if t != nil {
+					s.syncTool(t)
+				}
 				if p.anonymous {
 					return nil, &jsonrpc.Error{Code: tasks.CodeInvalidParams,
 						Message: "unauthenticated: without a bearer token only the conformance fixtures can be called"}

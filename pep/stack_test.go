@@ -52,6 +52,8 @@ type pepOptions struct {
 	execTimeout time.Duration
 	// run, when set, wraps wire_transfer's Run.
 	run func(next func(context.Context, pep.Invocation) (pep.Output, error)) func(context.Context, pep.Invocation) (pep.Output, error)
+	// sources offer tools beside the demo tools.
+	sources []pep.ToolSource
 }
 
 const aliceToken = "alice-token-0123"
@@ -67,7 +69,7 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 			tools[i].Run = o.run(tools[i].Run)
 		}
 	}
-	p.gate, err = pep.NewGate(pep.Config{DB: p.db, MasterKey: make([]byte, 32), Jobs: jobs, Tools: tools,
+	p.gate, err = pep.NewGate(pep.Config{DB: p.db, MasterKey: make([]byte, 32), Jobs: jobs, Tools: tools, Sources: o.sources,
 		Backend:   &authzen.Client{BaseURL: p.env.URL, Token: dev.PEPToken, HTTP: &http.Client{Transport: hooked{p}, Timeout: time.Minute}},
 		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout,
 		Now: func() time.Time { return time.Now().Add(time.Duration(p.offset.Load())) }})

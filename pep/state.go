@@ -169,15 +169,19 @@ type approvalTask struct {
 	ClaimedAt   *time.Time
 	ExecDL      *time.Time
 	CreatedAt   time.Time
+	// The identity of the tool the call was approved for (migrations/pep
+	// 0005); nil on a task opened before it was recorded.
+	ToolDigest, Upstream, UpstreamTool *string
 }
 
 const approvalColumns = `task_id, tool, args_sealed, args_digest, principal, phase, generation, backend_id, status_url, cancel_url,
-	deadline, chained, input_schema, claimed_at, exec_deadline, created_at`
+	deadline, chained, input_schema, claimed_at, exec_deadline, created_at, tool_digest, upstream, upstream_tool`
 
 func scanApproval(row pgx.Row) (*approvalTask, error) {
 	var a approvalTask
 	err := row.Scan(&a.TaskID, &a.Tool, &a.ArgsSealed, &a.ArgsDigest, &a.Principal, &a.Phase, &a.Generation, &a.BackendID,
-		&a.StatusURL, &a.CancelURL, &a.Deadline, &a.Chained, &a.InputSchema, &a.ClaimedAt, &a.ExecDL, &a.CreatedAt)
+		&a.StatusURL, &a.CancelURL, &a.Deadline, &a.Chained, &a.InputSchema, &a.ClaimedAt, &a.ExecDL, &a.CreatedAt,
+		&a.ToolDigest, &a.Upstream, &a.UpstreamTool)
 	return &a, err
 }
 
@@ -267,8 +271,10 @@ func countOpenings(ctx context.Context, q tasks.Querier, principal string, since
 type newApproval struct {
 	TaskID, Tool, ArgsDigest, Principal, Dedup string
 	ArgsSealed                                 []byte
-	Intent                                     newIntent
-	At                                         time.Time
+	// The identity of the tool as it was when the call was evaluated.
+	ToolDigest, Upstream, UpstreamTool string
+	Intent                             newIntent
+	At                                 time.Time
 }
 
 // newIntent is a submission intent as written, before the backend is
@@ -283,8 +289,9 @@ type newIntent struct {
 // its first intent.
 func insertApproval(ctx context.Context, tx pgx.Tx, a newApproval) error {
 	if _, err := tx.Exec(ctx, `INSERT INTO pep.approval_tasks (task_id, tool, args_sealed, args_digest, principal, dedup_key, phase,
-		generation, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, 'submitting', 1, $7, $7)`,
-		a.TaskID, a.Tool, a.ArgsSealed, a.ArgsDigest, a.Principal, a.Dedup, a.At); err != nil {
+		generation, created_at, updated_at, tool_digest, upstream, upstream_tool)
+		VALUES ($1, $2, $3, $4, $5, $6, 'submitting', 1, $7, $7, $8, nullif($9, ''), $10)`,
+		a.TaskID, a.Tool, a.ArgsSealed, a.ArgsDigest, a.Principal, a.Dedup, a.At, a.ToolDigest, a.Upstream, a.UpstreamTool); err != nil {
 		return err
 	}
 	return insertIntent(ctx, tx, a.TaskID, a.Intent, &a.At)

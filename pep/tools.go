@@ -7,20 +7,38 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// Tool is a tool this server offers. Its side effects are the Run function's;
-// the gate decides whether and when Run is called, and calls it at most once
-// per task.
+// Tool is a tool this server offers, as its source (ToolSource) defines
+// it. Its side effects are the Run function's; the gate decides whether and
+// when Run is called, and calls it at most once per task.
 type Tool struct {
+	// Name is the name clients call it by (exposed; unique across sources).
 	Name        string
+	Title       string
 	Description string
 	InputSchema map[string]any
+	// OutputSchema and Annotations are shown in tools/list as the source
+	// gives them; the annotations' hints also go to the PDP.
+	OutputSchema map[string]any
+	Annotations  *sdk.ToolAnnotations
+	// Upstream names the source ("demo" for the demo tools) and
+	// UpstreamTool the tool's name there (default: Name); the PDP sees
+	// both.
+	Upstream     string
+	UpstreamTool string
+	// Digest identifies the definition (ToolDigest; computed when empty).
+	// An approval is bound to it: a tool whose digest changed while its
+	// call waited for approval does not run.
+	Digest string
 	// TaskRequired makes a call that can only proceed through approval fail
 	// with -32021 for a client without the tasks extension, instead of the
 	// degraded isError result.
 	TaskRequired bool
-	Run          func(ctx context.Context, x Invocation) (Output, error)
+	// Run runs the tool. An error that is an *UpstreamError says whether
+	// the tool may have run; any other error means it ran and failed.
+	Run func(ctx context.Context, x Invocation) (Output, error)
 }
 
 // Invocation is one execution of a tool.
@@ -31,11 +49,33 @@ type Invocation struct {
 	Args      map[string]any
 }
 
-// Output is what a tool returns: text for the model, and optional
-// structured content.
+// Output is what a tool returns: text for the model, optional further
+// content (an upstream's result, as it came) and structured content.
+// IsError says the tool ran and reported an error (an upstream's
+// isError result): it is returned as a tool error.
 type Output struct {
 	Text       string
-	Structured map[string]any
+	Content    []sdk.Content
+	Structured any
+	IsError    bool
+}
+
+// result is out as a CallToolResult, its text after lead (a sentence of
+// the gate's own, or ""): the text first, then the further content.
+func (out Output) result(lead string) *sdk.CallToolResult {
+	text := out.Text
+	if lead != "" {
+		text = strings.TrimSpace(lead + " " + text)
+	}
+	content := []sdk.Content{}
+	if text != "" || len(out.Content) == 0 {
+		content = append(content, &sdk.TextContent{Text: text})
+	}
+	res := &sdk.CallToolResult{Content: append(content, out.Content...), IsError: out.IsError}
+	if out.Structured != nil {
+		res.StructuredContent = out.Structured
+	}
+	return res
 }
 
 // record writes the side effect to the ledger: the demo tools' stand-in for
@@ -62,8 +102,21 @@ func object(props map[string]any, required ...string) map[string]any {
 
 // DemoTools are the tools of dev mode (DESIGN.md): get_balance (always
 // allowed), wire_transfer, delete_repository, deploy_service and
-// read_customer_record, each gated by the policy.
+// read_customer_record, each gated by the policy. They are the built-in
+// upstream "demo" (DemoSource).
 func DemoTools() []Tool {
+	tools := demoTools()
+	for i := range tools {
+		tools[i].Upstream, tools[i].UpstreamTool = DemoUpstream, tools[i].Name
+		tools[i].Digest, _ = ToolDigest(tools[i]) // plain JSON values: it cannot fail
+	}
+	return tools
+}
+
+// DemoSource is the demo tools as a source.
+func DemoSource() ToolSource { return StaticTools(DemoTools()) }
+
+func demoTools() []Tool {
 	return []Tool{
 		{
 			Name:        "get_balance",

@@ -204,6 +204,7 @@ func runDev(args []string) error {
 	fs.StringVar(&opts.MCPAddr, "mcp-addr", "127.0.0.1:8481", "MCP endpoint address")
 	fs.StringVar(&opts.DataDir, "data-dir", dev.DefaultDataDir, "where the private PostgreSQL cluster, policy and keys live")
 	fs.StringVar(&opts.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "use this database instead of a private cluster (DATABASE_URL)")
+	fs.StringVar(&opts.Upstreams, "upstreams", env("ARAP_UPSTREAMS", ""), "upstreams file: MCP servers whose tools the MCP endpoint offers behind the PDP (ARAP_UPSTREAMS; reloaded on SIGHUP)")
 	conformance := fs.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools on the MCP endpoint, and let requests without a token in as an anonymous caller (conformance testing only)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
@@ -222,6 +223,7 @@ func runMCP(args []string) error {
 	public := fs.String("public-url", env("ARAP_MCP_PUBLIC_URL", ""), "base URL the backend uses for callbacks (ARAP_MCP_PUBLIC_URL; default http://<addr>)")
 	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL); the front-end's own tables live in schema pep")
 	backendURL := fs.String("backend-url", env("ARAP_BACKEND_URL", "http://127.0.0.1:8480"), "the backend (PDP and Access Request Service) base URL (ARAP_BACKEND_URL)")
+	upstreams := fs.String("upstreams", env("ARAP_UPSTREAMS", ""), "upstreams file: MCP servers whose tools are offered behind the PDP (ARAP_UPSTREAMS; reloaded on SIGHUP)")
 	keyFile := fs.String("master-key-file", env("ARAP_PEP_MASTER_KEY_FILE", ""), "file with the base64 32-byte key sealing stored arguments (or ARAP_PEP_MASTER_KEY)")
 	execTimeout := fs.Duration("exec-timeout", envDuration("ARAP_EXEC_TIMEOUT", 30*time.Second), "bound on one tool run; a claimed run not recorded by then ends outcome-unknown")
 	maxWindow := fs.Duration("max-window", envDuration("ARAP_MAX_WINDOW", 7*24*time.Hour), "longest a task waits for a decision, whatever the backend allows; then it ends denied")
@@ -248,11 +250,11 @@ func runMCP(args []string) error {
 			secrets = append(secrets, s)
 		}
 	}
-	ctx, _ := signals()
+	ctx, reload := signals()
 	log := logger(*level)
 	cfg := frontend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, MasterKey: key, BackendURL: *backendURL, BackendToken: token,
-		WebhookSecrets: secrets, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
+		WebhookSecrets: secrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
 		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log,
 	}
 	if *conformance {
@@ -262,7 +264,7 @@ func runMCP(args []string) error {
 	if err != nil {
 		return err
 	}
-	return f.Run(ctx)
+	return f.Run(ctx, reload)
 }
 
 // withFixtures turns on conformance fixture mode: the suite's fixture tools

@@ -67,6 +67,8 @@ type Options struct {
 	MCPAddr     string
 	DataDir     string
 	DatabaseURL string
+	// Upstreams is the MCP front-end's upstreams file ("" for none).
+	Upstreams string
 	// Frontend, when set, adjusts the MCP front-end's configuration before
 	// it is built (`arapd dev --conformance-fixtures` adds the fixtures).
 	Frontend func(*frontend.Config)
@@ -135,7 +137,7 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 	}
 	fcfg := frontend.Config{
 		Addr: o.MCPAddr, DatabaseURL: dbURL, MasterKey: pepKey, BackendURL: b.URL(), BackendToken: PEPToken,
-		WebhookSecrets: []string{PEPWebhookSecret}, Log: o.Log,
+		WebhookSecrets: []string{PEPWebhookSecret}, Upstreams: o.Upstreams, Log: o.Log,
 	}
 	if o.Frontend != nil {
 		o.Frontend(&fcfg)
@@ -149,10 +151,32 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 		return err
 	}
 	printBanner(o.Out, b.URL(), f.URL()+pep.PathMCP, policyFile, dataDir, displayURL(dbURL))
+	// SIGHUP reloads both: the backend's policy, the front-end's upstreams.
+	breload, freload := fanOut(reload)
 	backendDone := make(chan error, 1)
-	go func() { backendDone <- b.Run(ctx, reload) }()
-	ferr := f.Run(ctx)
+	go func() { backendDone <- b.Run(ctx, breload) }()
+	ferr := f.Run(ctx, freload)
 	return errors.Join(ferr, <-backendDone)
+}
+
+// fanOut copies every value from in to both outputs (without blocking: a
+// reload already pending covers the next).
+func fanOut(in <-chan struct{}) (<-chan struct{}, <-chan struct{}) {
+	if in == nil {
+		return nil, nil
+	}
+	a, b := make(chan struct{}, 1), make(chan struct{}, 1)
+	go func() {
+		for range in {
+			for _, c := range []chan struct{}{a, b} {
+				select {
+				case c <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return a, b
 }
 
 // SeedCallers registers the dev MCP callers: dev-agent-token acts for alice

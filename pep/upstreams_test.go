@@ -1,0 +1,168 @@
+package pep_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/pep"
+	up "github.com/omcp/arap/upstream"
+)
+
+// gatewayPolicy allows what an upstream marks read-only and makes what it
+// marks destructive requestable (one platform approval); all else is denied.
+const gatewayPolicy = `
+version: 1
+rules:
+  - name: read_only
+    match: {action: tools/call, resource_type: mcp_tool}
+    when: has(resource.properties.annotations) && has(resource.properties.annotations.readOnlyHint) && resource.properties.annotations.readOnlyHint == true && resource.properties.upstream == "ext"
+    effect: allow
+  - name: destructive
+    match: {action: tools/call, resource_type: mcp_tool}
+    when: has(resource.properties.annotations) && has(resource.properties.annotations.destructiveHint) && resource.properties.annotations.destructiveHint == true
+    effect: request
+    template: destructive
+    approval: {quorum: 1, groups: [platform], kinds: [itsm]}
+`
+
+type extServer struct {
+	purges atomic.Int64
+	// stall, when set, makes purge wait until the call's context ends
+	// (its response never comes).
+	stall atomic.Bool
+	http  *http.Server
+	url   string
+}
+
+// startExt runs a real MCP server (go-sdk, streamable HTTP, stateless) on
+// loopback with a read-only tool, lookup, and a destructive one, purge.
+func startExt(t *testing.T) *extServer {
+	t.Helper()
+	e := &extServer{}
+	s := sdk.NewServer(&sdk.Implementation{Name: "ext", Version: "1"}, nil)
+	yes := true
+	type lookupIn struct {
+		Q string `json:"q"`
+	}
+	sdk.AddTool(s, &sdk.Tool{Name: "lookup", Description: "Look something up.", Annotations: &sdk.ToolAnnotations{ReadOnlyHint: true}},
+		func(_ context.Context, _ *sdk.CallToolRequest, in lookupIn) (*sdk.CallToolResult, any, error) {
+			return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "found " + in.Q}}}, nil, nil
+		})
+	type purgeIn struct {
+		Target string `json:"target"`
+	}
+	sdk.AddTool(s, &sdk.Tool{Name: "purge", Description: "Purge a target.", Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes}},
+		func(ctx context.Context, _ *sdk.CallToolRequest, in purgeIn) (*sdk.CallToolResult, any, error) {
+			e.purges.Add(1)
+			if e.stall.Load() {
+				<-ctx.Done()
+			}
+			return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "purged " + in.Target}}}, nil, nil
+		})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	e.http = &http.Server{Handler: sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s }, &sdk.StreamableHTTPOptions{Stateless: true})}
+	go func() { _ = e.http.Serve(ln) }()
+	t.Cleanup(func() { _ = e.http.Close() })
+	e.url = "http://" + ln.Addr().String() + "/mcp"
+	return e
+}
+
+// gatewayPEP is the real gate in front of ext through a real registry.
+func gatewayPEP(t *testing.T, ext *extServer, call time.Duration) (*stack, *up.Registry) {
+	t.Helper()
+	cfg, err := up.Parse("upstreams.yaml", []byte(`
+upstreams:
+  - name: ext
+    http: {url: `+ext.url+`}
+    prefix: ext_
+    timeouts: {call: `+call.String()+`}
+`))
+	require.NoError(t, err)
+	reg := up.New(up.Options{MinBackoff: 50 * time.Millisecond})
+	t.Cleanup(func() { _ = reg.Close(context.Background()) })
+	require.NoError(t, reg.Reload(context.Background(), cfg))
+	require.Eventually(t, func() bool { return len(reg.Tools()) == 2 }, 30*time.Second, 20*time.Millisecond, "the upstream's tools are listed")
+	return newPEP(t, pepOptions{policy: []byte(gatewayPolicy), sources: []pep.ToolSource{pep.NewUpstreams(reg, nil)}}), reg
+}
+
+// TestUpstreamToolsThroughTheGate: a real upstream MCP server's tools are
+// offered under their prefix; a read-only one the policy allows is
+// forwarded at once; a destructive one becomes a task and is forwarded
+// exactly once after approval, its result the upstream's.
+func TestUpstreamToolsThroughTheGate(t *testing.T) {
+	t.Parallel()
+	ext := startExt(t)
+	p, _ := gatewayPEP(t, ext, 30*time.Second)
+	ctx := context.Background()
+
+	r, err := p.alice.CallTool(ctx, "ext_lookup", map[string]any{"q": "x1"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, tasks.ResultTypeComplete, r.ResultType, "%s", r.Raw)
+	require.Contains(t, string(r.Raw), "found x1")
+
+	r, err = p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "cache"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, tasks.ResultTypeTask, r.ResultType, "%s", r.Raw)
+	id := r.Task.TaskID
+	require.Zero(t, ext.purges.Load(), "nothing is forwarded before approval")
+	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
+	p.advance(t, id)
+	d := p.get(t, id)
+	require.Equal(t, tasks.Completed, d.Status)
+	require.Contains(t, string(d.Result), "purged cache")
+	require.Equal(t, "approved-executed", disposition(t, d))
+	p.advance(t, id)
+	require.EqualValues(t, 1, ext.purges.Load(), "forwarded exactly once")
+}
+
+// TestUpstreamResponseLostAfterClaim: an approved call whose upstream
+// response never comes ends outcome-unknown and is never sent again.
+func TestUpstreamResponseLostAfterClaim(t *testing.T) {
+	t.Parallel()
+	ext := startExt(t)
+	p, _ := gatewayPEP(t, ext, time.Second)
+	ctx := context.Background()
+	ext.stall.Store(true)
+	r, err := p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "db"}, nil)
+	require.NoError(t, err)
+	id := r.Task.TaskID
+	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
+	p.advance(t, id)
+	d := p.get(t, id)
+	require.Equal(t, "outcome-unknown", disposition(t, d), "%s", d.Result)
+	p.advance(t, id)
+	require.EqualValues(t, 1, ext.purges.Load(), "never re-sent")
+}
+
+// TestUpstreamDownBeforeClaim: an approved call whose upstream cannot be
+// reached ends failed, saying which upstream and that the tool did not run,
+// without the upstream's address.
+func TestUpstreamDownBeforeClaim(t *testing.T) {
+	t.Parallel()
+	ext := startExt(t)
+	p, _ := gatewayPEP(t, ext, 5*time.Second)
+	ctx := context.Background()
+	r, err := p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "logs"}, nil)
+	require.NoError(t, err)
+	id := r.Task.TaskID
+	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
+	require.NoError(t, ext.http.Close())
+	p.advance(t, id)
+	d := p.get(t, id)
+	require.Equal(t, tasks.Failed, d.Status, "%+v", d)
+	_, raw, err := p.alice.Get(ctx, id)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), "upstream ext")
+	require.Contains(t, string(raw), "did not run")
+	require.NotContains(t, string(raw), "127.0.0.1", "the upstream's address is not shown")
+	require.Zero(t, ext.purges.Load())
+}
