@@ -25,12 +25,12 @@ func TestBenchRunsEveryOperation(t *testing.T) {
 	t.Cleanup(s.Stop)
 	r, err := Run(ctx, s, Config{Concurrency: 4, Duration: 500 * time.Millisecond, Ops: AllOps, StatusRows: 2000, LatencyConcurrency: 2})
 	require.NoError(t, err)
-	require.Len(t, r.Rows, len(AllOps))
+	require.Len(t, r.Rows, len(AllOps)+1, "gateway-allowed has a latency row and a throughput row")
 	// How many complete within the window is a measurement: a loaded
 	// machine stalls for seconds at times (an evaluation's p99 of 1.9 s
 	// seen at load 12), so a window may end with none, and an operation
 	// cut off by the window counts neither way. Errors count.
-	for _, row := range append(r.Rows, Row{Stats: r.Baselines["http"]}, Row{Stats: r.Baselines["insert"]}) {
+	for _, row := range append(r.Rows, Row{Stats: r.Baselines["http"]}, Row{Stats: r.Baselines["insert"]}, Row{Stats: r.Baselines["upstream"]}) {
 		require.Zero(t, row.Errors, "%s: %s", row.Name, row.FirstError)
 	}
 	require.GreaterOrEqual(t, r.StatusRows, 2000)
@@ -54,4 +54,6 @@ func TestBenchRunsEveryOperation(t *testing.T) {
 	once("status", s.Status(urls))
 	once("gate", s.Gate(&next))
 	once("approve-to-complete", s.ApproveToComplete(&next))
+	once("upstream tool, direct", s.Upstream(false, &next))
+	once("upstream tool, through the gateway", s.Upstream(true, &next))
 }

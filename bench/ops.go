@@ -264,6 +264,27 @@ func (s *System) task(ctx context.Context, token string) (string, error) {
 	return r.Task.TaskID, nil
 }
 
+// Upstream is one call of the upstream's simplest tool, directly on the
+// upstream (via false) or through arapd mcp (via true), which asks the PDP
+// (allowed), forwards it and relays the result: their difference is what
+// the gateway adds to an allowed call.
+func (s *System) Upstream(via bool, next *atomic.Int64) Op {
+	return func(ctx context.Context, _ int) (time.Duration, error) {
+		c, name := &tasks.Client{URL: s.UpstreamURL, HTTP: Client}, UpstreamTool
+		if via {
+			c, name = s.mcpClient(s.Callers[int(next.Add(1))%len(s.Callers)]), "up_"+UpstreamTool
+		}
+		r, err := c.Call(ctx, "tools/call", name, map[string]any{"name": name, "arguments": map[string]any{}})
+		if err != nil {
+			return 0, err
+		}
+		if r.Error != nil || r.HTTPStatus != http.StatusOK || !bytes.Contains(r.Result, []byte(`"content"`)) {
+			return 0, fmt.Errorf("upstream call via gateway=%v: HTTP %d: %.200s", via, r.HTTPStatus, r.Raw)
+		}
+		return 0, nil
+	}
+}
+
 // ApproveToComplete opens a task (not timed), then times the decision API
 // approval until tasks/get shows the task completed: callback, status read,
 // re-evaluation, claim, run, result.

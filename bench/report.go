@@ -28,7 +28,7 @@ type Config struct {
 }
 
 // AllOps are the operations, in run order.
-var AllOps = []string{"evaluate", "submit", "status", "gate", "approve-to-complete"}
+var AllOps = []string{"evaluate", "submit", "status", "gate", "approve-to-complete", "gateway-allowed"}
 
 // Row is one line of the report.
 type Row struct {
@@ -133,6 +133,17 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 			r.Rows = append(r.Rows, ratioRow(measure(op, c.Concurrency, s.Gate(&next)), "insert", 0.10))
 		case "approve-to-complete":
 			r.Rows = append(r.Rows, latencyRow(measure(op, c.LatencyConcurrency, s.ApproveToComplete(&next)), 250*time.Millisecond))
+		case "gateway-allowed":
+			// The same tool, directly and through the gateway, at the
+			// latency and the throughput concurrency.
+			direct := measure("baseline: upstream tool, direct", c.LatencyConcurrency, s.Upstream(false, &next))
+			via := measure(op+" (latency)", c.LatencyConcurrency, s.Upstream(true, &next))
+			r.Baselines["upstream-latency"] = direct
+			added := via.P50 - direct.P50
+			met := via.N > 0 && via.Errors == 0 && added <= time.Millisecond
+			r.Rows = append(r.Rows, Row{Stats: via, Target: fmt.Sprintf("added p50 <= 1ms (added %s, p99 %s)", ms(added), ms(via.P99-direct.P99)), Met: &met})
+			r.Baselines["upstream"] = measure("baseline: upstream tool, direct", c.Concurrency, s.Upstream(false, &next))
+			r.Rows = append(r.Rows, ratioRow(measure(op, c.Concurrency, s.Upstream(true, &next)), "upstream", 0.50))
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -156,8 +167,11 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 func (r *Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "operation\tworkers\tok\terrors\tper second\tp50\tp99\tbaseline/s\tratio\ttarget\tmet\t")
-	for _, name := range []string{"http", "insert"} {
-		b := r.Baselines[name]
+	for _, name := range []string{"http", "insert", "upstream-latency", "upstream"} {
+		b, ok := r.Baselines[name]
+		if !ok {
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%s\t%s\t\t\t\t\t\n", b.Name, b.Concurrency, b.N, b.Errors, b.PerSecond, ms(b.P50), ms(b.P99))
 	}
 	for _, row := range r.Rows {

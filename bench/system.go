@@ -33,12 +33,16 @@ type System struct {
 	DBURL      string
 	BackendURL string
 	MCPURL     string // the MCP endpoint
-	PEPToken   string
-	ITSMToken  string
-	Callers    []string // MCP caller tokens, one principal each
-	Serve, MCP *Process
-	cluster    *pgembed.Cluster
-	dir        string
+	// UpstreamURL is the go-sdk's conformance everything-server, which
+	// arapd mcp also offers as the upstream "everything" (prefix up_).
+	UpstreamURL string
+	PEPToken    string
+	ITSMToken   string
+	Callers     []string // MCP caller tokens, one principal each
+	Serve, MCP  *Process
+	upstream    *exec.Cmd
+	cluster     *pgembed.Cluster
+	dir         string
 }
 
 // Options configure Start.
@@ -76,12 +80,16 @@ func (s *System) start(ctx context.Context, o Options) error {
 	bin := o.Bin
 	if bin == "" {
 		bin = filepath.Join(s.dir, "bin")
-		for _, cmd := range []string{"arapd", "arapctl"} {
+		for cmd, pkg := range map[string]string{"arapd": "github.com/omcp/arap/cmd/arapd", "arapctl": "github.com/omcp/arap/cmd/arapctl", everythingServer: everythingPackage} {
 			fmt.Fprintf(o.Log, "building %s\n", cmd)
-			if out, err := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, cmd), "github.com/omcp/arap/cmd/"+cmd).CombinedOutput(); err != nil {
+			if out, err := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, cmd), pkg).CombinedOutput(); err != nil {
 				return fmt.Errorf("bench: build %s (run inside the module, or pass --bin): %v\n%s", cmd, err, out)
 			}
 		}
+	}
+	fmt.Fprintln(o.Log, "starting the upstream MCP server")
+	if err := s.startUpstream(filepath.Join(bin, everythingServer)); err != nil {
+		return err
 	}
 	fmt.Fprintln(o.Log, "starting PostgreSQL")
 	var err error
@@ -139,7 +147,11 @@ func (s *System) start(ctx context.Context, o Options) error {
 		s.Callers = append(s.Callers, tok)
 	}
 	policy := filepath.Join(s.dir, "policy.yaml")
-	if err := os.WriteFile(policy, dev.SeedPolicy(), 0o600); err != nil {
+	if err := os.WriteFile(policy, append(dev.SeedPolicy(), upstreamRule...), 0o600); err != nil {
+		return err
+	}
+	upstreams := filepath.Join(s.dir, "upstreams.yaml")
+	if err := os.WriteFile(upstreams, []byte("upstreams:\n  - name: everything\n    http: {url: "+s.UpstreamURL+"}\n    prefix: up_\n"), 0o600); err != nil {
 		return err
 	}
 	fmt.Fprintln(o.Log, "starting arapd serve and arapd mcp")
@@ -154,11 +166,51 @@ func (s *System) start(ctx context.Context, o Options) error {
 	}
 	s.BackendURL = "http://" + s.Serve.Addr
 	if s.MCP, err = startProcess(filepath.Join(bin, "arapd"), mcpEnv,
-		"mcp", "--backend-url", s.BackendURL, "--log-level", "warn", "--poll-interval", "1s"); err != nil {
+		"mcp", "--backend-url", s.BackendURL, "--log-level", "warn", "--poll-interval", "1s", "--upstreams", upstreams); err != nil {
 		return err
 	}
 	s.MCPURL = "http://" + s.MCP.Addr + "/mcp"
 	return nil
+}
+
+// The upstream of the allowed-call overhead: the go-sdk's conformance
+// everything-server (built from the module cache), whose simplest tool the
+// dev policy plus upstreamRule allows.
+const (
+	everythingServer  = "everything-server"
+	everythingPackage = "github.com/modelcontextprotocol/go-sdk/conformance/everything-server"
+	UpstreamTool      = "test_simple_text"
+)
+
+var upstreamRule = []byte(`
+  - name: bench_upstream
+    description: The benchmark's upstream tool is always allowed.
+    match: {action: tools/call, resource_type: mcp_tool}
+    when: resource.properties.upstream == "everything" && resource.properties.upstream_tool == "` + UpstreamTool + `"
+    effect: allow
+`)
+
+// startUpstream runs the everything-server on streamable HTTP (stateless)
+// on a free loopback port and waits until it accepts connections.
+func (s *System) startUpstream(bin string) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	s.upstream = exec.Command(bin, "-http", addr)
+	if err := s.upstream.Start(); err != nil {
+		return err
+	}
+	s.UpstreamURL = "http://" + addr + "/mcp"
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			return nil
+		}
+	}
+	return errors.New("bench: the upstream MCP server did not start within 30s")
 }
 
 // Stop ends the processes and the cluster and removes everything.
@@ -167,6 +219,10 @@ func (s *System) Stop() {
 		if p != nil {
 			p.Stop()
 		}
+	}
+	if s.upstream != nil && s.upstream.Process != nil {
+		_ = s.upstream.Process.Kill()
+		_ = s.upstream.Wait()
 	}
 	if s.DB != nil {
 		s.DB.Close()
