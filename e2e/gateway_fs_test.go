@@ -60,16 +60,16 @@ upstreams:
     timeouts: {connect: 60s}
 `, g.tap, server, g.root), 0o600))
 	g.stack = newStack(t, stackOptions{policy: string(dev.SeedPolicy()) + filesReadOnly, mcpArgs: []string{"--upstreams", ups}})
-	g.connected()
+	g.connected(t)
 	return g
 }
 
 // connected waits until the front-end offers the upstream's tools (it
 // connects its upstreams after it starts serving).
-func (g *fsGateway) connected() {
-	g.t.Helper()
+func (g *fsGateway) connected(t *testing.T) {
+	t.Helper()
 	c := g.client(g.alice)
-	require.Eventually(g.t, func() bool {
+	require.Eventually(t, func() bool {
 		r, err := c.Call(context.Background(), "tools/list", "", nil)
 		if err != nil || r.Error != nil {
 			return false
@@ -138,15 +138,15 @@ func (g *fsGateway) writes(path string) (int, error) {
 // barrier makes every request sent to the server so far visible in the
 // tap: a read through the gateway, waited for in the tap. The tee copies
 // its input in order, so what reached the server before is there too.
-func (g *fsGateway) barrier() {
-	g.t.Helper()
+func (g *fsGateway) barrier(t *testing.T) {
+	t.Helper()
 	g.seq++
 	p := filepath.Join(g.root, fmt.Sprintf("barrier-%d.txt", g.seq))
-	require.NoError(g.t, os.WriteFile(p, []byte("barrier"), 0o644))
+	require.NoError(t, os.WriteFile(p, []byte("barrier"), 0o644))
 	r, err := g.client(g.alice).CallTool(context.Background(), "fs_read_file", map[string]any{"path": p}, nil)
-	require.NoError(g.t, err)
-	require.Equal(g.t, tasks.ResultTypeComplete, r.ResultType, "%s", r.Raw)
-	require.Eventually(g.t, func() bool {
+	require.NoError(t, err)
+	require.Equal(t, tasks.ResultTypeComplete, r.ResultType, "%s", r.Raw)
+	require.Eventually(t, func() bool {
 		calls, err := g.requests()
 		return err == nil && containsCall(calls, [2]string{"read_file", p})
 	}, 30*time.Second, 20*time.Millisecond, "the barrier read reaches the tap")
@@ -172,10 +172,10 @@ func disk(path string) (string, bool, error) {
 
 // requireDisk checks what the server received for path and what is on disk:
 // n write requests, and the file holding content (n > 0) or absent.
-func (g *fsGateway) requireDisk(path string, n int, content string) {
-	g.t.Helper()
-	g.barrier()
-	require.NoError(g.t, g.effects(path, n, content)())
+func (g *fsGateway) requireDisk(t *testing.T, path string, n int, content string) {
+	t.Helper()
+	g.barrier(t)
+	require.NoError(t, g.effects(path, n, content)())
 }
 
 // effects is the check of requireDisk as a condition that reports a
@@ -204,12 +204,12 @@ func (g *fsGateway) effects(path string, n int, content string) func() error {
 
 // write calls fs_write_file as alice and returns its task: a destructive
 // tool is requestable, and nothing reaches the server before a decision.
-func (g *fsGateway) write(path, content string) string {
-	g.t.Helper()
+func (g *fsGateway) write(t *testing.T, path, content string) string {
+	t.Helper()
 	r, err := g.client(g.alice).CallTool(context.Background(), "fs_write_file", map[string]any{"path": path, "content": content}, nil)
-	require.NoError(g.t, err)
-	require.Equal(g.t, tasks.ResultTypeTask, r.ResultType, "%s", r.Raw)
-	g.requireDisk(path, 0, "")
+	require.NoError(t, err)
+	require.Equal(t, tasks.ResultTypeTask, r.ResultType, "%s", r.Raw)
+	g.requireDisk(t, path, 0, "")
 	return r.Task.TaskID
 }
 
@@ -237,33 +237,33 @@ func TestGatewayFilesystem(t *testing.T) {
 
 	t.Run("an approved write_file writes the file exactly once", func(t *testing.T) {
 		p, content := filepath.Join(g.root, "approved.txt"), "approved content\nline two\n"
-		id := g.write(p, content)
+		id := g.write(t, p, content)
 		require.Equal(t, 200, g.decide(g.requestOf(id), "approve"))
 		d := g.waitTask(alice, id)
 		require.Equal(t, tasks.Completed, d.Status)
 		_, m, isErr := resultText(t, d)
 		require.False(t, isErr, "%s", d.Result)
 		require.Equal(t, "approved-executed", m["io.modelcontextprotocol/tool-approval-disposition"])
-		g.requireDisk(p, 1, content)
+		g.requireDisk(t, p, 1, content)
 		g.nothingMoreHappens([]string{id}, g.effects(p, 1, content))
 	})
 
 	t.Run("a denied write_file leaves the disk untouched", func(t *testing.T) {
 		p := filepath.Join(g.root, "denied.txt")
-		id := g.write(p, "never")
+		id := g.write(t, p, "never")
 		require.Equal(t, 200, g.decide(g.requestOf(id), "deny"))
 		d := g.waitTask(alice, id)
 		require.Equal(t, tasks.Completed, d.Status)
 		_, m, isErr := resultText(t, d)
 		require.True(t, isErr)
 		require.Equal(t, "denied-not-executed", m["io.modelcontextprotocol/tool-approval-disposition"])
-		g.requireDisk(p, 0, "")
+		g.requireDisk(t, p, 0, "")
 		g.nothingMoreHappens([]string{id}, g.effects(p, 0, ""))
 	})
 
 	t.Run("a cancelled write_file leaves the disk untouched, approved later or not", func(t *testing.T) {
 		p := filepath.Join(g.root, "cancelled.txt")
-		id := g.write(p, "never")
+		id := g.write(t, p, "never")
 		req := g.requestOf(id)
 		require.NoError(t, alice.Cancel(ctx, id))
 		d := g.waitTask(alice, id)
@@ -271,7 +271,7 @@ func TestGatewayFilesystem(t *testing.T) {
 		// An approval that comes anyway (the cancel reached the backend or
 		// not) must not write.
 		g.decide(req, "approve")
-		g.requireDisk(p, 0, "")
+		g.requireDisk(t, p, 0, "")
 		g.nothingMoreHappens([]string{id}, g.effects(p, 0, ""))
 	})
 
@@ -289,19 +289,19 @@ func TestGatewayFilesystem(t *testing.T) {
 			require.NoError(t, g.mcp.cmd.Process.Kill())
 			g.mcp.wait(10 * time.Second)
 			g.mcp = g.startFaultyMCP(tc.point)
-			g.connected()
-			id := g.write(p, content)
+			g.connected(t)
+			id := g.write(t, p, content)
 			require.Equal(t, 200, g.decide(g.requestOf(id), "approve"))
 			require.Equal(t, -1, g.mcp.wait(60*time.Second), "killed at %s", tc.point)
 			g.mcp = g.startMCP()
-			g.connected()
+			g.connected(t)
 			d := g.waitTask(g.client(g.alice), id)
 			require.Equal(t, tasks.Completed, d.Status)
 			text, m, isErr := resultText(t, d)
 			require.True(t, isErr)
 			require.Equal(t, "outcome-unknown", m["io.modelcontextprotocol/tool-approval-disposition"])
 			require.Contains(t, text, "may have run")
-			g.requireDisk(p, tc.writes, content)
+			g.requireDisk(t, p, tc.writes, content)
 			g.nothingMoreHappens([]string{id}, g.effects(p, tc.writes, content))
 		})
 	}
