@@ -4,21 +4,17 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
-)
 
-// The reference filesystem server, pinned; the tests install it with npm
-// into a cache directory (ARAP_NPM_CACHE, else the user cache dir).
-const filesystemServer = "@modelcontextprotocol/server-filesystem@2026.8.31"
+	"github.com/omcp/arap/internal/npmtest"
+)
 
 // TestMain lets the test binary double as a stdio MCP server (the "self"
 // upstream), so the stdio transport is tested against a real child process
@@ -46,64 +42,12 @@ func selfServer() {
 	_ = s.Run(context.Background(), &mcp.StdioTransport{})
 }
 
-var npmInstall struct {
-	sync.Mutex
-	dirs map[string]string
-}
-
-// npmPackage installs spec (name@version) once per cache and returns the
-// directory holding node_modules. Without npm it skips, unless
-// ARAP_REQUIRE_NPM is set (CI), where it fails.
-func npmPackage(t *testing.T, spec string) string {
-	t.Helper()
-	for _, tool := range []string{"npm", "node"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("ARAP_REQUIRE_NPM") != "" {
-				t.Fatalf("%s is required (ARAP_REQUIRE_NPM is set) but not on PATH", tool)
-			}
-			t.Skipf("%s not on PATH: skipping the test against %s (set ARAP_REQUIRE_NPM=1 to fail instead)", tool, spec)
-		}
-	}
-	npmInstall.Lock()
-	defer npmInstall.Unlock()
-	if d, ok := npmInstall.dirs[spec]; ok {
-		return d
-	}
-	cache := os.Getenv("ARAP_NPM_CACHE")
-	if cache == "" {
-		uc, err := os.UserCacheDir()
-		require.NoError(t, err)
-		cache = filepath.Join(uc, "arap-test", "npm")
-	}
-	safe := strings.NewReplacer("@", "", "/", "_").Replace(spec)
-	dir := filepath.Join(cache, safe)
-	if _, err := os.Stat(filepath.Join(dir, "installed")); err != nil {
-		// Install beside, then rename: a half-finished install is never used.
-		require.NoError(t, os.MkdirAll(cache, 0o755))
-		tmp, err := os.MkdirTemp(cache, safe+".tmp")
-		require.NoError(t, err)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "npm", "install", "--prefix", tmp, "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error", spec)
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "npm install %s: %s", spec, out)
-		require.NoError(t, os.WriteFile(filepath.Join(tmp, "installed"), []byte(spec+"\n"), 0o644))
-		_ = os.RemoveAll(dir)
-		require.NoError(t, os.Rename(tmp, dir))
-	}
-	if npmInstall.dirs == nil {
-		npmInstall.dirs = map[string]string{}
-	}
-	npmInstall.dirs[spec] = dir
-	return dir
-}
-
 // TestFilesystemServer runs the reference filesystem server over stdio:
 // its tools keep their annotations and schemas, the prefix and the filters
 // apply, calls work, and a tool error stays a result.
 func TestFilesystemServer(t *testing.T) {
 	t.Parallel()
-	pkg := npmPackage(t, filesystemServer)
+	server := npmtest.Filesystem(t)
 	root := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(root, "hello.txt"), []byte("hello from the upstream\n"), 0o644))
 	doc := fmt.Sprintf(`
@@ -118,7 +62,7 @@ upstreams:
       exclude: ["read_media_file"]
       task_required: ["write_file"]
     timeouts: {connect: 60s, call: 30s}
-`, filepath.Join(pkg, "node_modules", ".bin", "mcp-server-filesystem"), root)
+`, server, root)
 	cfg, err := Parse("fs.yaml", []byte(doc))
 	require.NoError(t, err)
 	r := newRegistry(t, Options{})
