@@ -287,8 +287,10 @@ func (g *Gate) failIntent(ctx context.Context, in *intent, refused bool, cause e
 	if refused {
 		m = intentRefused
 	}
-	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		if ended, err := failIntentTx(ctx, tx, in, m); err != nil || !ended {
+	var ended bool
+	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		var err error
+		if ended, err = failIntentTx(ctx, tx, in, m); err != nil || !ended {
 			return err
 		}
 		why := "approval request could not be submitted: " + sanitize(cause.Error(), 200)
@@ -299,6 +301,8 @@ func (g *Gate) failIntent(ctx context.Context, in *intent, refused bool, cause e
 		}
 		return g.audit(ctx, tx, in.TaskID, AuditFailed, actorPEP, *t.TerminalAt, map[string]any{"generation": in.Generation, "backend_request_id": nil, "error": why})
 	})
+	g.counted(ended, err, EndedFailed)
+	return err
 }
 
 // reopen consumes generation a.Generation (from phase from: pending when
