@@ -216,7 +216,7 @@ func (s *Server) getPrompt(ctx context.Context, req *sdk.GetPromptRequest) (*sdk
 	if err := s.decide(ctx, principalOf(req.Extra), ev, fmt.Sprintf("getting prompt %q", pr.Name)); err != nil {
 		return nil, err
 	}
-	res, err := s.pass.reg.GetPrompt(ctx, pr.Name, req.Params.Arguments)
+	res, err := s.pass.reg.GetPrompt(ctx, req.Params)
 	return res, s.forwardError(err)
 }
 

@@ -38,6 +38,9 @@ rules:
     match: {action: prompts/get, resource_type: mcp_prompt, resource_id: ext_greet}
     when: resource.properties.upstream_prompt == "greet" && resource.properties.arguments.who != "mallory"
     effect: allow
+  - name: ask
+    match: {action: prompts/get, resource_type: mcp_prompt, resource_id: ext_ask}
+    effect: allow
   - name: complete_prompts
     match: {action: completion/complete, resource_type: mcp_prompt}
     when: resource.properties.argument.name == "who"
@@ -74,6 +77,17 @@ func startOffering(t *testing.T) *offerServer {
 			o.prompts.Add(1)
 			return &sdk.GetPromptResult{Messages: []*sdk.PromptMessage{{Role: "user", Content: &sdk.TextContent{Text: "hello " + req.Params.Arguments["who"]}}}}, nil
 		})
+	// ask asks its caller a question first (MRTR, SEP-2322) and answers
+	// with what it was told.
+	s.AddPrompt(&sdk.Prompt{Name: "ask"}, func(_ context.Context, req *sdk.GetPromptRequest) (*sdk.GetPromptResult, error) {
+		o.prompts.Add(1)
+		if r, ok := req.Params.InputResponses["q"]; ok {
+			raw, _ := json.Marshal(r)
+			return &sdk.GetPromptResult{Messages: []*sdk.PromptMessage{{Role: "user", Content: &sdk.TextContent{Text: "told " + string(raw) + " state " + req.Params.RequestState}}}}, nil
+		}
+		return &sdk.GetPromptResult{RequestState: "st-1", InputRequests: sdk.InputRequestMap{"q": &sdk.ElicitParams{Message: "Which?",
+			RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"x": map[string]any{"type": "string"}}}}}}, nil
+	})
 	s.AddPrompt(&sdk.Prompt{Name: "other"}, func(context.Context, *sdk.GetPromptRequest) (*sdk.GetPromptResult, error) {
 		o.prompts.Add(1)
 		return &sdk.GetPromptResult{Messages: []*sdk.PromptMessage{{Role: "user", Content: &sdk.TextContent{Text: "other"}}}}, nil
@@ -167,6 +181,26 @@ func TestPassthroughDecidedByPDP(t *testing.T) {
 	_, rerr = rpc(t, p, "prompts/get", "ext_other", map[string]any{"name": "ext_other"})
 	require.NotNil(t, rerr, "no rule allows it")
 	require.EqualValues(t, 1, ext.prompts.Load())
+
+	// An upstream prompt's question (MRTR) reaches the caller, and the
+	// caller's answer the upstream.
+	p.alice = &tasks.Client{URL: p.url, Token: aliceToken, Capabilities: map[string]any{"elicitation": map[string]any{}}}
+	res, rerr = rpc(t, p, "prompts/get", "ext_ask", map[string]any{"name": "ext_ask"})
+	require.Nil(t, rerr)
+	var ask struct {
+		ResultType    string         `json:"resultType"`
+		InputRequests map[string]any `json:"inputRequests"`
+		RequestState  string         `json:"requestState"`
+	}
+	require.NoError(t, json.Unmarshal(res, &ask), "%s", res)
+	require.Equal(t, "input_required", ask.ResultType, "%s", res)
+	require.Contains(t, ask.InputRequests, "q")
+	require.Equal(t, "st-1", ask.RequestState)
+	res, rerr = rpc(t, p, "prompts/get", "ext_ask", map[string]any{"name": "ext_ask", "requestState": "st-1",
+		"inputResponses": map[string]any{"q": map[string]any{"action": "accept", "content": map[string]any{"x": "y"}}}})
+	require.Nil(t, rerr)
+	require.Contains(t, string(res), "state st-1")
+	require.Contains(t, string(res), `\"content\":{\"x\":\"y\"}`, "the answer reached the upstream")
 
 	complete := func(arg string) (json.RawMessage, *tasks.RPCError) {
 		return rpc(t, p, "completion/complete", "", map[string]any{"ref": map[string]any{"type": "ref/prompt", "name": "ext_greet"},

@@ -122,6 +122,12 @@ func (r *Registry) Call(ctx context.Context, name string, args map[string]any, o
 		res, err = sess.CallTool(ctx, params)
 		return err
 	})
+	if err == nil && (res.NeedsInput() || res.InputRequests != nil) {
+		// The tool has not finished; its question cannot be relayed into a
+		// gated call (which is decided, and maybe approved, as one request).
+		return nil, &Error{Upstream: t.Upstream, Tool: name, Kind: Rejected,
+			Reason: "the upstream asked for more input (input_required), which the gateway does not relay for tool calls"}
+	}
 	return res, err
 }
 

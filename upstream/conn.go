@@ -58,7 +58,12 @@ func (r *Registry) newConn(u Upstream) *conn {
 		Logger: r.opts.Logger,
 		// No roots, sampling or elicitation: the gateway answers no
 		// server-initiated requests on its callers' behalf.
-		Capabilities:               &mcp.ClientCapabilities{},
+		Capabilities: &mcp.ClientCapabilities{},
+		// An upstream's input_required result (MRTR) is its caller's to
+		// answer: prompts/get and resources/read pass it back as it came
+		// (and the caller's retry forward); the SDK would try to answer it
+		// here, with handlers the gateway does not have.
+		MultiRoundTrip:             &mcp.MultiRoundTripOptions{Disabled: true},
 		ToolListChangedHandler:     func(context.Context, *mcp.ToolListChangedRequest) { c.poke() },
 		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) { c.poke() },
 		PromptListChangedHandler:   func(context.Context, *mcp.PromptListChangedRequest) { c.poke() },

@@ -236,7 +236,7 @@ func (r *Registry) ReadResource(ctx context.Context, params *mcp.ReadResourcePar
 	}
 	var res *mcp.ReadResourceResult
 	p := *params
-	p.Meta = nil // the caller's _meta is for the gateway (its token, its progress), not the upstream
+	p.Meta = callerMeta(params.Meta)
 	err := r.send(ctx, c, "", ref, func(ctx context.Context, s *mcp.ClientSession) (err error) {
 		res, err = s.ReadResource(ctx, &p)
 		return err
@@ -255,9 +255,12 @@ func (r *Registry) PromptByName(name string) (Prompt, bool) {
 	return r.snap.prompts[i], true
 }
 
-// GetPrompt forwards a prompts/get of the prompt exposed as name to its
-// upstream under the upstream's name for it.
-func (r *Registry) GetPrompt(ctx context.Context, name string, args map[string]string) (*mcp.GetPromptResult, error) {
+// GetPrompt forwards a prompts/get of the prompt exposed as params.Name to
+// its upstream under the upstream's name for it, with its arguments and any
+// MRTR answers (inputResponses, requestState); an input_required result
+// comes back as it came.
+func (r *Registry) GetPrompt(ctx context.Context, params *mcp.GetPromptParams) (*mcp.GetPromptResult, error) {
+	name := params.Name
 	ref := fmt.Sprintf("prompt %q", clip(name))
 	r.mu.Lock()
 	var c *conn
@@ -273,7 +276,9 @@ func (r *Registry) GetPrompt(ctx context.Context, name string, args map[string]s
 	}
 	var res *mcp.GetPromptResult
 	err := r.send(ctx, c, "", ref, func(ctx context.Context, s *mcp.ClientSession) (err error) {
-		res, err = s.GetPrompt(ctx, &mcp.GetPromptParams{Name: p.UpstreamPrompt, Arguments: args})
+		q := *params
+		q.Meta, q.Name = callerMeta(params.Meta), p.UpstreamPrompt
+		res, err = s.GetPrompt(ctx, &q)
 		return err
 	})
 	return res, err
@@ -337,4 +342,16 @@ func (r *Registry) Complete(ctx context.Context, params *mcp.CompleteParams) (*m
 		return err
 	})
 	return res, err
+}
+
+// callerMeta is what of the caller's _meta travels upstream: only its
+// declared client capabilities (revision 2026-07-28 sends them with every
+// request), so the upstream asks (MRTR input requests) only what the caller
+// can answer. Nothing else: its progress token and other keys are for the
+// gateway.
+func callerMeta(m mcp.Meta) mcp.Meta {
+	if v, ok := m[mcp.MetaKeyClientCapabilities]; ok {
+		return mcp.Meta{mcp.MetaKeyClientCapabilities: v}
+	}
+	return nil
 }

@@ -109,11 +109,11 @@ func TestOffers(t *testing.T) {
 			require.NotContains(t, err.Error(), testToken)
 			require.NotContains(t, err.Error(), a.addr)
 
-			pr, err := r.GetPrompt(ctx, "a_greet", map[string]string{"who": "bob"})
+			pr, err := r.GetPrompt(ctx, &mcp.GetPromptParams{Name: "a_greet", Arguments: map[string]string{"who": "bob"}})
 			require.NoError(t, err)
 			require.Equal(t, "hello bob", pr.Messages[0].Content.(*mcp.TextContent).Text)
 			require.Equal(t, "greet", log.promptName.Load(), "the upstream is asked under its own name")
-			_, err = r.GetPrompt(ctx, "greet", nil)
+			_, err = r.GetPrompt(ctx, &mcp.GetPromptParams{Name: "greet"})
 			requireKind(t, err, NotSent)
 			require.ErrorIs(t, err, ErrNotOffered)
 
@@ -142,7 +142,7 @@ func TestOffers(t *testing.T) {
 			ue = requireKind(t, err, NotSent)
 			require.Equal(t, "a", ue.Upstream)
 			require.NotContains(t, err.Error(), a.addr)
-			_, err = r.GetPrompt(ctx, "a_greet", nil)
+			_, err = r.GetPrompt(ctx, &mcp.GetPromptParams{Name: "a_greet"})
 			requireKind(t, err, NotSent)
 		})
 	}
