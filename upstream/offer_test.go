@@ -45,6 +45,10 @@ func startOffering(t *testing.T, stateless bool) (*mcpServer, *offerLog) {
 			l.promptName.Store(req.Params.Name)
 			return &mcp.GetPromptResult{Messages: []*mcp.PromptMessage{{Role: "user", Content: &mcp.TextContent{Text: "hello " + req.Params.Arguments["who"]}}}}, nil
 		})
+	srv.AddTool(&mcp.Tool{Name: "needs_input", InputSchema: map[string]any{"type": "object"}},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{RequestState: "s", InputRequests: mcp.InputRequestMap{"q": &mcp.ElicitParams{Message: "which?"}}}, nil
+		})
 	s := &mcpServer{t: t, srv: srv, stateless: stateless, entered: make(chan struct{}, 10), release: make(chan struct{}), progress: make(chan struct{})}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -129,6 +133,15 @@ func TestOffers(t *testing.T) {
 			_, err = r.Complete(ctx, &mcp.CompleteParams{Ref: &mcp.CompleteReference{Type: "ref/prompt", Name: "nope"},
 				Argument: mcp.CompleteParamsArgument{Name: "who"}})
 			requireKind(t, err, NotSent)
+
+			// A tool's question (MRTR) cannot be relayed into a gated call:
+			// it is an answer, not a result. (A 2025-11-25 upstream asks the
+			// gateway's session itself, which cannot answer: refused too.)
+			_, err = r.Call(ctx, "a_needs_input", nil, nil)
+			requireKind(t, err, Rejected)
+			if stateless {
+				require.Contains(t, err.Error(), "input_required")
+			}
 
 			// Down: NotSent, naming the upstream, not where it is.
 			a.stop()
