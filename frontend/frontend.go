@@ -175,7 +175,7 @@ func (f *Frontend) build(ctx context.Context) error {
 	}
 	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
 	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
-		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Ready: f.ready, Log: cfg.Log})
+		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Ready: f.ready, Upstreams: f.upstreams, Log: cfg.Log})
 	if err != nil {
 		return err
 	}

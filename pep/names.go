@@ -44,3 +44,15 @@ func envelope(remediation string, taskHint bool) Envelope {
 	}
 	return e
 }
+
+// What the PDP is asked about a request passed through from an upstream
+// besides tools/call: the action is the MCP method; the resource's type says
+// what it names (its id: a resource's URI, a prompt's exposed name).
+const (
+	ActionReadResource = "resources/read"
+	ActionGetPrompt    = "prompts/get"
+	ActionComplete     = "completion/complete"
+
+	ResourceTypeResource = "mcp_resource"
+	ResourceTypePrompt   = "mcp_prompt"
+)

@@ -21,6 +21,7 @@ import (
 	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/upstream"
 	"github.com/omcp/arap/webhook"
 )
 
@@ -58,7 +59,11 @@ type ServerOptions struct {
 	// Ready reports the components that cannot serve now, by name (none:
 	// ready); GET /readyz answers 503 naming them. Nil: always ready.
 	Ready func(ctx context.Context) map[string]error
-	Log   *slog.Logger
+	// Upstreams, when set, are the upstream MCP servers whose resources,
+	// prompts and completions pass through (passthrough.go), each request
+	// decided by the PDP; their tools come through the gate's sources.
+	Upstreams *upstream.Registry
+	Log       *slog.Logger
 }
 
 // Server is the MCP front-end's HTTP handler.
@@ -73,12 +78,17 @@ type Server struct {
 
 	toolsMu sync.Mutex
 	shown   map[string]string // the gate's tools registered on sdk: name -> digest
+
+	pass *passthrough // nil without upstreams
 }
 
 // ToolsChanged tells the server that a source's tools changed (an
 // upstream's list): it offers the current ones now, and the SDK tells
 // connected clients (notifications/tools/list_changed).
-func (s *Server) ToolsChanged() { s.syncTools() }
+func (s *Server) ToolsChanged() {
+	s.syncTools()
+	s.syncOffers()
+}
 
 // syncTools makes the gate's tools registered on the SDK server (which
 // answers tools/list and routes tools/call to relay) the sources' current
@@ -170,12 +180,19 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		return nil, err
 	}
 	sdkLog := logs.Quiet(o.Log, slog.LevelWarn) // the SDK logs every stateless session at info
+	srv := &Server{gate: g, anon: o.Anonymous, ready: o.Ready, log: o.Log, shown: map[string]string{}}
+	var complete func(context.Context, *sdk.CompleteRequest) (*sdk.CompleteResult, error)
+	if o.Upstreams != nil {
+		srv.pass = &passthrough{reg: o.Upstreams}
+		complete = srv.complete // advertised only while an upstream offers completions (advertise)
+	}
 	s := sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{
 		Logger: sdkLog,
 		Capabilities: &sdk.ServerCapabilities{
 			Tools:      &sdk.ToolCapabilities{},
 			Extensions: map[string]any{tasks.ExtensionID: map[string]any{}, ExtensionToolApproval: map[string]any{}},
 		},
+		CompletionHandler: complete,
 	})
 	if brokenBuild && broken(violateToolApprovalUndeclared) {
 		s = sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{Logger: sdkLog,
@@ -190,8 +207,9 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 			return nil, err
 		}
 	}
-	srv := &Server{gate: g, tasks: ts, sdk: s, anon: o.Anonymous, ready: o.Ready, log: o.Log, shown: map[string]string{}}
+	srv.tasks, srv.sdk = ts, s
 	srv.syncTools()
+	srv.syncOffers()
 	s.AddReceivingMiddleware(srv.route)
 
 	getServer := func(*http.Request) *sdk.Server { return s }
@@ -351,10 +369,10 @@ func unauthorized(w http.ResponseWriter, challenge, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": "unauthorized", "error_description": msg})
 }
 
-// unserved are the methods of features this server neither offers nor
-// advertises. The SDK would answer them (an empty prompts/list, say), which
-// contradicts the capabilities in server/discover; they are unknown methods
-// here (-32601, HTTP 404).
+// unserved are the methods of features this server does not offer unless
+// an upstream does (passthrough.go: served). The SDK would answer them (an
+// empty prompts/list, say), which would contradict the capabilities in
+// server/discover; they are unknown methods here (-32601, HTTP 404).
 var unserved = map[string]bool{
 	"prompts/list": true, "prompts/get": true,
 	"resources/list": true, "resources/read": true, "resources/templates/list": true,
@@ -366,7 +384,7 @@ var unserved = map[string]bool{
 // the methods of features not served, and sends tools/call through the gate.
 func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 	return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
-		if unserved[method] {
+		if unserved[method] && !s.served(method) {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "method not found: " + method}
 		}
 		var p Principal
@@ -411,6 +429,16 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 			}
 		}
 		noteMethod(ctx, method, "", "")
+		switch method {
+		case "initialize", "server/discover":
+			res, err := next(ctx, method, req)
+			if err == nil {
+				s.advertise(res)
+			}
+			return res, err
+		case "resources/list", "resources/templates/list", "resources/read", "prompts/list", "prompts/get":
+			s.syncOffers()
+		}
 		return next(ctx, method, req)
 	}
 }

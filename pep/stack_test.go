@@ -24,6 +24,7 @@ import (
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
+	up "github.com/omcp/arap/upstream"
 	"github.com/omcp/arap/webhook"
 )
 
@@ -54,6 +55,8 @@ type pepOptions struct {
 	run func(next func(context.Context, pep.Invocation) (pep.Output, error)) func(context.Context, pep.Invocation) (pep.Output, error)
 	// sources offer tools beside the demo tools.
 	sources []pep.ToolSource
+	// upstreams pass their resources, prompts and completions through.
+	upstreams *up.Registry
 }
 
 const aliceToken = "alice-token-0123"
@@ -76,7 +79,7 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 	require.NoError(t, err)
 	t.Cleanup(p.gate.Stop) // before the pool closes: cleanups run last first
 	require.NoError(t, p.gate.Callers().Create(context.Background(), "alice-agent", aliceToken, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
-	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}})
+	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)

@@ -40,6 +40,9 @@ func (k Kind) String() string {
 // Sentinels a caller can test with errors.Is on an *Error.
 var (
 	ErrUnknownTool = errors.New("no such tool")
+	// ErrNotOffered: no upstream offers the resource, prompt or completion
+	// asked for; nothing was sent.
+	ErrNotOffered  = errors.New("not offered by any upstream")
 	ErrToolChanged = errors.New("the tool's definition changed")
 )
 
@@ -49,7 +52,8 @@ var (
 // error for operators' logs.
 type Error struct {
 	Upstream string // the upstream's name in the file; "" for an unknown tool
-	Tool     string // the exposed tool name
+	Tool     string // the exposed tool name (a tools/call)
+	Ref      string // what another request is about: `resource "URI"`, `prompt "name"`, `completion`
 	Kind     Kind
 	Code     int64  // Rejected: the upstream's JSON-RPC error code
 	Reason   string // what happened, in client-safe words
@@ -57,10 +61,14 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	if e.Upstream == "" {
-		return fmt.Sprintf("tool %q: %s: %s", e.Tool, e.Kind, e.Reason)
+	about := e.Ref
+	if about == "" {
+		about = fmt.Sprintf("tool %q", e.Tool)
 	}
-	return fmt.Sprintf("upstream %q, tool %q: %s: %s", e.Upstream, e.Tool, e.Kind, e.Reason)
+	if e.Upstream == "" {
+		return fmt.Sprintf("%s: %s: %s", about, e.Kind, e.Reason)
+	}
+	return fmt.Sprintf("upstream %q, %s: %s: %s", e.Upstream, about, e.Kind, e.Reason)
 }
 
 func (e *Error) Unwrap() error { return e.cause }
@@ -102,52 +110,70 @@ func (r *Registry) Call(ctx context.Context, name string, args map[string]any, o
 	}
 	c.calls.Add(1) // under r.mu, so a reload retiring c waits for this call
 	r.mu.Unlock()
-	defer c.calls.Done()
+	var res *mcp.CallToolResult
+	err := r.send(ctx, c, name, "", func(ctx context.Context, sess *mcp.ClientSession) (err error) {
+		params := &mcp.CallToolParams{Name: t.UpstreamTool, Arguments: args}
+		if o.Progress != nil {
+			tok := fmt.Sprintf("arap-%d", r.seq.Add(1))
+			r.prog.Store(tok, o.Progress)
+			defer r.prog.Delete(tok)
+			params.SetProgressToken(tok)
+		}
+		res, err = sess.CallTool(ctx, params)
+		return err
+	})
+	if err == nil && (res.NeedsInput() || res.InputRequests != nil) {
+		// The tool has not finished; its question cannot be relayed into a
+		// gated call (which is decided, and maybe approved, as one request).
+		return nil, &Error{Upstream: t.Upstream, Tool: name, Kind: Rejected,
+			Reason: "the upstream asked for more input (input_required), which the gateway does not relay for tool calls"}
+	}
+	return res, err
+}
 
+// send runs one forwarded request (do) on c's session within the call
+// timeout, at most once, and types its failure: NotSent, Rejected or
+// MaybeSent. The caller has done c.calls.Add(1) under r.mu; send marks it
+// done. tool or ref names what the request is about in the error.
+func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, do func(context.Context, *mcp.ClientSession) error) error {
+	defer c.calls.Done()
 	c.mu.Lock()
 	sess, u, lastErr := c.session, c.cfg, c.err
 	c.mu.Unlock()
 	fail := func(k Kind, reason string, cause error) error {
-		return &Error{Upstream: t.Upstream, Tool: name, Kind: k, Reason: reason, cause: cause}
+		return &Error{Upstream: c.name, Tool: tool, Ref: ref, Kind: k, Reason: reason, cause: cause}
 	}
 	if sess == nil {
 		reason := "not connected"
 		if lastErr != nil {
 			reason += " (" + lastErr.Error() + ")"
 		}
-		return nil, fail(NotSent, reason, lastErr)
+		return fail(NotSent, reason, lastErr)
 	}
 
 	callCtx, cancel := context.WithTimeout(ctx, u.Call)
 	defer cancel()
 	var sent atomic.Bool
 	callCtx = context.WithValue(callCtx, sentKey{}, &sent)
-	params := &mcp.CallToolParams{Name: t.UpstreamTool, Arguments: args}
-	if o.Progress != nil {
-		tok := fmt.Sprintf("arap-%d", r.seq.Add(1))
-		r.prog.Store(tok, o.Progress)
-		defer r.prog.Delete(tok)
-		params.SetProgressToken(tok)
-	}
-	res, err := sess.CallTool(callCtx, params)
+	err := do(callCtx, sess)
 	if err == nil {
-		return res, nil
+		return nil
 	}
 	we := upstreamError(err)
 	switch {
 	case !sent.Load():
 		c.poke() // a transport failure: let the loop check the session
-		return nil, fail(NotSent, "the request could not be sent: "+describe(callCtx, &u, err, 0), err)
+		return fail(NotSent, "the request could not be sent: "+describe(callCtx, &u, err, 0), err)
 	case we != nil:
-		return nil, &Error{Upstream: t.Upstream, Tool: name, Kind: Rejected, Code: we.Code,
-			Reason: fmt.Sprintf("the upstream refused the call: %s (code %d)", clip(u.redact(we.Message)), we.Code), cause: err}
+		return &Error{Upstream: c.name, Tool: tool, Ref: ref, Kind: Rejected, Code: we.Code,
+			Reason: fmt.Sprintf("the upstream refused the request: %s (code %d)", clip(u.redact(we.Message)), we.Code), cause: err}
 	case ctx.Err() != nil:
-		return nil, fail(MaybeSent, "the call was abandoned before the upstream answered", err)
+		return fail(MaybeSent, "the request was abandoned before the upstream answered", err)
 	case callCtx.Err() != nil:
-		return nil, fail(MaybeSent, fmt.Sprintf("no answer within %s", u.Call), err)
+		return fail(MaybeSent, fmt.Sprintf("no answer within %s", u.Call), err)
 	default:
 		c.poke()
-		return nil, fail(MaybeSent, "the connection was lost before the upstream answered: "+describe(callCtx, &u, err, 0), err)
+		return fail(MaybeSent, "the connection was lost before the upstream answered: "+describe(callCtx, &u, err, 0), err)
 	}
 }
 

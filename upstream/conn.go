@@ -42,6 +42,12 @@ type conn struct {
 	err      error
 	tools    []*mcp.Tool // the last list, kept while disconnected so names stay stable
 	digests  []string
+	// What else it offers, from its initialize result, and the last lists
+	// of its resources, resource templates and prompts.
+	offers    Offers
+	resources []*mcp.Resource
+	templates []*mcp.ResourceTemplate
+	prompts   []*mcp.Prompt
 }
 
 func (r *Registry) newConn(u Upstream) *conn {
@@ -52,8 +58,15 @@ func (r *Registry) newConn(u Upstream) *conn {
 		Logger: r.opts.Logger,
 		// No roots, sampling or elicitation: the gateway answers no
 		// server-initiated requests on its callers' behalf.
-		Capabilities:           &mcp.ClientCapabilities{},
-		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { c.poke() },
+		Capabilities: &mcp.ClientCapabilities{},
+		// An upstream's input_required result (MRTR) is its caller's to
+		// answer: prompts/get and resources/read pass it back as it came
+		// (and the caller's retry forward); the SDK would try to answer it
+		// here, with handlers the gateway does not have.
+		MultiRoundTrip:             &mcp.MultiRoundTripOptions{Disabled: true},
+		ToolListChangedHandler:     func(context.Context, *mcp.ToolListChangedRequest) { c.poke() },
+		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) { c.poke() },
+		PromptListChangedHandler:   func(context.Context, *mcp.PromptListChangedRequest) { c.poke() },
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 			if f, ok := r.prog.Load(req.Params.ProgressToken); ok {
 				f.(func(*mcp.ProgressNotificationParams))(req.Params)
@@ -147,6 +160,7 @@ func (c *conn) connect() (*mcp.ClientSession, error) {
 	}
 	c.mu.Lock()
 	c.session, c.protocol, c.err = sess, sess.InitializeResult().ProtocolVersion, nil
+	c.offers = offersOf(sess.InitializeResult().Capabilities)
 	c.mu.Unlock()
 	if err := c.list(ctx, sess); err != nil {
 		_ = sess.Close()
@@ -207,8 +221,13 @@ func (c *conn) list(ctx context.Context, sess *mcp.ClientSession) error {
 		}
 		tools, digests = append(tools, t), append(digests, d)
 	}
+	res, tmpl, prompts, err := c.listMore(ctx, sess, u)
+	if err != nil {
+		return err
+	}
 	c.mu.Lock()
 	c.tools, c.digests = tools, digests
+	c.resources, c.templates, c.prompts = res, tmpl, prompts
 	c.mu.Unlock()
 	c.r.rebuild()
 	return nil
@@ -280,7 +299,7 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if cr := rt.u.Credentials; cr != nil {
 		req.Header.Set(cr.Header, cr.headerValue())
 	}
-	if f := sentFlag(req.Context()); f != nil && req.Method == http.MethodPost && isToolCall(req) {
+	if f := sentFlag(req.Context()); f != nil && req.Method == http.MethodPost && isForwarded(req) {
 		// Headers on the wire are enough for a server to start; from then on
 		// the outcome is unknown.
 		trace := &httptrace.ClientTrace{WroteHeaders: func() { f.Store(true) }}
@@ -322,7 +341,9 @@ func sameOrigin(u *url.URL, endpoint string) bool {
 	return err == nil && u.Scheme == e.Scheme && u.Host == e.Host
 }
 
-func isToolCall(req *http.Request) bool {
+// isForwarded reports whether req carries one of the requests forwarded on
+// a caller's behalf (see forwarded).
+func isForwarded(req *http.Request) bool {
 	if req.GetBody == nil {
 		return true // cannot tell: assume it is, which errs toward MaybeSent
 	}
@@ -335,8 +356,12 @@ func isToolCall(req *http.Request) bool {
 		Method string `json:"method"`
 	}
 	_ = json.NewDecoder(body).Decode(&m)
-	return m.Method == "tools/call"
+	return forwarded[m.Method]
 }
+
+// forwarded are the methods the gateway sends on a caller's behalf; the
+// moment one is written is the line between NotSent and MaybeSent.
+var forwarded = map[string]bool{"tools/call": true, "resources/read": true, "prompts/get": true, "completion/complete": true}
 
 // stdioTransport wraps the command transport to record when a tools/call
 // has been written to the child's stdin.
@@ -354,7 +379,7 @@ type stdioConn struct{ mcp.Connection }
 
 func (c *stdioConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	err := c.Connection.Write(ctx, msg)
-	if req, ok := msg.(*jsonrpc.Request); ok && req.Method == "tools/call" {
+	if req, ok := msg.(*jsonrpc.Request); ok && forwarded[req.Method] {
 		// A write refused by a closed pipe delivered nothing; any other
 		// failure may have delivered part or all of the line.
 		if f := sentFlag(ctx); f != nil && (err == nil || !closedPipe(err)) {

@@ -87,6 +87,7 @@ type snapshot struct {
 	tools    []Tool
 	byName   map[string]int
 	withheld map[string][]string
+	offered
 }
 
 // New returns an empty registry; Reload gives it its upstreams.
@@ -322,6 +323,7 @@ func build(views []view, reserved []string, prev *snapshot, strict bool) (*snaps
 		}
 		tools := v.c.tools
 		digests := v.c.digests
+		s.addOffers(cfg, v.c.offers, v.c.resources, v.c.templates, v.c.prompts)
 		v.c.mu.Unlock()
 		for i, def := range tools {
 			name, ok := cfg.exposes(def.Name)
@@ -373,7 +375,7 @@ func build(views []view, reserved []string, prev *snapshot, strict bool) (*snaps
 }
 
 func sameTools(a, b *snapshot) bool {
-	return slices.EqualFunc(a.tools, b.tools, func(x, y Tool) bool {
+	return sameOffers(a, b) && slices.EqualFunc(a.tools, b.tools, func(x, y Tool) bool {
 		return x.Name == y.Name && x.Digest == y.Digest && x.TaskRequired == y.TaskRequired && x.Upstream == y.Upstream
 	})
 }
