@@ -2,7 +2,6 @@ package arap
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/internal/ratelimit"
 )
 
@@ -61,45 +61,18 @@ func clientFrom(r *http.Request) *clients.Client {
 // requestID echoes X-Request-ID (AuthZEN 1.0) or assigns one, for logs.
 func requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get(authzen.HeaderRequestID)
-		if id == "" || len(id) > 200 || strings.ContainsFunc(id, func(c rune) bool { return c < 0x20 || c > 0x7e }) {
-			id = rand.Text()
-		}
+		id := logs.RequestID(r.Header.Get(authzen.HeaderRequestID))
 		w.Header().Set(authzen.HeaderRequestID, id)
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
 	})
 }
-
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-	bytes  int
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	n, err := s.ResponseWriter.Write(b)
-	s.bytes += n
-	return n, err
-}
-
-func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // accessLog logs one line per request and records metrics. Bodies, query
 // strings and headers are never logged: they carry tokens and tool arguments.
 func (s *Server) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w}
+		rec := &logs.StatusRecorder{ResponseWriter: w}
 		info := &logInfo{}
 		r = r.WithContext(context.WithValue(r.Context(), logInfoKey, info))
 		next.ServeHTTP(rec, r)
@@ -108,9 +81,9 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 			route = "unmatched"
 		}
 		elapsed := time.Since(start)
-		httpRequests.WithLabelValues(r.Method, route, strconv.Itoa(rec.status)).Inc()
+		httpRequests.WithLabelValues(r.Method, route, strconv.Itoa(rec.Status)).Inc()
 		httpDuration.WithLabelValues(r.Method, route).Observe(elapsed.Seconds())
-		attrs := []any{"method", r.Method, "route", route, "status", rec.status, "bytes", rec.bytes,
+		attrs := []any{"method", r.Method, "route", route, "status", rec.Status, "bytes", rec.Bytes,
 			"duration_ms", float64(elapsed.Microseconds()) / 1000, "request_id", r.Context().Value(requestIDKey)}
 		if info.client != "" {
 			attrs = append(attrs, "client", info.client)

@@ -2,7 +2,6 @@ package pep
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/logs"
 )
 
 // Operating the front-end: readiness, and one access-log line per request.
@@ -85,17 +85,14 @@ func noteMethod(ctx context.Context, method, tool, outcome string) {
 func (s *Server) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		id := r.Header.Get(authzen.HeaderRequestID)
-		if id == "" || len(id) > 200 || strings.ContainsFunc(id, func(c rune) bool { return c < 0x20 || c > 0x7e }) {
-			id = rand.Text()
-		}
+		id := logs.RequestID(r.Header.Get(authzen.HeaderRequestID))
 		w.Header().Set(authzen.HeaderRequestID, id)
-		rec := &statusRecorder{ResponseWriter: w}
+		rec := &logs.StatusRecorder{ResponseWriter: w}
 		li := &logInfo{}
 		r = r.WithContext(context.WithValue(r.Context(), logInfoKey{}, li))
 		next.ServeHTTP(rec, r)
-		if rec.status == 0 {
-			rec.status = http.StatusOK
+		if rec.Status == 0 {
+			rec.Status = http.StatusOK
 		}
 		// The mux sets the pattern on r (cleanURLs passes r on as is);
 		// without its method, as the backend labels routes.
@@ -107,9 +104,9 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 			route = "unmatched"
 		}
 		elapsed := time.Since(start)
-		s.gate.cfg.Metrics.served(r.Method, route, rec.status)
+		s.gate.cfg.Metrics.served(r.Method, route, rec.Status)
 		li.mu.Lock()
-		attrs := []any{"method", r.Method, "route", route, "status", rec.status, "bytes", rec.bytes,
+		attrs := []any{"method", r.Method, "route", route, "status", rec.Status, "bytes", rec.Bytes,
 			"duration_ms", float64(elapsed.Microseconds()) / 1000, "request_id", id}
 		for _, a := range [][2]string{{"caller", li.caller}, {"rpc_method", li.method}, {"tool", li.tool}, {"outcome", li.outcome}} {
 			if a[1] != "" {
@@ -124,33 +121,6 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		s.log.Log(r.Context(), level, "http request", attrs...)
 	})
 }
-
-// statusRecorder notes the status and size of a response. Unwrap lets
-// http.ResponseController reach the connection (flushes, deadlines of
-// event streams).
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-	bytes  int
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	n, err := s.ResponseWriter.Write(b)
-	s.bytes += n
-	return n, err
-}
-
-func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // BackendReady asks the backend whether it can serve (GET /readyz, which it
 // serves without authentication), within two seconds.
