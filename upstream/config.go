@@ -150,6 +150,7 @@ var (
 	// Headers the transport owns; setting them from the file would break the
 	// protocol or smuggle a second credential past the credentials block.
 	reservedHeaders = []string{"Accept", "Content-Type", "Content-Length", "Host", "Connection", "Transfer-Encoding", "Last-Event-Id"}
+	credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie"}
 )
 
 // Load reads and validates an upstreams file. Relative paths in it (a stdio
@@ -255,6 +256,10 @@ func compile(s upstreamSpec, n *yaml.Node, dir string) (*Upstream, []Problem) {
 				add(at("http", "headers", h), "header name %q is not a valid HTTP header name", h)
 			} else if slices.Contains(reservedHeaders, http.CanonicalHeaderKey(h)) || strings.HasPrefix(http.CanonicalHeaderKey(h), "Mcp-") {
 				add(at("http", "headers", h), "header %q is set by the MCP transport and cannot be configured", h)
+			} else if slices.Contains(credentialHeaders, http.CanonicalHeaderKey(h)) {
+				// A secret written into this file would bypass the redaction
+				// and the file-or-environment rule of credentials.
+				add(at("http", "headers", h), "header %q carries a credential: give it in credentials (file or env), not in http.headers", h)
 			}
 		}
 	case s.Stdio != nil:

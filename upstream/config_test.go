@@ -115,7 +115,8 @@ func TestParseErrors(t *testing.T) {
 		{"missing env", "upstreams:\n  - name: a\n    http: {url: 'https://h/mcp'}\n    credentials:\n      env: ARAP_TEST_UNSET_VAR\n", 5, "ARAP_TEST_UNSET_VAR is not set"},
 		{"file and env", "upstreams:\n  - name: a\n    http: {url: 'https://h/mcp'}\n    credentials:\n      env: ARAP_TEST_SECRET\n      file: x\n", 4, "exactly one of file and env"},
 		{"stdio without as_env", "upstreams:\n  - name: a\n    stdio: {command: x}\n    credentials:\n      env: ARAP_TEST_SECRET\n", 4, "as_env must name"},
-		{"header twice", "upstreams:\n  - name: a\n    http:\n      url: 'https://h/mcp'\n      headers: {Authorization: topsecret-value}\n    credentials:\n      env: ARAP_TEST_SECRET\n", 5, "set both in http.headers and by credentials"},
+		{"header twice", "upstreams:\n  - name: a\n    http:\n      url: 'https://h/mcp'\n      headers: {x-api-key: topsecret-value}\n    credentials:\n      env: ARAP_TEST_SECRET\n      header: X-Api-Key\n", 5, "set both in http.headers and by credentials"},
+		{"credential as a plain header", "upstreams:\n  - name: a\n    http:\n      url: 'https://h/mcp'\n      headers:\n        authorization: Bearer topsecret-value\n", 6, "carries a credential: give it in credentials"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := filepath.Join(dir, "upstreams.yaml")

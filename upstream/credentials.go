@@ -3,9 +3,11 @@ package upstream
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -64,7 +66,7 @@ func credentials(s credSpec, u *Upstream, n *yaml.Node, dir string) (*Credential
 		if !validHeaderName(c.Header) {
 			add(at("header"), "credentials.header %q is not a valid HTTP header name", c.Header)
 		}
-		if _, dup := u.HTTP.Headers[c.Header]; dup {
+		if slices.ContainsFunc(slices.Collect(maps.Keys(u.HTTP.Headers)), func(h string) bool { return http.CanonicalHeaderKey(h) == http.CanonicalHeaderKey(c.Header) }) {
 			add(lineAt(n, "http", "headers"), "header %q is set both in http.headers and by credentials", c.Header)
 		}
 		if http.CanonicalHeaderKey(c.Header) == "Authorization" {
