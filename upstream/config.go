@@ -149,7 +149,7 @@ var (
 	lineRE    = regexp.MustCompile(`line (\d+)`)
 	// Headers the transport owns; setting them from the file would break the
 	// protocol or smuggle a second credential past the credentials block.
-	reservedHeaders = []string{"Accept", "Content-Type", "Content-Length", "Host", "Connection", "Transfer-Encoding", "Last-Event-Id"}
+	reservedHeaders   = []string{"Accept", "Content-Type", "Content-Length", "Host", "Connection", "Transfer-Encoding", "Last-Event-Id"}
 	credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie"}
 )
 
