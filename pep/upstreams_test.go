@@ -35,6 +35,8 @@ rules:
 
 type extServer struct {
 	purges atomic.Int64
+	// entered gets a value when purge starts.
+	entered chan struct{}
 	// stall, when set, makes purge wait until the call's context ends
 	// (its response never comes).
 	stall atomic.Bool
@@ -46,7 +48,7 @@ type extServer struct {
 // loopback with a read-only tool, lookup, and a destructive one, purge.
 func startExt(t *testing.T) *extServer {
 	t.Helper()
-	e := &extServer{}
+	e := &extServer{entered: make(chan struct{}, 10)}
 	s := sdk.NewServer(&sdk.Implementation{Name: "ext", Version: "1"}, nil)
 	yes := true
 	type lookupIn struct {
@@ -62,6 +64,7 @@ func startExt(t *testing.T) *extServer {
 	sdk.AddTool(s, &sdk.Tool{Name: "purge", Description: "Purge a target.", Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes}},
 		func(ctx context.Context, _ *sdk.CallToolRequest, in purgeIn) (*sdk.CallToolResult, any, error) {
 			e.purges.Add(1)
+			e.entered <- struct{}{}
 			if e.stall.Load() {
 				<-ctx.Done()
 			}
@@ -113,6 +116,7 @@ func TestUpstreamToolsThroughTheGate(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, tasks.ResultTypeTask, r.ResultType, "%s", r.Raw)
 	id := r.Task.TaskID
+	p.advance(t, id) // what the tracking job does before any decision
 	require.Zero(t, ext.purges.Load(), "nothing is forwarded before approval")
 	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
 	p.advance(t, id)
@@ -129,7 +133,7 @@ func TestUpstreamToolsThroughTheGate(t *testing.T) {
 func TestUpstreamResponseLostAfterClaim(t *testing.T) {
 	t.Parallel()
 	ext := startExt(t)
-	p, _ := gatewayPEP(t, ext, time.Second)
+	p, _ := gatewayPEP(t, ext, 5*time.Second)
 	ctx := context.Background()
 	ext.stall.Store(true)
 	r, err := p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "db"}, nil)
@@ -137,6 +141,11 @@ func TestUpstreamResponseLostAfterClaim(t *testing.T) {
 	id := r.Task.TaskID
 	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
 	p.advance(t, id)
+	select {
+	case <-ext.entered:
+	default:
+		t.Fatal("the approved call never reached the upstream")
+	}
 	d := p.get(t, id)
 	require.Equal(t, "outcome-unknown", disposition(t, d), "%s", d.Result)
 	p.advance(t, id)
