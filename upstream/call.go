@@ -79,6 +79,10 @@ type CallOptions struct {
 	// whose definition has changed since is not called (NotSent,
 	// ErrToolChanged).
 	Digest string
+	// Upstream and UpstreamTool, when set, are where the caller decided the
+	// call goes: a name that moved to another upstream (or another of its
+	// tools) since is not called (NotSent, ErrToolChanged).
+	Upstream, UpstreamTool string
 	// Progress receives the upstream's progress notifications for this call.
 	Progress func(*mcp.ProgressNotificationParams)
 }
@@ -98,18 +102,15 @@ func (r *Registry) Call(ctx context.Context, name string, args map[string]any, o
 		return nil, &Error{Tool: name, Kind: NotSent, Reason: "no such tool", cause: ErrUnknownTool}
 	}
 	t := r.snap.tools[i]
-	var c *conn
-	for _, u := range r.ups {
-		if u.name == t.Upstream {
-			c = u
-		}
-	}
-	if o.Digest != "" && o.Digest != t.Digest {
+	if (o.Digest != "" && o.Digest != t.Digest) || (o.Upstream != "" && (o.Upstream != t.Upstream || o.UpstreamTool != t.UpstreamTool)) {
 		r.mu.Unlock()
 		return nil, &Error{Upstream: t.Upstream, Tool: name, Kind: NotSent, Reason: "the tool's definition changed; it was not called", cause: ErrToolChanged}
 	}
-	c.calls.Add(1) // under r.mu, so a reload retiring c waits for this call
+	c := r.take(t.Upstream) // under r.mu, so a reload retiring c waits for this call
 	r.mu.Unlock()
+	if c == nil {
+		return nil, &Error{Upstream: t.Upstream, Tool: name, Kind: NotSent, Reason: "the upstream is not configured", cause: ErrUnknownTool}
+	}
 	var res *mcp.CallToolResult
 	err := r.send(ctx, c, name, "", func(ctx context.Context, sess *mcp.ClientSession) (err error) {
 		params := &mcp.CallToolParams{Name: t.UpstreamTool, Arguments: args}

@@ -267,6 +267,10 @@ func TestHTTPProtocols(t *testing.T) {
 			_, err = r.Call(context.Background(), "up.echo", nil, &CallOptions{Digest: strings.Repeat("0", 64)})
 			requireKind(t, err, NotSent)
 			require.ErrorIs(t, err, ErrToolChanged)
+			// Decided for another upstream (the name moved): not sent here.
+			_, err = r.Call(context.Background(), "up.echo", nil, &CallOptions{Digest: echo.Digest, Upstream: "other", UpstreamTool: "echo"})
+			requireKind(t, err, NotSent)
+			require.ErrorIs(t, err, ErrToolChanged)
 			_, err = r.Call(context.Background(), "echo", nil, nil)
 			requireKind(t, err, NotSent)
 			require.ErrorIs(t, err, ErrUnknownTool)
