@@ -180,14 +180,16 @@ func (f *Frontend) build(ctx context.Context) error {
 		return err
 	}
 	f.server.Store(srv)
+	srv.ToolsChanged() // a change the registry reported before the store
 	f.host.Mount(host.Parts{
 		Handler: srv, Workers: jobs,
 		// They stop in reverse once HTTP has drained: the notifier (its
 		// streams already ended by OnShutdown), then the Stopping hook,
 		// then the gate (its callback wake-ups and the reconciler, waited
-		// for), then the upstream sessions the gate's runs used; the
-		// workers after them.
-		Services: []host.Service{stopping(f.closeUpstreams), f.gate, stopping(cfg.Stopping), notifier},
+		// for); the workers after them. The upstream sessions close after
+		// the workers (Stop, Run): a tracking job still running must not
+		// find its upstream gone.
+		Services: []host.Service{f.gate, stopping(cfg.Stopping), notifier},
 		Reload:   f.reloadUpstreams,
 		// Shutdown waits for open requests, and a listen stream never ends
 		// by itself: ending them is the first thing Shutdown does.
@@ -311,12 +313,17 @@ func (f *Frontend) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop drains HTTP, then stops the workers and closes the pool.
-func (f *Frontend) Stop(ctx context.Context) error { return f.host.Stop(ctx) }
+// Stop drains HTTP, then stops the workers, closes the pool and the
+// upstream sessions.
+func (f *Frontend) Stop(ctx context.Context) error {
+	defer f.closeUpstreams()
+	return f.host.Stop(ctx)
+}
 
 // Run serves until ctx ends, then stops gracefully; every value from
 // reload (SIGHUP; nil for none) reads the upstreams file again.
 func (f *Frontend) Run(ctx context.Context, reload <-chan struct{}) error {
+	defer f.closeUpstreams()
 	if err := f.host.Run(ctx, reload); err != nil {
 		return fmt.Errorf("frontend: %w", err)
 	}

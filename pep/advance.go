@@ -207,7 +207,10 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 	}
 	// The approval is for the tool as it was: a changed one is not asked
 	// about (nor a new request opened for it).
-	tool, why := g.current(a, b)
+	tool, why, err := g.current(a, b)
+	if err != nil {
+		return time.Time{}, err // the tracking job tries again
+	}
 	if why != "" {
 		return time.Time{}, g.deny(ctx, a, why)
 	}

@@ -59,18 +59,23 @@ const (
 // why the call may not run: an approval never carries over to a changed
 // tool (SEP-2848: a material change while pending fails closed). A task
 // opened before the digest was recorded is checked against the schema only.
-func (g *Gate) current(a *approvalTask, b binding) (*offered, string) {
+func (g *Gate) current(a *approvalTask, b binding) (*offered, string, error) {
 	tool, err := g.catalog.lookup(a.Tool)
 	if err != nil {
-		return nil, msgToolGone
+		if a.Upstream != nil && !g.catalog.connected(*a.Upstream) {
+			// Its upstream is not connected (starting, reconnecting): its
+			// tools are unknown now, not gone. Decided later.
+			return nil, "", fmt.Errorf("pep: upstream %s is not connected; the task waits", *a.Upstream)
+		}
+		return nil, msgToolGone, nil
 	}
 	if a.ToolDigest != nil && tool.Digest != *a.ToolDigest {
-		return nil, msgToolChanged
+		return nil, msgToolChanged, nil
 	}
 	if err := tool.schema.Validate(toJSONValue(b.Args)); err != nil {
-		return nil, msgArgsStale
+		return nil, msgArgsStale, nil
 	}
-	return tool, ""
+	return tool, "", nil
 }
 
 // digest is the JCS SHA-256 of tool and arguments (hex).

@@ -33,13 +33,16 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	// The tool must still be the one approved, and the arguments fit it
 	// now: checked here, just before the claim (reevaluate checked it
 	// before asking the PDP; the source may have changed since).
-	tool, why := g.current(a, b)
+	tool, why, err := g.current(a, b)
+	if err != nil {
+		return err
+	}
 	if why != "" {
 		return g.deny(ctx, a, why)
 	}
 	execDeadline := now.Add(g.cfg.ExecTimeout)
 	claimed := false
-	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
 		var backendID *string
 		var err error
 		if claimed, backendID, err = claimTx(ctx, tx, a, now, execDeadline); err != nil || !claimed {

@@ -75,7 +75,10 @@ func (g *Gate) Update(ctx context.Context, t *tasks.Task, responses map[string]j
 	if err != nil {
 		return g.fail(ctx, a, "the stored call binding is damaged")
 	}
-	tool, why := g.current(a, b)
+	tool, why, err := g.current(a, b)
+	if err != nil {
+		return err
+	}
 	if why != "" {
 		return g.deny(ctx, a, why)
 	}

@@ -28,6 +28,13 @@ type ToolSource interface {
 	Tools() []Tool
 }
 
+// A Connector is a source whose tools come from connections: while
+// upstream is not connected it offers none of them, which does not mean
+// they are gone.
+type Connector interface {
+	Connected(upstream string) bool
+}
+
 // StaticTools is a source whose tools never change (the demo tools).
 type StaticTools []Tool
 
@@ -203,6 +210,17 @@ func compileSchema(t Tool) (*jsonschema.Schema, error) {
 		return nil, fmt.Errorf("pep: tool %s schema: %w", t.Name, err)
 	}
 	return sch, nil
+}
+
+// connected reports whether every source that connects to upstream has it
+// connected now.
+func (c *catalog) connected(upstream string) bool {
+	for _, s := range c.sources {
+		if cs, ok := s.(Connector); ok && !cs.Connected(upstream) {
+			return false
+		}
+	}
+	return true
 }
 
 // errNoTool means no source offers the tool now.

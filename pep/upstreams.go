@@ -52,12 +52,17 @@ func (u *Upstreams) Tools() []Tool {
 	return tools
 }
 
+// Connected implements Connector: an upstream of the file that is not
+// connected now (starting, reconnecting, or the registry closed) is not.
+func (u *Upstreams) Connected(upstream string) bool { return u.reg.Settled(upstream) }
+
 func sameDefinitions(a, b []upstream.Tool) bool {
 	if len(a) != len(b) {
 		return false
 	}
 	for i := range a {
-		if a[i].Name != b[i].Name || a[i].Digest != b[i].Digest || a[i].TaskRequired != b[i].TaskRequired {
+		if a[i].Name != b[i].Name || a[i].Digest != b[i].Digest || a[i].TaskRequired != b[i].TaskRequired ||
+			a[i].Upstream != b[i].Upstream || a[i].UpstreamTool != b[i].UpstreamTool {
 			return false
 		}
 	}
@@ -84,10 +89,11 @@ func (u *Upstreams) tool(t upstream.Tool) (Tool, error) {
 	}
 	// The call names the definition it was decided on: one that changed
 	// upstream after the gate's last look is not sent.
-	defDigest, upstreamName := t.Digest, t.Upstream
+	opts := &upstream.CallOptions{Digest: t.Digest, Upstream: t.Upstream, UpstreamTool: t.UpstreamTool}
+	upstreamName := t.Upstream
 	pt.Run = func(ctx context.Context, x Invocation) (Output, error) {
 		start := time.Now()
-		res, err := u.reg.Call(ctx, t.Name, x.Args, &upstream.CallOptions{Digest: defDigest})
+		res, err := u.reg.Call(ctx, t.Name, x.Args, opts)
 		u.metrics.ObserveUpstream(upstreamName, time.Since(start), err)
 		return upstreamOutput(upstreamName, res, err)
 	}

@@ -152,6 +152,25 @@ func TestUpstreamResponseLostAfterClaim(t *testing.T) {
 	require.EqualValues(t, 1, ext.purges.Load(), "never re-sent")
 }
 
+// TestUpstreamNotConnectedIsNotGone: an approved call whose upstream is
+// not connected when it is advanced (a restart, a reconnect) waits; it is
+// not denied as if its tool were gone, and nothing runs.
+func TestUpstreamNotConnectedIsNotGone(t *testing.T) {
+	t.Parallel()
+	ext := startExt(t)
+	p, reg := gatewayPEP(t, ext, 5*time.Second)
+	ctx := context.Background()
+	r, err := p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "tmp"}, nil)
+	require.NoError(t, err)
+	id := r.Task.TaskID
+	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
+	require.NoError(t, reg.Close(ctx)) // its tools are unknown now
+	_, err = p.gate.Advance(ctx, id)
+	require.ErrorContains(t, err, "not connected")
+	require.Equal(t, tasks.Working, p.get(t, id).Status, "still waiting, not denied")
+	require.Zero(t, ext.purges.Load())
+}
+
 // TestUpstreamDownBeforeClaim: an approved call whose upstream cannot be
 // reached ends failed, saying which upstream and that the tool did not run,
 // without the upstream's address.

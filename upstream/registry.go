@@ -243,6 +243,21 @@ func (r *Registry) Ready() map[string]error {
 	return m
 }
 
+// Settled reports whether the registry's view of upstream name is
+// complete: false while name is configured but not connected, and after
+// Close; true for a connected upstream and for a name the file does not
+// have (whose tools are gone).
+func (r *Registry) Settled(name string) bool {
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return false
+	}
+	err, configured := r.Ready()[name]
+	return !configured || err == nil
+}
+
 // Close stops reconnecting, waits for in-flight calls until ctx is done,
 // then closes every session (stopping stdio children). The SDK's session
 // Close lets outstanding calls finish, so Close can outlast ctx by up to
