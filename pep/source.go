@@ -142,6 +142,9 @@ func newCatalog(sources []ToolSource) (*catalog, error) {
 			}
 			seen[t.Name] = t.Upstream
 			if _, err := c.prepare(t); err != nil {
+				if _, connects := s.(Connector); connects {
+					continue // an upstream's unusable tool is not offered (list says why), as later
+				}
 				return nil, err
 			}
 		}

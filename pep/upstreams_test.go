@@ -194,3 +194,22 @@ func TestUpstreamDownBeforeClaim(t *testing.T) {
 	require.NotContains(t, string(raw), "127.0.0.1", "the upstream's address is not shown")
 	require.Zero(t, ext.purges.Load())
 }
+
+// connecting is a source that says it connects to its upstreams.
+type connecting struct{ pep.StaticTools }
+
+func (connecting) Connected(string) bool { return true }
+
+// TestUnusableUpstreamToolDoesNotStopStartup: an upstream tool whose schema
+// this server cannot use is left out; the gate starts and offers the rest.
+// (A built-in tool like that is a configuration error, refused.)
+func TestUnusableUpstreamToolDoesNotStopStartup(t *testing.T) {
+	t.Parallel()
+	ok := pep.Tool{Name: "x_fine", Upstream: "x", InputSchema: map[string]any{"type": "object"}}
+	bad := pep.Tool{Name: "x_bad", Upstream: "x", InputSchema: map[string]any{"type": "string"}}
+	p := newPEP(t, pepOptions{sources: []pep.ToolSource{connecting{pep.StaticTools{bad, ok}}}})
+	r, err := p.alice.Call(context.Background(), "tools/list", "", nil)
+	require.NoError(t, err)
+	require.Contains(t, string(r.Result), `"x_fine"`)
+	require.NotContains(t, string(r.Result), `"x_bad"`)
+}
