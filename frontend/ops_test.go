@@ -281,6 +281,11 @@ func TestAccessLog(t *testing.T) {
 	require.Equal(t, "wire_transfer", line["tool"])
 	require.Equal(t, pep.OutcomeTaskCreated, line["outcome"])
 	require.NotEmpty(t, line["request_id"])
+	// Everything the process will log about this call is in once it has
+	// stopped (its tracking job included).
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, s.f.Stop(stopCtx))
 	all := s.log.String()
 	require.NotContains(t, all, secretArg, "tool arguments are never logged")
 	require.NotContains(t, all, alice.Token, "tokens are never logged")
