@@ -1,8 +1,6 @@
 package evaluation
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"regexp"
@@ -14,6 +12,8 @@ import (
 	"github.com/google/cel-go/ext"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/omcp/arap/internal/yamlfile"
 )
 
 // Effects a rule can have.
@@ -174,34 +174,14 @@ func checkKeys(n *yaml.Node, known []string, what string) error {
 }
 
 // Error lists every problem found in a policy file, each with its line.
-type Error struct {
-	Source   string
-	Problems []Problem
-}
+type Error = yamlfile.Error
 
 // Problem is one error at one line.
-type Problem struct {
-	Line    int
-	Message string
-}
-
-func (e *Error) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "policy %s: %d problem(s)", e.Source, len(e.Problems))
-	for _, p := range e.Problems {
-		if p.Line > 0 {
-			fmt.Fprintf(&b, "\n  %s:%d: %s", e.Source, p.Line, p.Message)
-		} else {
-			fmt.Fprintf(&b, "\n  %s: %s", e.Source, p.Message)
-		}
-	}
-	return b.String()
-}
+type Problem = yamlfile.Problem
 
 var (
 	nameRE   = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
 	reasonRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
-	lineRE   = regexp.MustCompile(`line (\d+)`)
 )
 
 // LoadFile reads and compiles a policy file.
@@ -215,22 +195,10 @@ func LoadFile(path string) (*Policy, error) {
 
 // Parse compiles a policy document. All problems are reported at once.
 func Parse(source string, doc []byte) (*Policy, error) {
-	perr := &Error{Source: source}
-	add := func(line int, format string, args ...any) {
-		perr.Problems = append(perr.Problems, Problem{Line: line, Message: fmt.Sprintf(format, args...)})
-	}
+	perr := &Error{What: "policy", Source: source}
+	add := perr.Add
 	var spec fileSpec
-	dec := yaml.NewDecoder(bytes.NewReader(doc))
-	dec.KnownFields(true)
-	if err := dec.Decode(&spec); err != nil {
-		var te *yaml.TypeError
-		if errors.As(err, &te) {
-			for _, m := range te.Errors {
-				add(lineOf(m), "%s", stripLine(m))
-			}
-		} else {
-			add(lineOf(err.Error()), "%s", stripLine(strings.TrimPrefix(err.Error(), "yaml: ")))
-		}
+	if !yamlfile.Decode(doc, &spec, perr) {
 		return nil, perr
 	}
 	if spec.Version != 1 {
@@ -276,20 +244,6 @@ func Parse(source string, doc []byte) (*Policy, error) {
 		return nil, perr
 	}
 	return p, nil
-}
-
-func lineOf(msg string) int {
-	m := lineRE.FindStringSubmatch(msg)
-	if m == nil {
-		return 0
-	}
-	var n int
-	fmt.Sscan(m[1], &n)
-	return n
-}
-
-func stripLine(msg string) string {
-	return strings.TrimSpace(lineRE.ReplaceAllString(strings.TrimPrefix(msg, "line "), ""))
 }
 
 func compileRule(env *cel.Env, d Defaults, rs ruleSpec) (*Rule, []Problem) {

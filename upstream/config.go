@@ -1,10 +1,7 @@
 package upstream
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -17,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/omcp/arap/internal/yamlfile"
 )
 
 // Defaults for the per-upstream timeouts and the re-list schedule.
@@ -71,31 +70,12 @@ type Stdio struct {
 }
 
 // Problem is one error at one line of an upstreams file.
-type Problem struct {
-	Line    int
-	Message string
-}
+type Problem = yamlfile.Problem
 
 // ConfigError lists every problem found in an upstreams file. Its message
 // names the file and line of each ("FILE:LINE: reason") and never includes a
 // credential.
-type ConfigError struct {
-	Source   string
-	Problems []Problem
-}
-
-func (e *ConfigError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "upstreams %s: %d problem(s)", e.Source, len(e.Problems))
-	for _, p := range e.Problems {
-		if p.Line > 0 {
-			fmt.Fprintf(&b, "\n  %s:%d: %s", e.Source, p.Line, p.Message)
-		} else {
-			fmt.Fprintf(&b, "\n  %s: %s", e.Source, p.Message)
-		}
-	}
-	return b.String()
-}
+type ConfigError = yamlfile.Error
 
 // The file's shape. Durations are strings ("10s") parsed after decoding so a
 // bad one is reported with its line.
@@ -146,7 +126,6 @@ type toolsSpec struct {
 var (
 	nameRE    = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	lineRE    = regexp.MustCompile(`line (\d+)`)
 	// Headers the transport owns; setting them from the file would break the
 	// protocol or smuggle a second credential past the credentials block.
 	reservedHeaders   = []string{"Accept", "Content-Type", "Content-Length", "Host", "Connection", "Transfer-Encoding", "Last-Event-Id"}
@@ -159,7 +138,7 @@ var (
 func Load(file string) (*Config, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return nil, &ConfigError{Source: file, Problems: []Problem{{Message: fmt.Sprintf("read: %v", err)}}}
+		return nil, &ConfigError{What: "upstreams", Source: file, Problems: []Problem{{Message: fmt.Sprintf("read: %v", err)}}}
 	}
 	return Parse(file, b)
 }
@@ -169,22 +148,10 @@ func Load(file string) (*Config, error) {
 // (read from their file or environment variable) here, so a missing one
 // refuses the file rather than failing a call later.
 func Parse(name string, data []byte) (*Config, error) {
-	cerr := &ConfigError{Source: name}
-	add := func(line int, format string, args ...any) {
-		cerr.Problems = append(cerr.Problems, Problem{Line: line, Message: fmt.Sprintf(format, args...)})
-	}
+	cerr := &ConfigError{What: "upstreams", Source: name}
+	add := cerr.Add
 	var spec fileSpec
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&spec); err != nil && !errors.Is(err, io.EOF) {
-		var te *yaml.TypeError
-		if errors.As(err, &te) {
-			for _, m := range te.Errors {
-				add(lineOf(m), "%s", stripLine(m))
-			}
-		} else {
-			add(lineOf(err.Error()), "%s", stripLine(strings.TrimPrefix(err.Error(), "yaml: ")))
-		}
+	if !yamlfile.Decode(data, &spec, cerr) {
 		return nil, cerr
 	}
 	// A second pass over the node tree gives each entry and key its line.
@@ -397,20 +364,6 @@ func lineAt(n *yaml.Node, keys ...string) int {
 		line, n = k.Line, v
 	}
 	return line
-}
-
-func lineOf(msg string) int {
-	m := lineRE.FindStringSubmatch(msg)
-	if m == nil {
-		return 0
-	}
-	var n int
-	fmt.Sscan(m[1], &n)
-	return n
-}
-
-func stripLine(msg string) string {
-	return strings.TrimSpace(strings.TrimPrefix(lineRE.ReplaceAllString(msg, ""), ":"))
 }
 
 // exposes reports whether the upstream offers its tool name, and under which
