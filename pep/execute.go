@@ -26,7 +26,7 @@ import (
 // and the outcome is recorded as it is, even if ctx ends meanwhile (a
 // stopping process records what it ran rather than leave it unknown).
 func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approvalID string, approvedUntil time.Time) error {
-	now := g.now()
+	start, now := time.Now(), g.now() // start: for the run's deadline, on the real clock
 	if !now.Before(approvedUntil) {
 		return g.deny(ctx, a, "The approval expired before the tool could run; the tool did not run.")
 	}
@@ -41,6 +41,9 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 		return g.deny(ctx, a, why)
 	}
 	execDeadline := now.Add(g.cfg.ExecTimeout)
+	// The run ends early enough that its outcome is written before the
+	// deadline: past it, a claim without a record is reaped outcome-unknown.
+	runDeadline := start.Add(g.cfg.ExecTimeout - recordReserve(g.cfg.ExecTimeout))
 	claimed := false
 	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
 		var backendID *string
@@ -71,7 +74,7 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	// From here on the run and its record outlive ctx: bounded by the
 	// execution deadline, and then by the time to write the outcome.
 	ctx = context.WithoutCancel(ctx)
-	runCtx, cancel := context.WithTimeout(ctx, g.cfg.ExecTimeout)
+	runCtx, cancel := context.WithDeadline(ctx, runDeadline)
 	args := b.Args
 	if brokenBuild && broken(violateArgumentsTruncated) { // runs from a binding that lost an argument
 		args = map[string]any{}
@@ -133,6 +136,12 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	recordCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	return g.finish(recordCtx, a, moveRan, res, disposition, "The tool ran after approval.", AuditCompleted, nil)
+}
+
+// recordReserve is the part of the execution deadline kept for writing a
+// run's outcome: a fifth, at most 5s.
+func recordReserve(execTimeout time.Duration) time.Duration {
+	return min(execTimeout/5, 5*time.Second)
 }
 
 // reapClaim ends a claimed task whose execution deadline has passed without

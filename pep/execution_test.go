@@ -2,6 +2,7 @@ package pep_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"sync"
@@ -465,4 +466,37 @@ func TestMaxWindowDenialIsNotOvertakenByItsCancel(t *testing.T) {
 	require.True(t, inside.Load(), "the backend request was cancelled")
 	require.Equal(t, pep.DeniedNotExecuted, disposition(t, p.get(t, id)))
 	require.Zero(t, p.ledger(t, id))
+}
+
+// A claimed run is cut off early enough for its outcome to be written
+// before the execution deadline: a run that took its whole time would
+// otherwise finish just as the deadline passed and be reaped
+// outcome-unknown although it was recorded a moment later.
+func TestRunEndsBeforeTheExecutionDeadline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var runDeadline atomic.Pointer[time.Time]
+	p := newPEP(t, pepOptions{execTimeout: 10 * time.Second,
+		run: func(next func(context.Context, pep.Invocation) (pep.Output, error)) func(context.Context, pep.Invocation) (pep.Output, error) {
+			return func(ctx context.Context, x pep.Invocation) (pep.Output, error) {
+				if d, ok := ctx.Deadline(); ok {
+					runDeadline.Store(&d)
+				}
+				return next(ctx, x)
+			}
+		}})
+	id := p.transfer(t, 50031)
+	p.approve(t, p.request(t, id), time.Time{})
+	p.advance(t, id)
+	require.Equal(t, pep.ApprovedExecuted, disposition(t, p.task(t, id)))
+	recs, err := pep.AuditChain(ctx, p.db, id)
+	require.NoError(t, err)
+	var cd struct {
+		ExecDeadline time.Time `json:"exec_deadline"`
+	}
+	require.NoError(t, json.Unmarshal(recs[0].Data, &cd))
+	got := runDeadline.Load()
+	require.NotNil(t, got, "the run has a deadline")
+	require.False(t, got.Truncate(time.Microsecond).After(cd.ExecDeadline.Add(-2*time.Second)), // stored to the microsecond
+		"the run's deadline %s leaves a fifth of the 10s execution timeout before the execution deadline %s", got, cd.ExecDeadline)
 }

@@ -47,8 +47,9 @@ type Config struct {
 	PollInterval time.Duration
 	// ResultRetention keeps a terminal task readable this long; default 24h.
 	ResultRetention time.Duration
-	// ExecTimeout bounds a tool run; a claimed task whose run has not been
-	// recorded by then ends outcome-unknown. Default 30s.
+	// ExecTimeout bounds a tool run and the writing of its outcome (the
+	// run gets all but a fifth, at most 5s, of it); a claimed task whose
+	// run has not been recorded by then ends outcome-unknown. Default 30s.
 	ExecTimeout time.Duration
 	// MaxChained bounds the requests opened for one task; default 3.
 	MaxChained int

@@ -225,7 +225,7 @@ func runMCP(args []string) error {
 	backendURL := fs.String("backend-url", env("ARAP_BACKEND_URL", "http://127.0.0.1:8480"), "the backend (PDP and Access Request Service) base URL (ARAP_BACKEND_URL)")
 	upstreams := fs.String("upstreams", env("ARAP_UPSTREAMS", ""), "upstreams file: MCP servers whose tools are offered behind the PDP (ARAP_UPSTREAMS; reloaded on SIGHUP)")
 	keyFile := fs.String("master-key-file", env("ARAP_PEP_MASTER_KEY_FILE", ""), "file with the base64 32-byte key sealing stored arguments (or ARAP_PEP_MASTER_KEY)")
-	execTimeout := fs.Duration("exec-timeout", envDuration("ARAP_EXEC_TIMEOUT", 30*time.Second), "bound on one tool run; a claimed run not recorded by then ends outcome-unknown (ARAP_EXEC_TIMEOUT)")
+	execTimeout := fs.Duration("exec-timeout", envDuration("ARAP_EXEC_TIMEOUT", 30*time.Second), "bound on one tool run and the writing of its outcome (the run gets all but a fifth, at most 5s); a claimed run not recorded by then ends outcome-unknown (ARAP_EXEC_TIMEOUT)")
 	maxWindow := fs.Duration("max-window", envDuration("ARAP_MAX_WINDOW", 7*24*time.Hour), "longest a task waits for a decision, whatever the backend allows; then it ends denied (ARAP_MAX_WINDOW)")
 	poll := fs.Duration("poll-interval", envDuration("ARAP_POLL_INTERVAL", 2*time.Second), "pollIntervalMs suggested to clients and the first backend poll delay (ARAP_POLL_INTERVAL)")
 	reconcile := fs.Duration("reconcile-every", envDuration("ARAP_RECONCILE_EVERY", 10*time.Second), "how often crash leftovers (unbound intents, dead claims) are repaired (ARAP_RECONCILE_EVERY)")
