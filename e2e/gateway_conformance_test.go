@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -114,21 +113,16 @@ func TestGatewayConformance(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "everything-server")
 	out, err := osexec.Command("go", "build", "-o", bin, "github.com/modelcontextprotocol/go-sdk/conformance/everything-server").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close()) // the server takes an address, not a listener
-	es := osexec.Command(bin, "-http", addr)
+	// Port 0: the kernel picks the port as the server binds, so no other
+	// process can take it first (a port the test picked and closed again
+	// could be); the test reads back which one it got.
+	es := osexec.Command(bin, "-http", "127.0.0.1:0")
 	es.Stdout, es.Stderr = io.Discard, io.Discard
 	require.NoError(t, es.Start())
-	t.Cleanup(func() { _ = es.Process.Kill(); _ = es.Wait() })
-	require.Eventually(t, func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			_ = c.Close()
-		}
-		return err == nil
-	}, 30*time.Second, 50*time.Millisecond, "the everything-server listens")
+	exited := make(chan struct{})
+	go func() { _ = es.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = es.Process.Kill(); <-exited })
+	addr := fmt.Sprintf("127.0.0.1:%d", listeningPort(t, es.Process.Pid, exited, 30*time.Second))
 	direct := "http://" + addr + "/mcp"
 
 	upstreams := filepath.Join(t.TempDir(), "upstreams.yaml")

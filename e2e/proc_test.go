@@ -69,10 +69,24 @@ func startArapd(t *testing.T, env []string, args ...string) *proc {
 	return startBinary(t, filepath.Join(binDir, "arapd"), env, args...)
 }
 
+// startArapdIn is startArapd in working directory dir.
+func startArapdIn(t *testing.T, dir string, env []string, args ...string) *proc {
+	t.Helper()
+	require.NoError(t, buildErr)
+	return startBinaryIn(t, dir, filepath.Join(binDir, "arapd"), env, args...)
+}
+
 // startBinary is startArapd for another build of arapd.
 func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
 	t.Helper()
+	return startBinaryIn(t, "", bin, env, args...)
+}
+
+// startBinaryIn is startBinary in working directory dir ("": the test's).
+func startBinaryIn(t *testing.T, dir, bin string, env []string, args ...string) *proc {
+	t.Helper()
 	cmd := osexec.Command(bin, args...)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	p := &proc{t: t, cmd: cmd, ready: make(chan struct{}), done: make(chan struct{})}
 	// The address is the backend's, or the front-end's for `arapd mcp`

@@ -1,18 +1,22 @@
 package e2e
 
 import (
+	"errors"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/internal/npmtest"
 )
 
 // walkthroughDoc is the reviewer's walkthrough. Its console blocks are run
@@ -22,20 +26,29 @@ const walkthroughDoc = "../docs/walkthrough.md"
 
 // A walkthrough step, from the document: set environment (an export line of
 // an sh block), run a command (a "$ " line of a console block, its expected
-// output the lines after it), decide in the browser, or wait for the
-// command running in the background. HTML comments carry the directives a
-// reader does not need to see.
+// output the lines after it), decide in the browser, wait for the command
+// running in the background, save or extend a file (the code block after a
+// file or append directive), or restart `arapd dev` with the arguments of
+// the `go run ./cmd/arapd dev` line of the sh block after a restart
+// directive. HTML comments carry the directives a reader does not need to
+// see.
 type walkStep struct {
-	kind       string // "env", "run", "browser", "wait"
-	text       string // the command, the export, or the browser directive
+	kind       string // "env", "run", "browser", "wait", "file", "restart"
+	text       string // the command, the export, the browser directive, the file's path, or dev's arguments
 	background bool   // run: started and left running until the next wait
 	window     bool   // run: depends on the change window (see below)
 	from, to   int    // run: the expected output lines are doc[from:to]
+	content    string // file: what to write
+	append     bool   // file: added at its end
 }
+
+// devCommand is how the document starts `arapd dev`.
+const devCommand = "go run ./cmd/arapd dev"
 
 func parseWalkthrough(t *testing.T, doc []string) []walkStep {
 	var steps []walkStep
 	block, background, window := "", false, false
+	var file *walkStep // the file or restart step of the block being read
 	for i := 0; i < len(doc); i++ {
 		line := doc[i]
 		switch {
@@ -48,7 +61,16 @@ func parseWalkthrough(t *testing.T, doc []string) []walkStep {
 			if block == "console" {
 				background, window = false, false
 			}
+			if file != nil {
+				require.False(t, file.kind == "restart" && file.text == "", "line %d: a restart directive's block has no %q line", i+1, devCommand)
+				steps = append(steps, *file)
+				file = nil
+			}
 			block = ""
+		case block != "" && file != nil && file.kind == "file":
+			file.content += line + "\n"
+		case block == "sh" && file != nil && file.kind == "restart" && strings.HasPrefix(line, devCommand):
+			file.text = strings.TrimSpace(strings.TrimPrefix(line, devCommand))
 		case block == "sh" && strings.HasPrefix(line, "export "):
 			steps = append(steps, walkStep{kind: "env", text: strings.TrimSpace(strings.SplitN(strings.TrimPrefix(line, "export "), "#", 2)[0])})
 		case block == "console" && strings.HasPrefix(line, "$ "):
@@ -66,6 +88,11 @@ func parseWalkthrough(t *testing.T, doc []string) []walkStep {
 			window = true
 		case block == "" && line == "<!-- wait -->":
 			steps = append(steps, walkStep{kind: "wait"})
+		case block == "" && (strings.HasPrefix(line, "<!-- file: ") || strings.HasPrefix(line, "<!-- append: ")):
+			verb, path, _ := strings.Cut(strings.TrimSuffix(strings.TrimPrefix(line, "<!-- "), " -->"), ": ")
+			file = &walkStep{kind: "file", text: path, append: verb == "append"}
+		case block == "" && line == "<!-- restart -->":
+			file = &walkStep{kind: "restart"}
 		case block == "" && strings.HasPrefix(line, "<!-- browser: "):
 			steps = append(steps, walkStep{kind: "browser", text: strings.TrimSuffix(strings.TrimPrefix(line, "<!-- browser: "), " -->")})
 		}
@@ -81,6 +108,25 @@ var walkMasks = []struct {
 	{regexp.MustCompile(`tsk_[A-Z0-9]{10,}`), "tsk_…"},
 	{regexp.MustCompile(`arq_[A-Z0-9]{10,}`), "arq_…"},
 	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)`), "<time>"},
+}
+
+// useNPMPackages lets npx, run by the upstreams file the walkthrough
+// writes, find the pinned MCP server it names without a network: installed
+// once into the test's npm cache (internal/npmtest), linked as node_modules
+// of the walkthrough's directory, where npx looks first (a package of the
+// exact version asked for in the local tree is run as it is). A reader's
+// `npx -y` downloads it instead. Without npm the test skips from here,
+// unless ARAP_REQUIRE_NPM is set.
+func useNPMPackages(t *testing.T, work, upstreams string) {
+	t.Helper()
+	raw, err := os.ReadFile(upstreams)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), npmtest.FilesystemServer, "the walkthrough runs the pinned filesystem server")
+	dir := npmtest.Package(t, npmtest.FilesystemServer)
+	if _, err := os.Lstat(filepath.Join(work, "node_modules")); err == nil {
+		return
+	}
+	require.NoError(t, os.Symlink(filepath.Join(dir, "node_modules"), filepath.Join(work, "node_modules")))
 }
 
 func maskWalk(out string) []string {
@@ -107,8 +153,10 @@ func TestWalkthrough(t *testing.T) {
 	// `arapd dev` runs: its data dir is work/.arap-dev, where arapctl's
 	// database commands find the database without DATABASE_URL.
 	work := t.TempDir()
-	d := startDevAt(t, dbtest.URL(t), filepath.Join(work, ".arap-dev"))
+	dbURL, dataDir := dbtest.URL(t), filepath.Join(work, ".arap-dev")
+	d := startDevAt(t, dbURL, dataDir)
 	base := d.p.url()
+	mcpAddr, _ := d.p.waitLog("mcp front-end started", time.Second)["addr"].(string)
 
 	raw, err := os.ReadFile(walkthroughDoc)
 	require.NoError(t, err)
@@ -180,6 +228,34 @@ func TestWalkthrough(t *testing.T) {
 				signedIn = f[0]
 			}
 			decideInBrowser(t, ctx, base, f[2], f[3], f[1], "walkthrough: "+f[1])
+		case "file":
+			flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+			if s.append {
+				flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
+			}
+			f, err := os.OpenFile(filepath.Join(work, s.text), flags, 0o600)
+			require.NoError(t, err)
+			_, err = f.WriteString(s.content)
+			require.NoError(t, errors.Join(err, f.Close()))
+		case "restart":
+			require.Empty(t, running, "a restart while a command runs in the background")
+			args := strings.Fields(s.text)
+			if i := slices.Index(args, "--upstreams"); i >= 0 && i+1 < len(args) {
+				useNPMPackages(t, work, filepath.Join(work, args[i+1]))
+			}
+			// What a reader's Ctrl-C does; then dev again on the same data
+			// dir and addresses (the browser and the client keep theirs).
+			d.p.signal(syscall.SIGINT)
+			require.Equal(t, 0, d.p.wait(60*time.Second), "arapd dev stops")
+			d.p = startArapdIn(t, work, []string{"DATABASE_URL=" + dbURL}, append([]string{"dev",
+				"--addr", strings.TrimPrefix(base, "http://"), "--mcp-addr", mcpAddr, "--data-dir", dataDir}, args...)...)
+			m := d.p.waitLog("mcp front-end started", 60*time.Second)
+			require.Equal(t, mcpAddr, m["addr"])
+			if slices.Contains(args, "--upstreams") {
+				// It connects its upstreams after it starts serving; a
+				// reader would not type that fast.
+				d.p.waitLog("upstream connected", 90*time.Second)
+			}
 		case "wait":
 			for _, r := range running {
 				_, out := r.bg.exit(t)

@@ -22,6 +22,10 @@ import (
 // FilesystemServer is the reference filesystem MCP server, pinned.
 const FilesystemServer = "@modelcontextprotocol/server-filesystem@2026.8.31"
 
+// EverythingServer is the reference server that exercises every MCP
+// feature (content types, resources, prompts, progress), pinned.
+const EverythingServer = "@modelcontextprotocol/server-everything@2026.8.31"
+
 var installed struct {
 	sync.Mutex
 	dirs map[string]string
@@ -80,4 +84,13 @@ func Package(t testing.TB, spec string) string {
 func Filesystem(t testing.TB) string {
 	t.Helper()
 	return filepath.Join(Package(t, FilesystemServer), "node_modules", ".bin", "mcp-server-filesystem")
+}
+
+// Everything installs EverythingServer and returns the path of its
+// executable (mcp-server-everything; its first argument picks the
+// transport: stdio, sse or streamableHttp, the last listening on the port
+// in PORT).
+func Everything(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(Package(t, EverythingServer), "node_modules", ".bin", "mcp-server-everything")
 }
