@@ -310,7 +310,81 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		// The SDK reads a JSON response whole; SSE events it bounds itself.
 		resp.Body = &cappedBody{ReadCloser: resp.Body, left: maxJSONResponse + 1}
 	}
+	if sink, ok := req.Context().Value(logKey{}).(func(*mcp.LoggingMessageParams)); ok && err == nil &&
+		req.Method == http.MethodPost && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		// This POST's own stream: its log messages are about this request.
+		resp.Body = &logTap{ReadCloser: resp.Body, sink: sink}
+	}
 	return resp, err
+}
+
+// logKey carries, in a forwarded request's context, where the upstream's
+// log messages on that request's stream go (CallOptions.Log).
+type logKey struct{}
+
+// logTap passes an SSE response body through unchanged and hands each
+// notifications/message event in it to sink, as the SDK reads it. The
+// stream of a POST carries only messages related to that request
+// (streamable HTTP), which is what ties a log message to its request; the
+// SDK's own client hands notifications over without that tie.
+type logTap struct {
+	io.ReadCloser
+	sink func(*mcp.LoggingMessageParams)
+	line []byte // the current line, so far
+	data []byte // the current event's data
+	skip bool   // the current event is over the bound: not relayed
+}
+
+func (t *logTap) Read(p []byte) (int, error) {
+	n, err := t.ReadCloser.Read(p)
+	t.scan(p[:n])
+	return n, err
+}
+
+func (t *logTap) scan(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			t.line = append(t.line, b...)
+			t.bound()
+			return
+		}
+		t.line = append(t.line, b[:i]...)
+		t.bound()
+		t.event(bytes.TrimSuffix(t.line, []byte("\r")))
+		t.line, b = t.line[:0], b[i+1:]
+	}
+}
+
+// bound drops an event larger than the SDK would take.
+func (t *logTap) bound() {
+	if len(t.line)+len(t.data) > maxJSONResponse {
+		t.skip, t.line, t.data = true, t.line[:0], t.data[:0]
+	}
+}
+
+func (t *logTap) event(line []byte) {
+	if len(line) > 0 {
+		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok && !t.skip {
+			if len(t.data) > 0 {
+				t.data = append(t.data, '\n')
+			}
+			t.data = append(t.data, bytes.TrimPrefix(d, []byte(" "))...)
+		}
+		return
+	}
+	data, skip := t.data, t.skip
+	t.data, t.skip = t.data[:0], false
+	if skip || len(data) == 0 {
+		return
+	}
+	var msg struct {
+		Method string                    `json:"method"`
+		Params *mcp.LoggingMessageParams `json:"params"`
+	}
+	if json.Unmarshal(data, &msg) == nil && msg.Method == "notifications/message" && msg.Params != nil {
+		t.sink(msg.Params)
+	}
 }
 
 // maxJSONResponse bounds one JSON response from an upstream, as the SDK
