@@ -159,17 +159,18 @@ func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, o *CallO
 		o = &CallOptions{}
 	}
 	meta = callerMeta(meta)
+	rel := &relay{log: o.Log, progress: o.Progress}
 	if o.Progress != nil {
-		tok := fmt.Sprintf("arap-%d", r.seq.Add(1))
-		r.prog.Store(tok, o.Progress)
-		defer r.prog.Delete(tok)
+		rel.token = fmt.Sprintf("arap-%d", r.seq.Add(1))
+		r.prog.Store(rel.token, o.Progress)
+		defer r.prog.Delete(rel.token)
 		if meta == nil {
 			meta = mcp.Meta{}
 		}
-		meta["progressToken"] = tok
+		meta["progressToken"] = rel.token
 	}
-	if o.Log != nil {
-		ctx = context.WithValue(ctx, logKey{}, o.Log)
+	if o.Log != nil || o.Progress != nil {
+		ctx = context.WithValue(ctx, relayKey{}, rel)
 	}
 	c.mu.Lock()
 	sess, u, lastErr := c.session, c.cfg, c.err
