@@ -366,11 +366,13 @@ func TestUpstreamInputRelayed(t *testing.T) {
 	tampered := []byte(r.RequestState)
 	tampered[len(tampered)/2] ^= 'A' ^ 'B'
 	for name, try := range map[string]func() (*tasks.CallResult, error){
-		"tampered":       func() (*tasks.CallResult, error) { return retry(alice, "ext_ask", args, string(tampered)) },
-		"not ours":       func() (*tasks.CallResult, error) { return retry(alice, "ext_ask", args, "ext-state-1") },
-		"other caller":   func() (*tasks.CallResult, error) { return retry(bob, "ext_ask", args, r.RequestState) },
-		"other tool":     func() (*tasks.CallResult, error) { return retry(alice, "ext_work", args, r.RequestState) },
-		"other argument": func() (*tasks.CallResult, error) { return retry(alice, "ext_ask", map[string]any{"q": "b"}, r.RequestState) },
+		"tampered":     func() (*tasks.CallResult, error) { return retry(alice, "ext_ask", args, string(tampered)) },
+		"not ours":     func() (*tasks.CallResult, error) { return retry(alice, "ext_ask", args, "ext-state-1") },
+		"other caller": func() (*tasks.CallResult, error) { return retry(bob, "ext_ask", args, r.RequestState) },
+		"other tool":   func() (*tasks.CallResult, error) { return retry(alice, "ext_work", args, r.RequestState) },
+		"other argument": func() (*tasks.CallResult, error) {
+			return retry(alice, "ext_ask", map[string]any{"q": "b"}, r.RequestState)
+		},
 	} {
 		_, err := try()
 		var rerr *tasks.RPCError
