@@ -545,3 +545,42 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestDegradedSaysWhy: a requestable call from a client that cannot wait
+// for a task gets the degraded result, and it names the reason that
+// applies: a 2026-07-28 client that did not declare the tasks extension, or
+// a 2025-11-25 session, which cannot declare it on a request at all.
+func TestDegradedSaysWhy(t *testing.T) {
+	t.Parallel()
+	p := newPEP(t, pepOptions{})
+	ctx := context.Background()
+	plain := &tasks.Client{URL: p.url, Token: aliceToken, NoTasks: true}
+	r, err := plain.CallTool(ctx, "wire_transfer", map[string]any{"to": "x", "amount": 90000}, nil)
+	require.NoError(t, err)
+	require.True(t, r.IsError)
+	require.Contains(t, string(r.Raw), "did not run")
+	require.Contains(t, string(r.Raw), "did not declare the tasks extension")
+	require.NotContains(t, string(r.Raw), "2025-11-25")
+
+	// A 2025-11-25 client: no per-request _meta, the version in the header.
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"wire_transfer","arguments":{"to":"x","amount":90000}}}`
+	req, err := http.NewRequest(http.MethodPost, p.url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+aliceToken)
+	req.Header.Set(tasks.HeaderProtocolVersion, "2025-11-25")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	raw, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", raw)
+	require.Contains(t, string(raw), `"isError":true`, "%s", raw)
+	require.Contains(t, string(raw), "did not run")
+	require.Contains(t, string(raw), "Your client speaks MCP 2025-11-25, which cannot use the tasks extension")
+	require.NotContains(t, string(raw), "did not declare")
+	var n int
+	require.NoError(t, p.db.QueryRow(ctx, `SELECT count(*) FROM pep.approval_tasks`).Scan(&n))
+	require.Zero(t, n, "nothing submitted on the degraded path")
+}
