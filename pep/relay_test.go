@@ -584,3 +584,26 @@ func TestDegradedSaysWhy(t *testing.T) {
 	require.NoError(t, p.db.QueryRow(ctx, `SELECT count(*) FROM pep.approval_tasks`).Scan(&n))
 	require.Zero(t, n, "nothing submitted on the degraded path")
 }
+
+// TestUpstreamInputRetryDecidedAgain: the retry of a relayed upstream
+// question is decided by the PDP again; one the policy no longer allows is
+// not forwarded.
+func TestUpstreamInputRetryDecidedAgain(t *testing.T) {
+	t.Parallel()
+	ext := startChatty(t, "ext")
+	p, _ := relayPEP(t, ext, relayPolicy, nil)
+	ctx := context.Background()
+	alice := &tasks.Client{URL: p.url, Token: aliceToken, Capabilities: map[string]any{"elicitation": map[string]any{}}}
+	r, err := alice.CallTool(ctx, "ext_ask", map[string]any{"q": "a"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, tasks.ResultTypeInputRequired, r.ResultType)
+
+	require.NoError(t, os.WriteFile(p.env.PolicyFile, []byte("version: 1\nrules: []\n"), 0o600))
+	require.NoError(t, p.env.Backend.Reload())
+	res, err := alice.CallTool(ctx, "ext_ask", map[string]any{"q": "a"}, map[string]any{"requestState": r.RequestState,
+		"inputResponses": map[string]any{"q": map[string]any{"action": "accept", "content": map[string]any{"x": "y"}}}})
+	require.NoError(t, err)
+	require.True(t, res.IsError, "%s", res.Raw)
+	require.Contains(t, string(res.Raw), "no longer allowed by policy")
+	require.EqualValues(t, 1, ext.asks.Load(), "the answers were not forwarded")
+}
