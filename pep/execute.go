@@ -115,6 +115,16 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 		case brokenBuild && broken(violateExecutionErrorAsSuccess):
 			disposition = ApprovedExecuted
 		}
+	case out.Input != nil:
+		// The tasks extension would let a task ask its client (status
+		// input_required, answered by tasks/update), but this run is one
+		// claimed, bounded call: the upstream's question cannot wait on a
+		// person inside it, and its requestState cannot be re-sent after
+		// the claim without a second forward. So the task ends, saying so.
+		disposition = ExecutionError
+		res = &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "The upstream asked for more input (an MRTR input_required result) after approval. " +
+			"An approved task cannot relay an upstream's question, so the call did not finish; the upstream received it, so it may have had effects before asking. " +
+			"Check before calling the tool again."}}}
 	case out.IsError:
 		// The tool ran and reported an error (an upstream's isError): its
 		// own words follow ours.

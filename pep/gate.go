@@ -206,22 +206,22 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	var answers *inputAnswers
 	if req.Params.RequestState != "" {
 		// An MRTR retry: it must match the binding the first call captured.
-		if answers, err = g.resume(ctx, p, tool.Name, args, req); err != nil {
+		if answers, err = g.resume(ctx, p, tool, args, req); err != nil {
 			return nil, err
 		}
 	}
 
-	var decision authzen.Decision
-	err = retryTransient(ctx, func() (err error) {
-		decision, err = g.cfg.Backend.Evaluate(ctx, evaluation(p, &tool.Tool, args))
-		return err
-	})
+	decision, err := g.evaluate(ctx, evaluation(p, &tool.Tool, args))
 	if err != nil {
-		g.cfg.Log.Error("evaluation failed", "tool", tool.Name, "error", err)
-		return nil, rpcError(tasks.CodeInternalError, "the authorization service is unavailable; try again later")
+		return nil, err
 	}
 	if decision.Decision {
-		return g.runDirect(ctx, p, tool, args)
+		return g.runDirect(ctx, p, tool, args, req, answers)
+	}
+	if answers != nil && answers.relayed != nil {
+		// An upstream's question belongs to a call that runs directly; one
+		// the policy no longer allows so gets no answers forwarded.
+		return denied("This call is no longer allowed by policy as it was when the upstream asked for input; the answers were not forwarded and the tool did not finish. Call the tool again.", RemediationUnavailable), nil
 	}
 	hint, requestable := decision.AccessRequest()
 	if !requestable {
@@ -234,10 +234,10 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		if tool.TaskRequired {
 			return nil, tasks.MissingCapability()
 		}
-		return degraded(hint), nil
+		return degraded(hint, protocolOf(req)), nil
 	}
 	if brokenBuild && broken(violateExecuteOnRequestableDenial) {
-		_, _ = g.runDirect(ctx, p, tool, args)
+		_, _ = g.runDirect(ctx, p, tool, args, req, nil)
 	}
 	// Deduplication comes before the limits: a repeat of a call whose task
 	// is live asks for nothing new, so it gets that task even at the cap.
@@ -285,6 +285,23 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	return created(t), nil
 }
 
+// evaluate asks the PDP about ev (a tool call, or a passed-through
+// request), retrying transient failures. A failure is the JSON-RPC error
+// the caller gets; the log names the action and what it is about, never
+// the request's properties (a tool's arguments).
+func (g *Gate) evaluate(ctx context.Context, ev authzen.EvaluationRequest) (authzen.Decision, error) {
+	var d authzen.Decision
+	err := retryTransient(ctx, func() (err error) {
+		d, err = g.cfg.Backend.Evaluate(ctx, ev)
+		return err
+	})
+	if err != nil {
+		g.cfg.Log.Error("evaluation failed", "action", ev.Action["name"], "resource_type", ev.Resource["type"], "error", err)
+		return d, rpcError(tasks.CodeInternalError, "the authorization service is unavailable; try again later")
+	}
+	return d, nil
+}
+
 // arguments decodes and validates the call's arguments against the tool's
 // input schema.
 func (g *Gate) arguments(req *sdk.CallToolRequest, tool *offered) (map[string]any, error) {
@@ -312,8 +329,19 @@ func (g *Gate) arguments(req *sdk.CallToolRequest, tool *offered) (map[string]an
 // runDirect runs an allowed call at once: no task, no approval. A tool's
 // error is a tool error (isError); an upstream that could not be reached,
 // timed out or broke the protocol is a JSON-RPC error naming it.
-func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args map[string]any) (sdk.Result, error) {
-	out, err := tool.Run(ctx, Invocation{DB: g.cfg.DB, Principal: p, Args: args})
+//
+// The caller's stream gets the upstream's progress (under the caller's own
+// token) and log messages (at the caller's level); an upstream's question
+// (MRTR input_required) is relayed to the caller (relayInput), and the
+// caller's retry (answers.relayed, decided again) goes back to it with the
+// upstream's requestState and the caller's answers.
+func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args map[string]any, req *sdk.CallToolRequest, answers *inputAnswers) (sdk.Result, error) {
+	x := Invocation{DB: g.cfg.DB, Principal: p, Args: args, Meta: sdk.Meta(req.Params.GetMeta())}
+	x.Progress, x.Log = relays(ctx, req.Session, req.Params.GetMeta())
+	if answers != nil && answers.relayed != nil {
+		x.RequestState, x.InputResponses = answers.relayed.UpState, req.Params.InputResponses
+	}
+	out, err := tool.Run(ctx, x)
 	var ue *UpstreamError
 	if errors.As(err, &ue) {
 		// Not the cause: it may hold the upstream's URL.
@@ -324,6 +352,9 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 		// Not the error's text: a tool's message may quote its arguments.
 		g.cfg.Log.Warn("tool failed", "tool", tool.Name)
 		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "The tool failed: " + sanitize(err.Error(), 200)}}}, nil
+	}
+	if out.Input != nil {
+		return g.relayInput(p, tool, args, out.Input)
 	}
 	return out.result(""), nil
 }

@@ -20,22 +20,31 @@ import (
 // reused within a task.
 const inputKeyPrefix = "justification-"
 
-// inputAnswers are the accepted answers of an MRTR retry.
+// inputAnswers are the accepted answers of an MRTR retry: to the gate's own
+// question (declined, content), or to an upstream's (relayed).
 type inputAnswers struct {
 	declined bool
 	content  map[string]any
+	relayed  *mrtrState
 }
 
 // mrtrState is the requestState: the immutable binding of the first call
 // (principal, tool, argument digest), a single-use nonce and an expiry,
-// sealed so the client can neither read nor forge it.
+// sealed so the client can neither read nor forge it. The gate's own round
+// names its question (Key); a round an upstream started and the gate
+// relayed (Relayed) names the upstream and its tool that asked, and
+// carries the upstream's own requestState (UpState) to give back to it.
 type mrtrState struct {
-	Nonce     string    `json:"n"`
-	Principal string    `json:"p"`
-	Tool      string    `json:"t"`
-	Digest    string    `json:"d"`
-	Key       string    `json:"k"`
-	Expires   time.Time `json:"e"`
+	Nonce        string    `json:"n"`
+	Principal    string    `json:"p"`
+	Tool         string    `json:"t"`
+	Digest       string    `json:"d"`
+	Key          string    `json:"k,omitempty"`
+	Expires      time.Time `json:"e"`
+	Relayed      bool      `json:"r,omitempty"`
+	Upstream     string    `json:"u,omitempty"`
+	UpstreamTool string    `json:"ut,omitempty"`
+	UpState      string    `json:"us,omitempty"`
 }
 
 const stateAAD = "mcp:requestState"
@@ -68,10 +77,13 @@ func (g *Gate) openState(s string) (mrtrState, error) {
 }
 
 // resume checks an MRTR retry against the binding carried in its
-// requestState: same principal, tool and arguments, not expired, not used
-// before. It returns the accepted answers.
-func (g *Gate) resume(ctx context.Context, p Principal, tool string, args map[string]any, req *sdk.CallToolRequest) (*inputAnswers, error) {
+// requestState: same principal, tool and arguments (and, for a relayed
+// round, the same upstream and upstream tool behind the name), not
+// expired, not used before. It returns the accepted answers. A retry
+// refused here has changed nothing.
+func (g *Gate) resume(ctx context.Context, p Principal, t *offered, args map[string]any, req *sdk.CallToolRequest) (*inputAnswers, error) {
 	invalid := func(msg string) error { return rpcError(tasks.CodeInvalidParams, msg) }
+	tool := t.Name
 	st, err := g.openState(req.Params.RequestState)
 	if err != nil {
 		return nil, err
@@ -86,12 +98,18 @@ func (g *Gate) resume(ctx context.Context, p Principal, tool string, args map[st
 	if st.Principal != p.Key() || st.Tool != tool || st.Digest != d {
 		return nil, invalid("the retry does not match the original call: the tool, its arguments and the caller must be unchanged")
 	}
+	if st.Relayed && (st.Upstream != t.Upstream || st.UpstreamTool != t.upstreamTool()) {
+		return nil, invalid("the retry's requestState belongs to another upstream tool than the one now offered under this name; call the tool again")
+	}
 	tag, err := g.cfg.DB.Exec(ctx, `INSERT INTO pep.used_states (nonce, expires_at) VALUES ($1, $2) ON CONFLICT DO NOTHING`, st.Nonce, st.Expires)
 	if err != nil {
 		return nil, err
 	}
 	if tag.RowsAffected() == 0 {
 		return nil, invalid("requestState was already used; call the tool again")
+	}
+	if st.Relayed {
+		return &inputAnswers{relayed: &st}, nil // the answers are the upstream's to read
 	}
 	resp, ok := req.Params.InputResponses[st.Key]
 	if !ok {
@@ -206,5 +224,27 @@ func (g *Gate) collectInput(ctx context.Context, p Principal, tool string, args 
 	return nil, &sdk.CallToolResult{
 		InputRequests: sdk.InputRequestMap{key: &sdk.ElicitParams{Mode: "form", Message: msg, RequestedSchema: form}},
 		RequestState:  g.sealState(mrtrState{Nonce: nonce, Principal: p.Key(), Tool: tool, Digest: d, Key: key, Expires: g.now().Add(g.cfg.StateTTL)}),
+	}, nil
+}
+
+// relayInput is the input_required result that relays an upstream's
+// question on a call that ran directly: the upstream's input requests as
+// they came, and a requestState of the gate's (sealed like its own, bound
+// to the principal, the tool and its arguments, the upstream and its tool,
+// single use, expiring) that carries the upstream's requestState back to
+// it with the caller's answers.
+func (g *Gate) relayInput(p Principal, t *offered, args map[string]any, in *UpstreamInput) (sdk.Result, error) {
+	d, err := digest(t.Name, args)
+	if err != nil {
+		return nil, err
+	}
+	reqs := in.Requests
+	if reqs == nil {
+		reqs = sdk.InputRequestMap{} // a round without questions: retry with the state
+	}
+	return &sdk.CallToolResult{
+		InputRequests: reqs,
+		RequestState: g.sealState(mrtrState{Nonce: newKey(), Principal: p.Key(), Tool: t.Name, Digest: d, Expires: g.now().Add(g.cfg.StateTTL),
+			Relayed: true, Upstream: t.Upstream, UpstreamTool: t.upstreamTool(), UpState: in.State}),
 	}, nil
 }

@@ -172,7 +172,7 @@ func callOutcome(res sdk.Result, err error) string {
 	case *tasks.CreateResult:
 		return OutcomeTaskCreated
 	case *sdk.CallToolResult:
-		if len(r.InputRequests) > 0 {
+		if r.InputRequests != nil { // an upstream's round may ask nothing, only for a retry
 			return OutcomeInputRequired
 		}
 		if env, ok := r.Meta[MetaAuthorization].(Envelope); ok {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -172,12 +173,32 @@ func safely(f func()) (err error) {
 	return nil
 }
 
+// principalOf is the caller's principal, as authenticate recorded it; the
+// zero Principal when there is none.
 func principalOf(extra *sdk.RequestExtra) Principal {
 	var p Principal
 	if extra != nil && extra.TokenInfo != nil {
 		p, _ = extra.TokenInfo.Extra["principal"].(Principal)
 	}
 	return p
+}
+
+// forward runs one passed-through request, decided for upstream up, and
+// observes it in the upstream metric like a tool call. The request goes
+// to up or nowhere (a reload that moved it meanwhile: not sent), with the
+// upstream's progress and log messages relayed on the caller's stream.
+func forward[R any](ctx context.Context, s *Server, up string, req sdk.Request, do func(*upstream.CallOptions) (R, error)) (R, error) {
+	o := &upstream.CallOptions{Upstream: up}
+	o.Progress, o.Log = relays(ctx, sessionOf(req), req.GetParams().GetMeta())
+	start := time.Now()
+	res, err := do(o)
+	s.gate.cfg.Metrics.ObserveUpstream(up, time.Since(start), err)
+	return res, s.forwardError(err)
+}
+
+func sessionOf(req sdk.Request) *sdk.ServerSession {
+	ss, _ := req.GetSession().(*sdk.ServerSession)
+	return ss
 }
 
 // readResource decides a resources/read and, if allowed, forwards it to the
@@ -194,8 +215,9 @@ func (s *Server) readResource(ctx context.Context, req *sdk.ReadResourceRequest)
 	if err := s.decide(ctx, principalOf(req.Extra), ev, "reading resource "+req.Params.URI); err != nil {
 		return nil, err
 	}
-	res, err := s.pass.reg.ReadResource(ctx, req.Params)
-	return res, s.forwardError(err)
+	return forward(ctx, s, up, req, func(o *upstream.CallOptions) (*sdk.ReadResourceResult, error) {
+		return s.pass.reg.ReadResource(ctx, req.Params, o)
+	})
 }
 
 // getPrompt decides a prompts/get and, if allowed, forwards it.
@@ -216,8 +238,9 @@ func (s *Server) getPrompt(ctx context.Context, req *sdk.GetPromptRequest) (*sdk
 	if err := s.decide(ctx, principalOf(req.Extra), ev, fmt.Sprintf("getting prompt %q", pr.Name)); err != nil {
 		return nil, err
 	}
-	res, err := s.pass.reg.GetPrompt(ctx, req.Params)
-	return res, s.forwardError(err)
+	return forward(ctx, s, pr.Upstream, req, func(o *upstream.CallOptions) (*sdk.GetPromptResult, error) {
+		return s.pass.reg.GetPrompt(ctx, req.Params, o)
+	})
 }
 
 // complete decides a completion/complete, as a request about its ref (the
@@ -248,8 +271,9 @@ func (s *Server) complete(ctx context.Context, req *sdk.CompleteRequest) (*sdk.C
 	if err := s.decide(ctx, principalOf(req.Extra), ev, "completion"); err != nil {
 		return nil, err
 	}
-	out, err := s.pass.reg.Complete(ctx, req.Params)
-	return out, s.forwardError(err)
+	return forward(ctx, s, up, req, func(o *upstream.CallOptions) (*sdk.CompleteResult, error) {
+		return s.pass.reg.Complete(ctx, req.Params, o)
+	})
 }
 
 // decide asks the PDP about ev for p: nil if allowed, else the JSON-RPC
@@ -259,14 +283,9 @@ func (s *Server) decide(ctx context.Context, p Principal, ev authzen.EvaluationR
 		return rpcError(tasks.CodeInvalidParams, "unauthenticated")
 	}
 	ev.Subject = p.Subject()
-	var d authzen.Decision
-	err := retryTransient(ctx, func() (err error) {
-		d, err = s.gate.cfg.Backend.Evaluate(ctx, ev)
-		return err
-	})
+	d, err := s.gate.evaluate(ctx, ev)
 	if err != nil {
-		s.log.Error("evaluation failed", "action", ev.Action["name"], "error", err)
-		return rpcError(tasks.CodeInternalError, "the authorization service is unavailable; try again later")
+		return err
 	}
 	if d.Decision {
 		return nil

@@ -1,6 +1,7 @@
 package pep
 
 import (
+	"regexp"
 	"strings"
 	"unicode"
 
@@ -51,13 +52,53 @@ func denied(text, remediation string) *sdk.CallToolResult {
 
 // degraded answers a requestable denial for a client without the tasks
 // extension: an error with next steps, and no submission (it could not be
-// resumed anyway).
-func degraded(hint *authzen.AccessRequestHint) *sdk.CallToolResult {
+// resumed anyway). version is the request's protocol revision: one older
+// than the extension's (a 2025-11-25 session) cannot declare it at all,
+// which is a different next step from a client that could and did not.
+func degraded(hint *authzen.AccessRequestHint, version string) *sdk.CallToolResult {
 	why := describe(hint)
-	text := "This call needs an approval (" + why + ") and did not run. " +
-		"Your client did not declare the tasks extension (io.modelcontextprotocol/tasks), so it cannot wait for an out-of-band decision here. " +
+	cannot := "Your client did not declare the tasks extension (" + tasks.ExtensionID + ") on this request, so it cannot wait for an out-of-band decision here. " +
 		"Retry from a client that supports tasks, or ask a person to request the access."
-	return denied(text, RemediationUndisclosed)
+	if !tasksCapable(version) {
+		v := "an MCP revision before " + tasks.ProtocolVersion
+		if revision.MatchString(version) {
+			v = "MCP " + version
+		}
+		cannot = "Your client speaks " + v + ", which cannot use the tasks extension (" + tasks.ExtensionID + ", declared per request from revision " + tasks.ProtocolVersion + "), so it cannot wait for an out-of-band decision here. " +
+			"Retry from a client that speaks " + tasks.ProtocolVersion + " with tasks, or ask a person to request the access."
+	}
+	return denied("This call needs an approval ("+why+") and did not run. "+cannot, RemediationUndisclosed)
+}
+
+// revision is the form of an MCP protocol revision (a date).
+var revision = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}$`)
+
+// tasksCapable reports whether a request of protocol revision version can
+// use the tasks extension: it is declared in the request's own _meta
+// (clientCapabilities), which revisions before 2026-07-28 do not carry.
+// Revisions are dates, so they order as strings.
+func tasksCapable(version string) bool {
+	return revision.MatchString(version) && version >= tasks.ProtocolVersion
+}
+
+// protocolOf is the protocol revision of a request: its _meta's (2026-07-28
+// and later), else its MCP-Protocol-Version header, else the session's
+// negotiated one; "" if none says.
+func protocolOf(req *sdk.CallToolRequest) string {
+	if v, ok := req.Params.GetMeta()[tasks.MetaProtocolVersion].(string); ok {
+		return v
+	}
+	if req.Extra != nil && req.Extra.Header != nil {
+		if v := req.Extra.Header.Get(tasks.HeaderProtocolVersion); v != "" {
+			return v
+		}
+	}
+	if req.Session != nil {
+		if ip := req.Session.InitializeParams(); ip != nil {
+			return ip.ProtocolVersion
+		}
+	}
+	return ""
 }
 
 // rpcError is a JSON-RPC error result.

@@ -263,8 +263,9 @@ func cleanURLs(next http.Handler) http.Handler {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 // byProgress answers a request with a single JSON response (plain), unless
-// it asks for progress (_meta.progressToken) and the client accepts an event
-// stream: progress notifications can only travel on one (stream).
+// it asks for progress (_meta.progressToken) or log messages (_meta
+// logLevel, 2026-07-28) and the client accepts an event stream: those
+// notifications can only travel on one (stream).
 func byProgress(plain, stream http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || !strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
@@ -281,10 +282,11 @@ func byProgress(plain, stream http.Handler) http.Handler {
 			Params struct {
 				Meta struct {
 					ProgressToken any `json:"progressToken"`
+					LogLevel      any `json:"io.modelcontextprotocol/logLevel"`
 				} `json:"_meta"`
 			} `json:"params"`
 		}
-		if json.Unmarshal(body, &msg) == nil && msg.Params.Meta.ProgressToken != nil {
+		if json.Unmarshal(body, &msg) == nil && (msg.Params.Meta.ProgressToken != nil || msg.Params.Meta.LogLevel != nil) {
 			stream.ServeHTTP(w, r)
 			return
 		}
@@ -387,10 +389,7 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 		if unserved[method] && !s.served(method) {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "method not found: " + method}
 		}
-		var p Principal
-		if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil {
-			p, _ = ex.TokenInfo.Extra["principal"].(Principal)
-		}
+		p := principalOf(req.GetExtra())
 		ctx = tasks.WithPrincipal(ctx, p.Key())
 		if brokenBuild && broken(violateOtherPrincipalsTask) { // serves any task to anyone, as its owner
 			id := ""

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -57,6 +58,8 @@ type pepOptions struct {
 	sources []pep.ToolSource
 	// upstreams pass their resources, prompts and completions through.
 	upstreams *up.Registry
+	// log, when set, gets the gate's and the server's logs.
+	log *slog.Logger
 }
 
 const aliceToken = "alice-token-0123"
@@ -74,12 +77,12 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 	}
 	p.gate, err = pep.NewGate(pep.Config{DB: p.db, MasterKey: make([]byte, 32), Jobs: jobs, Tools: tools, Sources: o.sources,
 		Backend:   &authzen.Client{BaseURL: p.env.URL, Token: dev.PEPToken, HTTP: &http.Client{Transport: hooked{p}, Timeout: time.Minute}},
-		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout,
+		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout, Log: o.log,
 		Now: func() time.Time { return time.Now().Add(time.Duration(p.offset.Load())) }})
 	require.NoError(t, err)
 	t.Cleanup(p.gate.Stop) // before the pool closes: cleanups run last first
 	require.NoError(t, p.gate.Callers().Create(context.Background(), "alice-agent", aliceToken, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
-	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams})
+	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams, Log: o.log})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)

@@ -47,6 +47,21 @@ type Invocation struct {
 	TaskID    string // "" when the call ran directly, without a task
 	Principal Principal
 	Args      map[string]any
+	// The rest is set for a call that runs directly only: an approved
+	// task's run has no caller's stream to report to (the tasks extension
+	// supports neither progress nor logging for tasks) and no caller to ask.
+
+	// Progress and Log put an upstream's progress notifications and log
+	// messages about this run on the caller's stream.
+	Progress func(*sdk.ProgressNotificationParams)
+	Log      func(*sdk.LoggingMessageParams)
+	// Meta is the caller's _meta (an upstream gets its declared
+	// capabilities and log level from it).
+	Meta sdk.Meta
+	// RequestState and InputResponses continue an MRTR round the upstream
+	// started (Output.Input): its own requestState and the caller's answers.
+	RequestState   string
+	InputResponses sdk.InputResponseMap
 }
 
 // Output is what a tool returns: text for the model, optional further
@@ -58,6 +73,18 @@ type Output struct {
 	Content    []sdk.Content
 	Structured any
 	IsError    bool
+	// Input, when set, is an upstream's MRTR input_required answer: the
+	// tool has not finished and asks its caller for input (the rest of
+	// Output is empty).
+	Input *UpstreamInput
+}
+
+// UpstreamInput is what an upstream asks its caller before its tool can go
+// on (SEP-2322): its input requests, and its requestState, which it wants
+// back with the answers.
+type UpstreamInput struct {
+	Requests sdk.InputRequestMap
+	State    string
 }
 
 // result is out as a CallToolResult, its text after lead (a sentence of

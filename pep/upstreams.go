@@ -92,13 +92,19 @@ func (u *Upstreams) tool(t upstream.Tool) (Tool, error) {
 	opts := &upstream.CallOptions{Digest: t.Digest, Upstream: t.Upstream, UpstreamTool: t.UpstreamTool}
 	upstreamName := t.Upstream
 	pt.Run = func(ctx context.Context, x Invocation) (Output, error) {
+		o := *opts
+		o.Progress, o.Log, o.Meta, o.RequestState, o.InputResponses = x.Progress, x.Log, x.Meta, x.RequestState, x.InputResponses
 		start := time.Now()
-		res, err := u.reg.Call(ctx, t.Name, x.Args, opts)
+		res, err := u.reg.Call(ctx, t.Name, x.Args, &o)
 		u.metrics.ObserveUpstream(upstreamName, time.Since(start), err)
 		return upstreamOutput(upstreamName, res, err)
 	}
 	return pt, nil
 }
+
+// maxUpstreamState bounds an upstream's requestState, which the gateway
+// carries (sealed inside its own) to the caller and back.
+const maxUpstreamState = 16 << 10
 
 // upstreamOutput maps an upstream call's result or failure to what the
 // gate records: a result (tool errors included) as it came; an answer that
@@ -108,6 +114,10 @@ func (u *Upstreams) tool(t upstream.Tool) (Tool, error) {
 func upstreamOutput(name string, res *sdk.CallToolResult, err error) (Output, error) {
 	var ue *upstream.Error
 	switch {
+	case err == nil && res.NeedsInput() && len(res.RequestState) > maxUpstreamState:
+		return Output{Text: fmt.Sprintf("Upstream %s asked for more input with a requestState over %d bytes, which the gateway does not relay; the tool did not finish, and it may have had effects before asking.", name, maxUpstreamState), IsError: true}, nil
+	case err == nil && res.NeedsInput():
+		return Output{Input: &UpstreamInput{Requests: res.InputRequests, State: res.RequestState}}, nil
 	case err == nil:
 		return Output{Content: res.Content, Structured: res.StructuredContent, IsError: res.IsError}, nil
 	case errors.As(err, &ue) && ue.Kind == upstream.Rejected:

@@ -73,7 +73,8 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.cause }
 
-// CallOptions are optional parameters of Call.
+// CallOptions are optional parameters of Call and of the other forwarded
+// requests (ReadResource, GetPrompt, Complete).
 type CallOptions struct {
 	// Digest, when set, is the Tool.Digest the caller decided on; a tool
 	// whose definition has changed since is not called (NotSent,
@@ -81,16 +82,36 @@ type CallOptions struct {
 	Digest string
 	// Upstream and UpstreamTool, when set, are where the caller decided the
 	// call goes: a name that moved to another upstream (or another of its
-	// tools) since is not called (NotSent, ErrToolChanged).
+	// tools) since is not called (NotSent, ErrToolChanged). For the other
+	// forwarded requests, Upstream is the owner the caller decided on: a
+	// reload that gave the resource, prompt or completion to another
+	// upstream meanwhile sends nothing (NotSent, ErrToolChanged).
 	Upstream, UpstreamTool string
-	// Progress receives the upstream's progress notifications for this call.
+	// Progress receives the upstream's progress notifications for this
+	// request. The upstream sees a token of the gateway's, never the
+	// caller's.
 	Progress func(*mcp.ProgressNotificationParams)
+	// Log receives the upstream's log messages (notifications/message) sent
+	// on this request's own stream. Only a streamable HTTP upstream says
+	// which request a message is about; a stdio upstream's messages are not
+	// relayed (they could be about another caller's request).
+	Log func(*mcp.LoggingMessageParams)
+	// Meta is the caller's _meta of a tools/call; what of it travels
+	// upstream is callerMeta's. (The other requests carry it in their
+	// params.)
+	Meta mcp.Meta
+	// RequestState and InputResponses continue an MRTR round the upstream
+	// started on this tools/call (its input_required result).
+	RequestState   string
+	InputResponses mcp.InputResponseMap
 }
 
 // Call forwards one tools/call to the upstream that exposes name, at most
 // once, within the upstream's call timeout. A result with IsError (a tool
-// error) is returned as a result. Any other failure is an *Error whose Kind
-// tells NotSent, Rejected and MaybeSent apart.
+// error) is returned as a result, and so is an MRTR input_required result
+// (NeedsInput: the tool has not finished and asks its caller for input).
+// Any other failure is an *Error whose Kind tells NotSent, Rejected and
+// MaybeSent apart.
 func (r *Registry) Call(ctx context.Context, name string, args map[string]any, o *CallOptions) (*mcp.CallToolResult, error) {
 	if o == nil {
 		o = &CallOptions{}
@@ -112,22 +133,16 @@ func (r *Registry) Call(ctx context.Context, name string, args map[string]any, o
 		return nil, &Error{Upstream: t.Upstream, Tool: name, Kind: NotSent, Reason: "the upstream is not configured", cause: ErrUnknownTool}
 	}
 	var res *mcp.CallToolResult
-	err := r.send(ctx, c, name, "", func(ctx context.Context, sess *mcp.ClientSession) (err error) {
-		params := &mcp.CallToolParams{Name: t.UpstreamTool, Arguments: args}
-		if o.Progress != nil {
-			tok := fmt.Sprintf("arap-%d", r.seq.Add(1))
-			r.prog.Store(tok, o.Progress)
-			defer r.prog.Delete(tok)
-			params.SetProgressToken(tok)
-		}
+	err := r.send(ctx, c, name, "", o, o.Meta, func(ctx context.Context, sess *mcp.ClientSession, meta mcp.Meta) (err error) {
+		params := &mcp.CallToolParams{Name: t.UpstreamTool, Arguments: args, Meta: meta,
+			RequestState: o.RequestState, InputResponses: o.InputResponses}
 		res, err = sess.CallTool(ctx, params)
 		return err
 	})
-	if err == nil && (res.NeedsInput() || res.InputRequests != nil) {
-		// The tool has not finished; its question cannot be relayed into a
-		// gated call (which is decided, and maybe approved, as one request).
+	if err == nil && res.InputRequests != nil && !res.NeedsInput() {
+		// Questions beside a result: not a round the caller can answer.
 		return nil, &Error{Upstream: t.Upstream, Tool: name, Kind: Rejected,
-			Reason: "the upstream asked for more input (input_required), which the gateway does not relay for tool calls"}
+			Reason: "the upstream answered with input requests outside an input_required result"}
 	}
 	return res, err
 }
@@ -135,9 +150,28 @@ func (r *Registry) Call(ctx context.Context, name string, args map[string]any, o
 // send runs one forwarded request (do) on c's session within the call
 // timeout, at most once, and types its failure: NotSent, Rejected or
 // MaybeSent. The caller has done c.calls.Add(1) under r.mu; send marks it
-// done. tool or ref names what the request is about in the error.
-func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, do func(context.Context, *mcp.ClientSession) error) error {
+// done. tool or ref names what the request is about in the error. do gets
+// the _meta to send: what of the caller's meta travels (callerMeta) and, if
+// o asks for progress, the gateway's own progress token.
+func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, o *CallOptions, meta mcp.Meta, do func(context.Context, *mcp.ClientSession, mcp.Meta) error) error {
 	defer c.calls.Done()
+	if o == nil {
+		o = &CallOptions{}
+	}
+	meta = callerMeta(meta)
+	rel := &relay{log: o.Log, progress: o.Progress}
+	if o.Progress != nil {
+		rel.token = fmt.Sprintf("arap-%d", r.seq.Add(1))
+		r.prog.Store(rel.token, o.Progress)
+		defer r.prog.Delete(rel.token)
+		if meta == nil {
+			meta = mcp.Meta{}
+		}
+		meta["progressToken"] = rel.token
+	}
+	if o.Log != nil || o.Progress != nil {
+		ctx = context.WithValue(ctx, relayKey{}, rel)
+	}
 	c.mu.Lock()
 	sess, u, lastErr := c.session, c.cfg, c.err
 	c.mu.Unlock()
@@ -156,7 +190,7 @@ func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, do func(
 	defer cancel()
 	var sent atomic.Bool
 	callCtx = context.WithValue(callCtx, sentKey{}, &sent)
-	err := do(callCtx, sess)
+	err := do(callCtx, sess, meta)
 	if err == nil {
 		return nil
 	}

@@ -68,6 +68,12 @@ func (r *Registry) newConn(u Upstream) *conn {
 		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) { c.poke() },
 		PromptListChangedHandler:   func(context.Context, *mcp.PromptListChangedRequest) { c.poke() },
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			if c.config().Stdio == nil {
+				// An HTTP upstream's progress is read off the request's own
+				// stream (relayTap), in order with its result; the SDK hands
+				// it here on another goroutine, which may be too late.
+				return
+			}
 			if f, ok := r.prog.Load(req.Params.ProgressToken); ok {
 				f.(func(*mcp.ProgressNotificationParams))(req.Params)
 			}
@@ -310,7 +316,100 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		// The SDK reads a JSON response whole; SSE events it bounds itself.
 		resp.Body = &cappedBody{ReadCloser: resp.Body, left: maxJSONResponse + 1}
 	}
+	if rel, ok := req.Context().Value(relayKey{}).(*relay); ok && err == nil &&
+		req.Method == http.MethodPost && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		// This POST's own stream: its notifications are about this request.
+		resp.Body = &relayTap{ReadCloser: resp.Body, rel: rel}
+	}
 	return resp, err
+}
+
+// relayKey carries, in a forwarded request's context, where the upstream's
+// notifications about that request go (CallOptions.Log and .Progress).
+type relayKey struct{}
+
+type relay struct {
+	log      func(*mcp.LoggingMessageParams)
+	progress func(*mcp.ProgressNotificationParams)
+	token    string // the gateway's progress token for the request
+}
+
+// relayTap passes an SSE response body through unchanged and hands the
+// log and progress notifications in it to rel as the SDK reads them, so
+// before the result that follows them. The stream of a POST carries only
+// messages related to that request (streamable HTTP), which is what ties a
+// log message to its request; the SDK's own client hands notifications
+// over without that tie, and on another goroutine than the result.
+type relayTap struct {
+	io.ReadCloser
+	rel  *relay
+	line []byte // the current line, so far
+	data []byte // the current event's data
+	skip bool   // the current event is over the bound: not relayed
+}
+
+func (t *relayTap) Read(p []byte) (int, error) {
+	n, err := t.ReadCloser.Read(p)
+	t.scan(p[:n])
+	return n, err
+}
+
+func (t *relayTap) scan(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			t.line = append(t.line, b...)
+			t.bound()
+			return
+		}
+		t.line = append(t.line, b[:i]...)
+		t.bound()
+		t.event(bytes.TrimSuffix(t.line, []byte("\r")))
+		t.line, b = t.line[:0], b[i+1:]
+	}
+}
+
+// bound drops an event larger than the SDK would take.
+func (t *relayTap) bound() {
+	if len(t.line)+len(t.data) > maxJSONResponse {
+		t.skip, t.line, t.data = true, t.line[:0], t.data[:0]
+	}
+}
+
+func (t *relayTap) event(line []byte) {
+	if len(line) > 0 {
+		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok && !t.skip {
+			if len(t.data) > 0 {
+				t.data = append(t.data, '\n')
+			}
+			t.data = append(t.data, bytes.TrimPrefix(d, []byte(" "))...)
+		}
+		return
+	}
+	data, skip := t.data, t.skip
+	t.data, t.skip = t.data[:0], false
+	if skip || len(data) == 0 {
+		return
+	}
+	var msg struct {
+		Method string          `json:"method"`
+		Params json.RawMessage `json:"params"`
+	}
+	if json.Unmarshal(data, &msg) != nil {
+		return
+	}
+	switch {
+	case msg.Method == "notifications/message" && t.rel.log != nil:
+		var p mcp.LoggingMessageParams
+		if json.Unmarshal(msg.Params, &p) == nil {
+			t.rel.log(&p)
+		}
+	case msg.Method == "notifications/progress" && t.rel.progress != nil:
+		var p mcp.ProgressNotificationParams
+		if json.Unmarshal(msg.Params, &p) == nil && p.ProgressToken == t.rel.token {
+			t.rel.progress(&p)
+		}
+	}
 }
 
 // maxJSONResponse bounds one JSON response from an upstream, as the SDK

@@ -68,6 +68,9 @@ func startServer(t *testing.T, o serverOpts) *mcpServer {
 		var args map[string]any
 		_ = jsonUnmarshal(req.Params.Arguments, &args)
 		said := fmt.Sprint(args["text"])
+		// Sent only at the level the request asked for (2026-07-28's
+		// per-request logLevel; a 2025-11-25 session has none set).
+		_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Logger: "echo", Data: "echoing " + said})
 		if tok := req.Params.GetProgressToken(); tok != nil {
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1, Total: 2, Message: "half"})
 			// Progress is delivered while the call runs; a notification that
@@ -239,14 +242,29 @@ func TestHTTPProtocols(t *testing.T) {
 
 			var progress atomic.Pointer[mcp.ProgressNotificationParams]
 			var once sync.Once
+			var logged atomic.Pointer[mcp.LoggingMessageParams]
 			res, err := r.Call(context.Background(), "up.echo", map[string]any{"text": "hello"}, &CallOptions{
 				Digest: echo.Digest,
 				Progress: func(p *mcp.ProgressNotificationParams) {
 					progress.Store(p)
 					once.Do(func() { close(s.progress) })
 				},
+				Meta: mcp.Meta{"progressToken": "callers-own", mcp.MetaKeyLogLevel: "info"},
+				Log:  func(p *mcp.LoggingMessageParams) { logged.Store(p) },
 			})
 			require.NoError(t, err)
+			require.NotEqual(t, "callers-own", progress.Load().ProgressToken, "the upstream sees the gateway's token")
+			if tc.stateless {
+				// The caller's level went upstream, and the message on the
+				// call's own stream came back (before the result).
+				require.NotNil(t, logged.Load(), "the upstream's log message reached the caller")
+				require.Equal(t, "echoing hello", logged.Load().Data)
+				logged.Store(nil)
+				_, err = r.Call(context.Background(), "up.echo", map[string]any{"text": "quiet"}, &CallOptions{
+					Meta: mcp.Meta{mcp.MetaKeyLogLevel: "error"}, Log: func(p *mcp.LoggingMessageParams) { logged.Store(p) }})
+				require.NoError(t, err)
+				require.Nil(t, logged.Load(), "below the caller's level: not sent")
+			}
 			require.False(t, res.IsError)
 			require.Equal(t, "hello", res.Content[0].(*mcp.TextContent).Text)
 			require.Equal(t, map[string]any{"said": "hello"}, res.StructuredContent)

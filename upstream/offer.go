@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -220,28 +221,45 @@ func (r *Registry) take(up string) *conn {
 }
 
 // ReadResource forwards a resources/read of uri to the upstream that offers
-// it (see ResourceOwner), at most once. Failures are *Error as for Call; a
-// URI no upstream offers is NotSent with ErrNotOffered.
-func (r *Registry) ReadResource(ctx context.Context, params *mcp.ReadResourceParams) (*mcp.ReadResourceResult, error) {
+// it (see ResourceOwner), at most once; with o.Upstream set, only to that
+// one. Failures are *Error as for Call; a URI no upstream offers is NotSent
+// with ErrNotOffered, one that another upstream offers now NotSent with
+// ErrToolChanged.
+func (r *Registry) ReadResource(ctx context.Context, params *mcp.ReadResourceParams, o *CallOptions) (*mcp.ReadResourceResult, error) {
 	ref := fmt.Sprintf("resource %q", clip(params.URI))
 	r.mu.Lock()
 	up, ok := r.snap.resourceOwner(params.URI)
-	var c *conn
-	if ok {
-		c = r.take(up)
-	}
+	c, err := r.takeDecided(ref, up, ok, o)
 	r.mu.Unlock()
-	if c == nil {
-		return nil, &Error{Ref: ref, Kind: NotSent, Reason: "no upstream offers it", cause: ErrNotOffered}
+	if err != nil {
+		return nil, err
 	}
 	var res *mcp.ReadResourceResult
-	p := *params
-	p.Meta = callerMeta(params.Meta)
-	err := r.send(ctx, c, "", ref, func(ctx context.Context, s *mcp.ClientSession) (err error) {
+	err = r.send(ctx, c, "", ref, o, params.Meta, func(ctx context.Context, s *mcp.ClientSession, meta mcp.Meta) (err error) {
+		p := *params
+		p.Meta = meta
 		res, err = s.ReadResource(ctx, &p)
 		return err
 	})
 	return res, err
+}
+
+// takeDecided takes the conn of up, the current owner of what ref names
+// (found says there is one), provided it is the upstream the caller decided
+// on (o.Upstream, when set). Under r.mu.
+func (r *Registry) takeDecided(ref, up string, found bool, o *CallOptions) (*conn, error) {
+	if !found {
+		return nil, &Error{Ref: ref, Kind: NotSent, Reason: "no upstream offers it", cause: ErrNotOffered}
+	}
+	if o != nil && o.Upstream != "" && o.Upstream != up {
+		return nil, &Error{Upstream: o.Upstream, Ref: ref, Kind: NotSent,
+			Reason: "another upstream offers it since the request was decided; it was not sent", cause: ErrToolChanged}
+	}
+	c := r.take(up)
+	if c == nil {
+		return nil, &Error{Ref: ref, Kind: NotSent, Reason: "no upstream offers it", cause: ErrNotOffered}
+	}
+	return c, nil
 }
 
 // PromptByName returns the offered prompt exposed as name.
@@ -258,26 +276,25 @@ func (r *Registry) PromptByName(name string) (Prompt, bool) {
 // GetPrompt forwards a prompts/get of the prompt exposed as params.Name to
 // its upstream under the upstream's name for it, with its arguments and any
 // MRTR answers (inputResponses, requestState); an input_required result
-// comes back as it came.
-func (r *Registry) GetPrompt(ctx context.Context, params *mcp.GetPromptParams) (*mcp.GetPromptResult, error) {
+// comes back as it came. With o.Upstream set, only to that upstream.
+func (r *Registry) GetPrompt(ctx context.Context, params *mcp.GetPromptParams, o *CallOptions) (*mcp.GetPromptResult, error) {
 	name := params.Name
 	ref := fmt.Sprintf("prompt %q", clip(name))
 	r.mu.Lock()
-	var c *conn
 	i, ok := r.snap.byPrompt[name]
 	var p Prompt
 	if ok {
 		p = r.snap.prompts[i]
-		c = r.take(p.Upstream)
 	}
+	c, err := r.takeDecided(ref, p.Upstream, ok, o)
 	r.mu.Unlock()
-	if c == nil {
-		return nil, &Error{Ref: ref, Kind: NotSent, Reason: "no upstream offers it", cause: ErrNotOffered}
+	if err != nil {
+		return nil, err
 	}
 	var res *mcp.GetPromptResult
-	err := r.send(ctx, c, "", ref, func(ctx context.Context, s *mcp.ClientSession) (err error) {
+	err = r.send(ctx, c, "", ref, o, params.Meta, func(ctx context.Context, s *mcp.ClientSession, meta mcp.Meta) (err error) {
 		q := *params
-		q.Meta, q.Name = callerMeta(params.Meta), p.UpstreamPrompt
+		q.Meta, q.Name = meta, p.UpstreamPrompt
 		res, err = s.GetPrompt(ctx, &q)
 		return err
 	})
@@ -316,42 +333,51 @@ func (r *Registry) completionOwner(ref *mcp.CompleteReference) (up, name string,
 }
 
 // Complete forwards a completion/complete to the upstream its ref belongs
-// to (see CompletionOwner), the prompt named as that upstream names it.
-func (r *Registry) Complete(ctx context.Context, params *mcp.CompleteParams) (*mcp.CompleteResult, error) {
+// to (see CompletionOwner), the prompt named as that upstream names it;
+// with o.Upstream set, only to that upstream.
+func (r *Registry) Complete(ctx context.Context, params *mcp.CompleteParams, o *CallOptions) (*mcp.CompleteResult, error) {
 	const ref = "completion"
 	r.mu.Lock()
 	up, name, ok := r.completionOwner(params.Ref)
-	var c *conn
-	if ok {
-		c = r.take(up)
-	}
+	c, err := r.takeDecided(ref, up, ok, o)
 	r.mu.Unlock()
-	if c == nil {
-		return nil, &Error{Ref: ref, Kind: NotSent, Reason: "no upstream offers completions for this reference", cause: ErrNotOffered}
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) && errors.Is(err, ErrNotOffered) {
+			e.Reason = "no upstream offers completions for this reference"
+		}
+		return nil, err
 	}
 	p := *params
-	p.Meta = nil
 	rf := *params.Ref
 	if rf.Type == "ref/prompt" {
 		rf.Name = name
 	}
 	p.Ref = &rf
 	var res *mcp.CompleteResult
-	err := r.send(ctx, c, "", ref, func(ctx context.Context, s *mcp.ClientSession) (err error) {
+	err = r.send(ctx, c, "", ref, o, nil, func(ctx context.Context, s *mcp.ClientSession, meta mcp.Meta) (err error) {
+		p.Meta = meta
 		res, err = s.Complete(ctx, &p)
 		return err
 	})
 	return res, err
 }
 
-// callerMeta is what of the caller's _meta travels upstream: only its
-// declared client capabilities (revision 2026-07-28 sends them with every
-// request), so the upstream asks (MRTR input requests) only what the caller
-// can answer. Nothing else: its progress token and other keys are for the
-// gateway.
+// callerMeta is what of the caller's _meta travels upstream: its declared
+// client capabilities (revision 2026-07-28 sends them with every request),
+// so the upstream asks (MRTR input requests) only what the caller can
+// answer, and the log level it asked for (2026-07-28's per-request level),
+// so the upstream logs to it no more than it wants. Nothing else: its
+// progress token and other keys are for the gateway.
 func callerMeta(m mcp.Meta) mcp.Meta {
-	if v, ok := m[mcp.MetaKeyClientCapabilities]; ok {
-		return mcp.Meta{mcp.MetaKeyClientCapabilities: v}
+	var out mcp.Meta
+	for _, k := range []string{mcp.MetaKeyClientCapabilities, mcp.MetaKeyLogLevel} {
+		if v, ok := m[k]; ok {
+			if out == nil {
+				out = mcp.Meta{}
+			}
+			out[k] = v
+		}
 	}
-	return nil
+	return out
 }

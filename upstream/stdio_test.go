@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +40,20 @@ func selfServer() {
 	s.AddTool(&mcp.Tool{Name: "crash", InputSchema: obj}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		os.Exit(3) // dies with the call in hand: its outcome is unknown to the gateway
 		return nil, nil
+	})
+	// progress reports progress, then waits until the test has seen it:
+	// the test writes to the FIFO it names once the progress reached it.
+	s.AddTool(&mcp.Tool{Name: "progress", InputSchema: obj}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		if tok := req.Params.GetProgressToken(); tok != nil {
+			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1, Message: "stdio half"})
+			f, err := os.Open(os.Getenv("ARAP_TEST_PROGRESS_FIFO"))
+			if err != nil {
+				return nil, err
+			}
+			_, _ = f.Read(make([]byte, 1))
+			_ = f.Close()
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "progressed"}}}, nil
 	})
 	_ = s.Run(context.Background(), &mcp.StdioTransport{})
 }
@@ -118,6 +134,8 @@ upstreams:
 func TestStdioChild(t *testing.T) {
 	t.Setenv("ARAP_TEST_PARENT_SECRET", "parent-only-value")
 	t.Setenv("ARAP_TEST_CHILD_CRED", "child-cred-value")
+	fifo := filepath.Join(t.TempDir(), "progress")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	doc := fmt.Sprintf(`
@@ -125,12 +143,13 @@ upstreams:
   - name: self
     stdio:
       command: %s
-      env: {ARAP_UPSTREAM_TEST_CHILD: "1"}
+      env: {ARAP_UPSTREAM_TEST_CHILD: "1", ARAP_TEST_PROGRESS_FIFO: %q}
       dir: .
     credentials:
       env: ARAP_TEST_CHILD_CRED
       as_env: CHILD_TOKEN
-`, exe)
+    timeouts: {call: 20s}
+`, exe, fifo)
 	cfg, err := Parse(filepath.Join(t.TempDir(), "self.yaml"), []byte(doc))
 	require.NoError(t, err)
 	r := newRegistry(t, Options{})
@@ -144,6 +163,26 @@ upstreams:
 	require.Contains(t, env, "CHILD_TOKEN=child-cred-value")
 	require.Contains(t, env, "ARAP_UPSTREAM_TEST_CHILD=1")
 	require.NotContains(t, env, "parent-only-value", "the gateway's environment is not inherited")
+
+	// Progress from a stdio child is relayed by the gateway's token; the
+	// caller's token never goes to it.
+	var seen atomic.Pointer[mcp.ProgressNotificationParams]
+	res, err = r.Call(context.Background(), "progress", nil, &CallOptions{
+		Meta: mcp.Meta{"progressToken": "callers-own"},
+		Progress: func(p *mcp.ProgressNotificationParams) {
+			if seen.Swap(p) == nil {
+				f, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+				if err == nil {
+					_, _ = f.Write([]byte{1})
+					_ = f.Close()
+				}
+			}
+		}})
+	require.NoError(t, err)
+	require.Equal(t, "progressed", res.Content[0].(*mcp.TextContent).Text)
+	require.NotNil(t, seen.Load())
+	require.Equal(t, "stdio half", seen.Load().Message)
+	require.NotEqual(t, "callers-own", seen.Load().ProgressToken)
 
 	_, err = r.Call(context.Background(), "crash", nil, nil)
 	ue := requireKind(t, err, MaybeSent)
