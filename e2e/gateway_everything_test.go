@@ -458,7 +458,6 @@ upstreams:
 	})
 
 	t.Run("progress of a long-running tool reaches the caller's progressToken", func(t *testing.T) {
-		t.Skip("progress passthrough lands with branch proto16")
 		r, err := gw.Call(context.Background(), "tools/call", everythingPrefix+"trigger-long-running-operation", map[string]any{
 			"name": everythingPrefix + "trigger-long-running-operation", "arguments": map[string]any{"duration": 1, "steps": 3},
 			"_meta": map[string]any{"progressToken": "e2e-progress"},

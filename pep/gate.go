@@ -193,7 +193,10 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	if err != nil {
 		return nil, err
 	}
-	hasTasks := tasks.HasExtension(req.Params.GetMeta())
+	// The extension is declared per request from revision 2026-07-28 on;
+	// a request of an older revision cannot use it, whatever its _meta says.
+	version := protocolOf(req)
+	hasTasks := tasks.HasExtension(req.Params.GetMeta()) && (version == "" || tasksCapable(version))
 	if brokenBuild && broken(violatePlainClientsGetTasks) {
 		hasTasks = true
 	}
@@ -234,7 +237,7 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		if tool.TaskRequired {
 			return nil, tasks.MissingCapability()
 		}
-		return degraded(hint, protocolOf(req)), nil
+		return degraded(hint, version), nil
 	}
 	if brokenBuild && broken(violateExecuteOnRequestableDenial) {
 		_, _ = g.runDirect(ctx, p, tool, args, req, nil)

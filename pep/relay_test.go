@@ -580,9 +580,34 @@ func TestDegradedSaysWhy(t *testing.T) {
 	require.Contains(t, string(raw), "did not run")
 	require.Contains(t, string(raw), "Your client speaks MCP 2025-11-25, which cannot use the tasks extension")
 	require.NotContains(t, string(raw), "did not declare")
+
+	// A 2025-11-25 request whose _meta claims the extension anyway is not
+	// offered a task: the revision cannot use it.
+	body = `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wire_transfer","arguments":{"to":"x","amount":90000},` +
+		`"_meta":{"` + tasks.MetaClientCapabilities + `":{"extensions":{"` + tasks.ExtensionID + `":{}}}}}}`
+	req, err = http.NewRequest(http.MethodPost, p.url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header = req0Header(aliceToken)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	raw, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Contains(t, string(raw), "Your client speaks MCP 2025-11-25, which cannot use the tasks extension", "%s", raw)
+
 	var n int
 	require.NoError(t, p.db.QueryRow(ctx, `SELECT count(*) FROM pep.approval_tasks`).Scan(&n))
 	require.Zero(t, n, "nothing submitted on the degraded path")
+}
+
+// req0Header is the headers of a 2025-11-25 request of the caller token.
+func req0Header(token string) http.Header {
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set("Accept", "application/json, text/event-stream")
+	h.Set("Authorization", "Bearer "+token)
+	h.Set(tasks.HeaderProtocolVersion, "2025-11-25")
+	return h
 }
 
 // TestUpstreamInputRetryDecidedAgain: the retry of a relayed upstream
