@@ -74,7 +74,7 @@ func (s *Server) advertise(res sdk.Result) {
 		return
 	}
 	o := s.offered()
-	caps.Resources, caps.Prompts, caps.Completions = nil, nil, nil
+	caps.Resources, caps.Prompts, caps.Completions, caps.Logging = nil, nil, nil, nil
 	if o.Resources {
 		caps.Resources = &sdk.ResourceCapabilities{ListChanged: true}
 	}
@@ -83,6 +83,9 @@ func (s *Server) advertise(res sdk.Result) {
 	}
 	if o.Completions {
 		caps.Completions = &sdk.CompletionCapabilities{}
+	}
+	if o.Logging {
+		caps.Logging = &sdk.LoggingCapabilities{}
 	}
 }
 

@@ -215,7 +215,8 @@ func TestPassthroughDecidedByPDP(t *testing.T) {
 }
 
 // TestPassthroughNotOffered: with an upstream that offers only tools,
-// resources, prompts and completions are neither advertised nor served.
+// resources, prompts, completions and logging are neither advertised nor
+// served.
 func TestPassthroughNotOffered(t *testing.T) {
 	t.Parallel()
 	ext := startExt(t)
@@ -227,7 +228,7 @@ func TestPassthroughNotOffered(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(res, &disc))
 	require.Contains(t, disc.Capabilities, "tools")
-	for _, c := range []string{"resources", "prompts", "completions"} {
+	for _, c := range []string{"resources", "prompts", "completions", "logging"} {
 		require.NotContains(t, disc.Capabilities, c, "%s", res)
 	}
 	for _, m := range []string{"resources/list", "prompts/list", "completion/complete"} {

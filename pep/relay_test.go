@@ -241,6 +241,9 @@ func TestUpstreamProgressAndLogsRelayed(t *testing.T) {
 	p, _ := relayPEP(t, ext, relayPolicy, &logs)
 	ctx := context.Background()
 	c := watching(p, ext, nil)
+	disc, err := c.Call(ctx, "server/discover", "", nil)
+	require.NoError(t, err)
+	require.Contains(t, string(disc.Result), `"logging":{}`, "an HTTP upstream offers logging, so the gateway does")
 
 	r, err := c.Call(ctx, "tools/call", "ext_work", map[string]any{"name": "ext_work", "arguments": map[string]any{"q": "arg-7f3a91"},
 		"_meta": map[string]any{"progressToken": "client-tok-7", sdk.MetaKeyLogLevel: "info"}})

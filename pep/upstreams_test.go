@@ -49,7 +49,8 @@ type extServer struct {
 func startExt(t *testing.T) *extServer {
 	t.Helper()
 	e := &extServer{entered: make(chan struct{}, 10)}
-	s := sdk.NewServer(&sdk.Implementation{Name: "ext", Version: "1"}, nil)
+	// Tools only: no logging either (the SDK's default offers it).
+	s := sdk.NewServer(&sdk.Implementation{Name: "ext", Version: "1"}, &sdk.ServerOptions{Capabilities: &sdk.ServerCapabilities{}})
 	yes := true
 	type lookupIn struct {
 		Q string `json:"q"`

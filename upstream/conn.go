@@ -166,7 +166,7 @@ func (c *conn) connect() (*mcp.ClientSession, error) {
 	}
 	c.mu.Lock()
 	c.session, c.protocol, c.err = sess, sess.InitializeResult().ProtocolVersion, nil
-	c.offers = offersOf(sess.InitializeResult().Capabilities)
+	c.offers = offersOf(sess.InitializeResult().Capabilities, u.HTTP != nil)
 	c.mu.Unlock()
 	if err := c.list(ctx, sess); err != nil {
 		_ = sess.Close()

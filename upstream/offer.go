@@ -15,13 +15,17 @@ import (
 // its initialize result.
 type Offers struct {
 	Resources, Prompts, Completions bool
+	// Logging: an upstream whose log messages reach clients (one over
+	// HTTP: a stdio upstream's cannot be told apart by request).
+	Logging bool
 }
 
-func offersOf(c *mcp.ServerCapabilities) Offers {
+func offersOf(c *mcp.ServerCapabilities, overHTTP bool) Offers {
 	if c == nil {
 		return Offers{}
 	}
-	return Offers{Resources: c.Resources != nil, Prompts: c.Prompts != nil, Completions: c.Completions != nil}
+	return Offers{Resources: c.Resources != nil, Prompts: c.Prompts != nil, Completions: c.Completions != nil,
+		Logging: c.Logging != nil && overHTTP}
 }
 
 // Resource is one resource the gateway offers, under the upstream's URI
@@ -162,6 +166,7 @@ func (r *Registry) Offered() Offers {
 		o.Resources = o.Resources || c.offers.Resources
 		o.Prompts = o.Prompts || c.offers.Prompts
 		o.Completions = o.Completions || c.offers.Completions
+		o.Logging = o.Logging || c.offers.Logging
 		c.mu.Unlock()
 	}
 	return o
