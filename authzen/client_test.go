@@ -31,19 +31,22 @@ func TestClientKeepsConnectionsForReuse(t *testing.T) {
 	srv.Start()
 	t.Cleanup(srv.Close)
 	c := &authzen.Client{BaseURL: srv.URL, Token: "token"}
-	const workers, calls = 8, 50
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for range calls {
+	// Rounds of concurrent calls, as tool calls come: between rounds every
+	// connection is idle at once.
+	const workers, rounds = 8, 20
+	for range rounds {
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
 				d, err := c.Evaluate(context.Background(), authzen.EvaluationRequest{})
 				if !(err == nil && d.Decision) {
 					t.Errorf("evaluate: %v %+v", err, d)
-					return
 				}
-			}
-		})
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
-	require.LessOrEqual(t, dialled.Load(), int64(workers), "connections dialled for %d calls from %d goroutines", workers*calls, workers)
+	// At most one per goroutine, give or take a dial that lost the race
+	// to a connection freed meanwhile (net/http pools it all the same).
+	require.LessOrEqual(t, dialled.Load(), int64(2*workers), "connections dialled for %d rounds of %d calls", rounds, workers)
 }
