@@ -154,12 +154,14 @@ func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, do func(
 	}
 
 	// The call ends with ctx or after u.Call, whichever comes first. Once
-	// its result is in, though, neither the caller's end nor the call's
-	// timeout cuts the connection: the SDK reads the rest of the response
-	// stream after it has handed the result on, and a connection cancelled
-	// before it reaches the end is closed rather than reused (which cost a
-	// new connection for most calls). It is cut after streamDrain at most.
-	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), u.Call)
+	// its result is in, though, the caller's end no longer cuts the
+	// connection: the SDK reads the rest of the response stream after it
+	// has handed the result on, and a request cancelled before the stream's
+	// end closes its connection rather than returning it to the pool (which
+	// cost a new connection for most calls). It is cut after streamDrain at
+	// most. The call's context holds nothing of ctx's (values included), so
+	// what waits for streamDrain keeps no caller's request alive.
+	callCtx, cancel := context.WithTimeout(context.Background(), u.Call)
 	stop := context.AfterFunc(ctx, cancel)
 	var sent atomic.Bool
 	callCtx = context.WithValue(callCtx, sentKey{}, &sent)
@@ -194,7 +196,7 @@ func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, do func(
 
 // streamDrain bounds how long the rest of a response stream is read after
 // the call's result (see send).
-const streamDrain = 5 * time.Second
+const streamDrain = time.Second
 
 // upstreamError is the JSON-RPC error the upstream answered with, or nil.
 // The SDK marks its own transport failures with a JSON-RPC error too
