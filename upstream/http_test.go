@@ -389,6 +389,36 @@ func TestCallTimeout(t *testing.T) {
 	require.Contains(t, err.Error(), "no answer within 2s")
 }
 
+// TestCallAbandonedByCaller: a caller that goes away mid-call ends the
+// forwarded call then, not at the call's own timeout (an hour here), though
+// the call's context no longer derives from the caller's (send), and the
+// failure says the outcome is unknown.
+func TestCallAbandonedByCaller(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, serverOpts{stateless: true})
+	defer close(s.release)
+	r := newRegistry(t, Options{})
+	cfg := httpConfig(t, "", map[string]*mcpServer{"svc": s})
+	cfg.Upstreams[0].Call = time.Hour
+	require.NoError(t, r.Reload(context.Background(), cfg))
+	waitReady(t, r, "svc")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Call(ctx, "block", nil, nil)
+		done <- err
+	}()
+	<-s.entered
+	cancel()
+	select {
+	case err := <-done:
+		requireKind(t, err, MaybeSent)
+		require.Contains(t, err.Error(), "abandoned")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the forwarded call outlived its caller")
+	}
+}
+
 // TestUnreachableAtStart: an upstream that cannot be reached does not fail
 // the load; it is reported, calls are NotSent, and it is connected when it
 // comes up.
