@@ -60,7 +60,25 @@ func (c *Client) http() *http.Client {
 	return defaultHTTP
 }
 
-var defaultHTTP = &http.Client{Timeout: 30 * time.Second}
+// defaultHTTP keeps connections to the service open for reuse. A PEP calls
+// the PDP once per tool call from many goroutines at once; with net/http's
+// default of two idle connections per host, every call past the second in
+// flight dialled a new connection and closed it afterwards (a TCP handshake
+// on both sides and a socket in TIME_WAIT per call).
+var defaultHTTP = &http.Client{Timeout: 30 * time.Second, Transport: pooled()}
+
+// pooled is http.DefaultTransport with room for maxIdlePerHost idle
+// connections per host.
+func pooled() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = maxIdlePerHost
+	t.MaxIdleConnsPerHost = maxIdlePerHost
+	return t
+}
+
+// maxIdlePerHost bounds the idle connections the default client keeps per
+// host: more than the concurrent calls a PEP replica usually has in flight.
+const maxIdlePerHost = 128
 
 // sameOrigin refuses URLs that leave the service, so a response cannot steer
 // the PEP's credentials elsewhere.

@@ -38,10 +38,11 @@ func (g *Gate) spawn(f func(ctx context.Context)) bool {
 	return true
 }
 
-// Start runs the reconciler (every Config.ReconcileEvery). Callback
-// wake-ups need no Start: they run from NewGate until Stop.
+// Start runs the reconciler (every Config.ReconcileEvery) and the listener
+// that lets the callers' authentication be remembered (Callers.Listen).
+// Callback wake-ups need no Start: they run from NewGate until Stop.
 func (g *Gate) Start(context.Context) error {
-	if !g.spawn(g.reconcileLoop) {
+	if !g.spawn(g.reconcileLoop) || !g.spawn(func(ctx context.Context) { g.callers.Listen(ctx, g.cfg.Log) }) {
 		return errors.New("pep: the gate has stopped")
 	}
 	return nil

@@ -49,7 +49,22 @@ func (p Principal) Subject() authzen.Object {
 
 // Callers maps MCP bearer tokens to principals (pep.callers). Tokens are
 // stored as SHA-256 hashes.
-type Callers struct{ DB *pgxpool.Pool }
+//
+// The gate's Callers remember the principals they authenticated, so a
+// caller's requests need not read the table each time, but only while
+// Listen hears every revocation: Revoke announces it on CallersChannel in
+// its transaction, and every replica's listener drops what it remembered
+// when it commits. A replica that is not listening (not started, or its
+// listening connection lost) remembers nothing and reads the table on
+// every request. A Callers made as a literal (arapctl) never remembers.
+type Callers struct {
+	DB    *pgxpool.Pool
+	cache *callerCache // nil: no memory
+}
+
+// CallersChannel is the PostgreSQL notification channel on which Revoke
+// announces a revocation, in its transaction.
+const CallersChannel = "pep_callers"
 
 // ErrUnknownCaller means the token is unknown or revoked.
 var ErrUnknownCaller = errors.New("pep: unknown or revoked token")
@@ -85,14 +100,21 @@ func (c *Callers) Create(ctx context.Context, name, token string, p Principal) e
 // Authenticate returns the principal of a live token.
 func (c *Callers) Authenticate(ctx context.Context, token string) (Principal, error) {
 	h := sha256.Sum256([]byte(token))
-	var p Principal
+	p, gen, ok := c.cache.get(h)
+	if ok {
+		return p, nil
+	}
 	var revoked *time.Time
 	err := c.DB.QueryRow(ctx, `SELECT name, subject_type, subject_id, actor_id, revoked_at FROM pep.callers WHERE token_hash = $1`, h[:]).
 		Scan(&p.Name, &p.SubjectType, &p.SubjectID, &p.ActorID, &revoked)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && revoked != nil) {
 		return Principal{}, ErrUnknownCaller
 	}
-	return p, err
+	if err != nil {
+		return Principal{}, err
+	}
+	c.cache.put(h, p, gen)
+	return p, nil
 }
 
 // callerKey is Principal.Key over a pep.callers row c, for SQL.
@@ -113,11 +135,21 @@ func (c *Callers) Valid(ctx context.Context, p Principal) (bool, error) {
 	return ok, err
 }
 
-// Revoke disables a caller.
+// Revoke disables a caller. Every replica listening (Listen) forgets the
+// principals it remembered when the revocation commits; this one at once.
 func (c *Callers) Revoke(ctx context.Context, name string) error {
-	tag, err := c.DB.Exec(ctx, `UPDATE pep.callers SET revoked_at = coalesce(revoked_at, now()) WHERE name = $1`, name)
-	if err == nil && tag.RowsAffected() == 0 {
-		return fmt.Errorf("pep: no caller %q", name)
-	}
+	err := pgx.BeginFunc(ctx, c.DB, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE pep.callers SET revoked_at = coalesce(revoked_at, now()) WHERE name = $1`, name)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("pep: no caller %q", name)
+		}
+		// Delivered when the transaction commits, not before.
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, CallersChannel)
+		return err
+	})
+	c.cache.forget()
 	return err
 }

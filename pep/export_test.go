@@ -39,3 +39,12 @@ func (g *Gate) ReevaluateSnapshot(ctx context.Context, s *Snapshot, approval *au
 
 // Stopping is closed once Stop has begun.
 func (g *Gate) Stopping() <-chan struct{} { return g.bg.life.Done() }
+
+// CallerMemory says whether the callers' listener is live, how often it has
+// connected, and how many principals the gate's Callers remember.
+func (g *Gate) CallerMemory() (live bool, listens, remembered int) {
+	c := g.callers.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.live, c.listens, len(c.m)
+}

@@ -129,7 +129,7 @@ func NewGate(cfg Config) (*Gate, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB}, advance: make(chan struct{}, 16)}
+	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB, cache: newCallerCache(cfg.Now)}, advance: make(chan struct{}, 16)}
 	g.bg.life, g.bg.end = context.WithCancel(context.Background())
 	sources := cfg.Sources
 	if len(cfg.Tools) > 0 {
@@ -323,7 +323,9 @@ func (g *Gate) arguments(req *sdk.CallToolRequest, tool *offered) (map[string]an
 		// Neither the PDP nor a tool's storage could take them.
 		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be valid UTF-8 without NUL characters")
 	}
-	if err := tool.schema.Validate(toJSONValue(args)); err != nil {
+	// args came from json.Unmarshal: already the JSON values the validator
+	// takes, no second marshal and parse.
+	if err := tool.schema.Validate(args); err != nil {
 		return nil, rpcError(tasks.CodeInvalidParams, "invalid arguments for "+req.Params.Name+": "+schemamsg.Join(schemamsg.Messages(err)))
 	}
 	return args, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -186,14 +187,29 @@ func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, o *CallO
 		return fail(NotSent, reason, lastErr)
 	}
 
-	callCtx, cancel := context.WithTimeout(ctx, u.Call)
-	defer cancel()
+	// The call ends with ctx or after u.Call, whichever comes first. Once
+	// its result is in, though, the caller's end no longer cuts the
+	// connection: the SDK reads the rest of the response stream after it
+	// has handed the result on, and a request cancelled before the stream's
+	// end closes its connection rather than returning it to the pool (which
+	// cost a new connection for most calls). It is cut after streamDrain at
+	// most. The call's context holds nothing of ctx's (values included), so
+	// what waits for streamDrain keeps no caller's request alive.
+	callCtx, cancel := context.WithTimeout(context.Background(), u.Call)
+	stop := context.AfterFunc(ctx, cancel)
 	var sent atomic.Bool
 	callCtx = context.WithValue(callCtx, sentKey{}, &sent)
 	err := do(callCtx, sess, meta)
 	if err == nil {
+		if stop() {
+			time.AfterFunc(streamDrain, cancel)
+		} else {
+			cancel()
+		}
 		return nil
 	}
+	stop()
+	defer cancel()
 	we := upstreamError(err)
 	switch {
 	case !sent.Load():
@@ -211,6 +227,10 @@ func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, o *CallO
 		return fail(MaybeSent, "the connection was lost before the upstream answered: "+describe(callCtx, &u, err, 0), err)
 	}
 }
+
+// streamDrain bounds how long the rest of a response stream is read after
+// the call's result (see send).
+const streamDrain = time.Second
 
 // upstreamError is the JSON-RPC error the upstream answered with, or nil.
 // The SDK marks its own transport failures with a JSON-RPC error too

@@ -262,6 +262,10 @@ func (c *conn) transport(u *Upstream) (mcp.Transport, error) {
 		return &stdioTransport{&mcp.CommandTransport{Command: cmd}}, nil
 	}
 	base := http.DefaultTransport.(*http.Transport).Clone()
+	// Calls from many callers run at once on one session, each its own
+	// POST: keep their connections for reuse (net/http keeps two per host
+	// by default, and dialled and closed one for every call past those).
+	base.MaxIdleConns, base.MaxIdleConnsPerHost = maxIdleConns, maxIdleConns
 	client := &http.Client{
 		Transport: &roundTripper{base: base, u: u},
 		// An MCP endpoint has no business redirecting; following one would
@@ -276,6 +280,10 @@ func (c *conn) transport(u *Upstream) (mcp.Transport, error) {
 		MaxRetries: 2,
 	}, nil
 }
+
+// maxIdleConns bounds the idle connections kept to one upstream: more than
+// the calls a replica usually has in flight to it.
+const maxIdleConns = 128
 
 // sentKey carries, in a call's context, the flag the transports set once
 // the tools/call request has been written: the line between NotSent and

@@ -39,6 +39,7 @@ type mcpServer struct {
 	runs         atomic.Int32  // tool executions, all tools
 	progress     chan struct{} // closed by the test when it has seen echo's progress
 	jsonResponse bool
+	dialled      atomic.Int32 // connections accepted
 }
 
 type serverOpts struct {
@@ -131,7 +132,11 @@ func (s *mcpServer) serve(ln net.Listener) {
 		}
 		h.ServeHTTP(w, r)
 	})
-	hs := &http.Server{Handler: auth}
+	hs := &http.Server{Handler: auth, ConnState: func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			s.dialled.Add(1)
+		}
+	}}
 	s.http = hs
 	go func() { _ = hs.Serve(ln) }()
 }
@@ -402,6 +407,36 @@ func TestCallTimeout(t *testing.T) {
 	require.Contains(t, err.Error(), "no answer within 2s")
 }
 
+// TestCallAbandonedByCaller: a caller that goes away mid-call ends the
+// forwarded call then, not at the call's own timeout (an hour here), though
+// the call's context no longer derives from the caller's (send), and the
+// failure says the outcome is unknown.
+func TestCallAbandonedByCaller(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, serverOpts{stateless: true})
+	defer close(s.release)
+	r := newRegistry(t, Options{})
+	cfg := httpConfig(t, "", map[string]*mcpServer{"svc": s})
+	cfg.Upstreams[0].Call = time.Hour
+	require.NoError(t, r.Reload(context.Background(), cfg))
+	waitReady(t, r, "svc")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Call(ctx, "block", nil, nil)
+		done <- err
+	}()
+	<-s.entered
+	cancel()
+	select {
+	case err := <-done:
+		requireKind(t, err, MaybeSent)
+		require.Contains(t, err.Error(), "abandoned")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the forwarded call outlived its caller")
+	}
+}
+
 // TestUnreachableAtStart: an upstream that cannot be reached does not fail
 // the load; it is reported, calls are NotSent, and it is connected when it
 // comes up.
@@ -633,4 +668,31 @@ func TestResponseTooLarge(t *testing.T) {
 	require.Equal(t, "small", res.Content[0].(*mcp.TextContent).Text)
 	_, err = r.Call(context.Background(), "huge", nil, nil)
 	requireKind(t, err, MaybeSent)
+}
+
+// TestCallsReuseConnections: calls forwarded at once from many callers
+// reuse the session's connections rather than dialling one per call past
+// net/http's default of two idle per host.
+func TestCallsReuseConnections(t *testing.T) {
+	s := startServer(t, serverOpts{stateless: true})
+	r := newRegistry(t, Options{})
+	require.NoError(t, r.Reload(context.Background(), httpConfig(t, "    relist: 1h\n", map[string]*mcpServer{"svc": s})))
+	waitReady(t, r, "svc")
+	before := s.dialled.Load()
+	const workers, calls = 8, 100
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range calls {
+				if _, err := r.Call(context.Background(), "echo", map[string]any{"text": "hi"}, nil); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// Two per caller at most: the SDK finishes reading a call's event stream
+	// (and so frees its connection) just after it has handed the result on.
+	require.LessOrEqual(t, s.dialled.Load()-before, int32(2*workers), "connections dialled for %d calls from %d goroutines", workers*calls, workers)
 }
