@@ -194,7 +194,7 @@ func TestOffersToolsOnly(t *testing.T) {
 	r := newRegistry(t, Options{})
 	require.NoError(t, r.Reload(context.Background(), httpConfig(t, "", map[string]*mcpServer{"svc": s})))
 	waitReady(t, r, "svc")
-	require.Equal(t, Offers{}, r.Offered())
+	require.Equal(t, Offers{Logging: true}, r.Offered(), "tools, and the logging the SDK offers by default")
 	require.Empty(t, r.Resources())
 	require.Empty(t, r.Prompts())
 	_, err := r.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "test://static"}, nil)
