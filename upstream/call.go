@@ -170,9 +170,6 @@ func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, o *CallO
 		}
 		meta["progressToken"] = rel.token
 	}
-	if o.Log != nil || o.Progress != nil {
-		ctx = context.WithValue(ctx, relayKey{}, rel)
-	}
 	c.mu.Lock()
 	sess, u, lastErr := c.session, c.cfg, c.err
 	c.mu.Unlock()
@@ -199,6 +196,9 @@ func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, o *CallO
 	stop := context.AfterFunc(ctx, cancel)
 	var sent atomic.Bool
 	callCtx = context.WithValue(callCtx, sentKey{}, &sent)
+	if o.Log != nil || o.Progress != nil {
+		callCtx = context.WithValue(callCtx, relayKey{}, rel)
+	}
 	err := do(callCtx, sess, meta)
 	if err == nil {
 		if stop() {

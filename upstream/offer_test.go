@@ -82,7 +82,7 @@ func TestOffers(t *testing.T) {
 			waitReady(t, r, "a")
 			ctx := context.Background()
 
-			require.Equal(t, Offers{Resources: true, Prompts: true, Completions: true}, r.Offered())
+			require.Equal(t, Offers{Resources: true, Prompts: true, Completions: true, Logging: true}, r.Offered())
 			var uris []string
 			for _, res := range r.Resources() {
 				require.Equal(t, "a", res.Upstream)
