@@ -247,7 +247,7 @@ func byName(t *testing.T, raw json.RawMessage, key, prefix string) map[string]ma
 
 // timestamps are the times the everything server writes into what it
 // generates (dynamic resources): equal up to them.
-var timestamps = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
+var timestamps = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z|\b\d{1,2}:\d\d:\d\d( [AP]M)?`)
 
 // untimed replaces the timestamps in v, base64 blobs decoded first.
 func untimed(v any) any {
