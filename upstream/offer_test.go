@@ -82,7 +82,9 @@ func TestOffers(t *testing.T) {
 			waitReady(t, r, "a")
 			ctx := context.Background()
 
-			require.Equal(t, Offers{Resources: true, Prompts: true, Completions: true}, r.Offered())
+			// Logging too: the go-sdk server offers it by default, and its
+			// messages reach clients over HTTP.
+			require.Equal(t, Offers{Resources: true, Prompts: true, Completions: true, Logging: true}, r.Offered())
 			var uris []string
 			for _, res := range r.Resources() {
 				require.Equal(t, "a", res.Upstream)
@@ -194,7 +196,7 @@ func TestOffersToolsOnly(t *testing.T) {
 	r := newRegistry(t, Options{})
 	require.NoError(t, r.Reload(context.Background(), httpConfig(t, "", map[string]*mcpServer{"svc": s})))
 	waitReady(t, r, "svc")
-	require.Equal(t, Offers{}, r.Offered())
+	require.Equal(t, Offers{Logging: true}, r.Offered(), "tools, and the go-sdk's default logging")
 	require.Empty(t, r.Resources())
 	require.Empty(t, r.Prompts())
 	_, err := r.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "test://static"}, nil)
