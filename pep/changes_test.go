@@ -237,6 +237,15 @@ func TestListenNoSubscribeAdvertised(t *testing.T) {
 	require.NoError(t, json.Unmarshal(res, &disc))
 	require.NotNil(t, disc.Capabilities.Resources, string(res))
 	require.NotContains(t, disc.Capabilities.Resources, "subscribe", string(res))
+
+	// docs://readme is offered and alice may read it, but its upstream
+	// takes no subscriptions: not acknowledged, and with nothing to carry
+	// the stream ends with its result.
+	s := listenOn(t, p, aliceToken, 4, map[string]any{"resourceSubscriptions": []string{"docs://readme"}})
+	require.Empty(t, s.acked(t))
+	m := s.next(t)
+	require.Equal(t, float64(4), m["id"], m)
+	require.Contains(t, m, "result")
 }
 
 // TestListenResourceSubscriptions: only the URIs the PDP lets the caller
@@ -248,8 +257,8 @@ func TestListenResourceSubscriptions(t *testing.T) {
 	u := startSubs(t, true)
 	p := subsPEP(t, u.url, 0)
 
-	alice := listenOn(t, p, aliceToken, 1, map[string]any{"resourceSubscriptions": []string{"docs://readme", "private://diary", "nothing://here"}})
-	require.Equal(t, map[string]any{"resourceSubscriptions": []any{"docs://readme"}}, alice.acked(t),
+	alice := listenOn(t, p, aliceToken, 1, map[string]any{"resourceSubscriptions": []string{"docs://readme", "private://diary", "nothing://here"}, "toolsListChanged": true})
+	require.Equal(t, map[string]any{"resourceSubscriptions": []any{"docs://readme"}, "toolsListChanged": true}, alice.acked(t),
 		"private:// is denied to alice, nothing:// is offered by no upstream")
 	bob := listenOn(t, p, bobToken, 2, map[string]any{"resourceSubscriptions": []string{"private://diary"}})
 	require.Equal(t, map[string]any{"resourceSubscriptions": []any{"private://diary"}}, bob.acked(t))
@@ -262,11 +271,18 @@ func TestListenResourceSubscriptions(t *testing.T) {
 	require.Equal(t, tasks.NotificationResourceUpdated, m["method"], m)
 	require.Equal(t, "private://diary", m["params"].(map[string]any)["uri"])
 	require.Equal(t, float64(2), m["params"].(map[string]any)["_meta"].(map[string]any)[tasks.MetaSubscriptionID])
+	// Whatever the private update did to alice's stream, it did before bob
+	// had it: a tool change after it is the next thing alice hears.
+	u.srv.AddTool(&sdk.Tool{Name: "later", InputSchema: map[string]any{"type": "object"}}, func(context.Context, *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+		return &sdk.CallToolResult{}, nil
+	})
+	m = alice.next(t)
+	require.Equal(t, tasks.NotificationToolsListChanged, m["method"], "alice hears nothing of private://diary: %v", m)
 
 	require.NoError(t, u.srv.ResourceUpdated(context.Background(), &sdk.ResourceUpdatedNotificationParams{URI: "docs://readme"}))
 	m = alice.next(t)
 	require.Equal(t, tasks.NotificationResourceUpdated, m["method"], m)
-	require.Equal(t, "docs://readme", m["params"].(map[string]any)["uri"], "alice never hears of private://diary")
+	require.Equal(t, "docs://readme", m["params"].(map[string]any)["uri"])
 	select {
 	case m := <-bob.events:
 		t.Fatalf("bob is not subscribed to docs://readme: %v", m)
