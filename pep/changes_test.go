@@ -324,7 +324,8 @@ func TestListenUpstreamRefCounted(t *testing.T) {
 }
 
 // TestListenBadOptIns: opt-ins of the wrong type, and too many URIs, are
-// refused with -32602 and open no stream.
+// refused with -32602 and open no stream; task ids without the tasks
+// extension with -32021.
 func TestListenBadOptIns(t *testing.T) {
 	t.Parallel()
 	u := startSubs(t, true)
@@ -344,4 +345,60 @@ func TestListenBadOptIns(t *testing.T) {
 		require.Contains(t, string(s.body), "-32602", "%v", n)
 	}
 	require.Equal(t, int64(0), u.subs.Load())
+
+	// Task ids still need the tasks extension, with other opt-ins or not.
+	s := listenOn(t, p, aliceToken, 1, map[string]any{"taskIds": []string{"tsk_x"}, "toolsListChanged": true})
+	require.Equal(t, http.StatusBadRequest, s.status)
+	require.Contains(t, string(s.body), "-32021", string(s.body))
+}
+
+type bearer string
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+string(b))
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestListenGoSDKClient: the go-sdk's own 2026-07-28 client, talking to the
+// gateway, hears of a tool added upstream (it opens its listen stream
+// because discover advertises tools.listChanged) and of an update to a
+// resource it subscribed to with ClientSession.Subscribe.
+func TestListenGoSDKClient(t *testing.T) {
+	t.Parallel()
+	u := startSubs(t, true)
+	p := subsPEP(t, u.url, 0)
+	ctx := context.Background()
+	changed := make(chan struct{}, 10)
+	updated := make(chan string, 10)
+	c := sdk.NewClient(&sdk.Implementation{Name: "client", Version: "1"}, &sdk.ClientOptions{
+		ToolListChangedHandler: func(context.Context, *sdk.ToolListChangedRequest) { changed <- struct{}{} },
+		ResourceUpdatedHandler: func(_ context.Context, r *sdk.ResourceUpdatedNotificationRequest) { updated <- r.Params.URI },
+	})
+	sess, err := c.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: p.url, HTTPClient: &http.Client{Transport: bearer(aliceToken)}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sess.Close() })
+	require.Equal(t, tasks.ProtocolVersion, sess.InitializeResult().ProtocolVersion)
+
+	require.NoError(t, sess.Subscribe(ctx, &sdk.SubscribeParams{URI: "docs://readme"}))
+	require.Eventually(t, func() bool { return u.subs.Load() == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, u.srv.ResourceUpdated(ctx, &sdk.ResourceUpdatedNotificationParams{URI: "docs://readme"}))
+	select {
+	case uri := <-updated:
+		require.Equal(t, "docs://readme", uri)
+	case <-time.After(15 * time.Second):
+		t.Fatal("no resources/updated")
+	}
+
+	u.srv.AddTool(&sdk.Tool{Name: "added", InputSchema: map[string]any{"type": "object"}}, func(context.Context, *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+		return &sdk.CallToolResult{}, nil
+	})
+	select {
+	case <-changed:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no tools/list_changed")
+	}
+
+	require.NoError(t, sess.Unsubscribe(ctx, &sdk.UnsubscribeParams{URI: "docs://readme"}))
+	require.Eventually(t, func() bool { return u.unsubs.Load() == 1 }, 10*time.Second, 10*time.Millisecond, "the client's unsubscribe ends its stream, and the gateway's upstream subscription")
 }
