@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -95,7 +94,6 @@ type Frontend struct {
 	gate      *pep.Gate
 	host      *host.Host
 	upstreams *upstream.Registry // nil without Config.Upstreams
-	server    atomic.Pointer[pep.Server]
 }
 
 // New connects and builds everything; nothing runs until Start.
@@ -179,8 +177,6 @@ func (f *Frontend) build(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	f.server.Store(srv)
-	srv.ToolsChanged() // a change the registry reported before the store
 	f.host.Mount(host.Parts{
 		Handler: srv, Workers: jobs,
 		// They stop in reverse once HTTP has drained: the notifier (its
@@ -251,12 +247,7 @@ func (f *Frontend) connectUpstreams(ctx context.Context, m *pep.Metrics) error {
 	}
 	f.upstreams = upstream.New(upstream.Options{
 		Logger: f.cfg.Log, Client: &sdk.Implementation{Name: "arapd", Version: "0.1.0"}, Reserved: reserved,
-		// Clients hear of a changed tool set (tools/list_changed).
-		OnChange: func() {
-			if s := f.server.Load(); s != nil {
-				s.ToolsChanged()
-			}
-		},
+		// The server follows the registry's changes itself (pep.NewServer).
 	})
 	if err := f.upstreams.Reload(ctx, ucfg); err != nil {
 		return fmt.Errorf("frontend: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"sync"
 	"time"
@@ -44,7 +45,8 @@ func (s *Server) offered() upstream.Offers {
 }
 
 // served reports whether method belongs to a feature some upstream offers
-// now (always false for subscriptions, which are not passed through).
+// now (always false for resources/subscribe and resources/unsubscribe: a
+// 2026-07-28 client subscribes on its listen stream, changes.go).
 func (s *Server) served(method string) bool {
 	o := s.offered()
 	switch method {
@@ -77,6 +79,17 @@ func (s *Server) advertise(res sdk.Result) {
 	caps.Resources, caps.Prompts, caps.Completions, caps.Logging = nil, nil, nil, nil
 	if o.Resources {
 		caps.Resources = &sdk.ResourceCapabilities{ListChanged: true}
+	}
+	if _, discover := res.(*sdk.DiscoverResult); discover {
+		// A 2026-07-28 client opts in on a listen stream (changes.go); a
+		// 2025-11-25 client has no session to carry changes on this
+		// stateless server, so it is promised none beyond what it was.
+		if caps.Tools != nil {
+			caps.Tools.ListChanged = true
+		}
+		if caps.Resources != nil {
+			caps.Resources.Subscribe = o.Subscribe
+		}
 	}
 	if o.Prompts {
 		caps.Prompts = &sdk.PromptCapabilities{ListChanged: true}
@@ -118,6 +131,7 @@ func (s *Server) syncOffers() {
 		}
 	}
 	s.sdk.RemoveResources(gone...)
+	resChanged := !maps.Equal(p.resources, now)
 	p.resources = now
 
 	tnow := map[string]*sdk.ResourceTemplate{}
@@ -139,6 +153,7 @@ func (s *Server) syncOffers() {
 		}
 	}
 	s.sdk.RemoveResourceTemplates(gone...)
+	resChanged = resChanged || !maps.Equal(p.templates, tnow)
 	p.templates = tnow
 
 	pnow := map[string]*sdk.Prompt{}
@@ -161,7 +176,14 @@ func (s *Server) syncOffers() {
 		}
 	}
 	s.sdk.RemovePrompts(gone...)
+	promptsChanged := !maps.Equal(p.prompts, pnow)
 	p.prompts = pnow
+	if resChanged {
+		s.changes.listChanged(tasks.NotificationResourcesListChanged)
+	}
+	if promptsChanged {
+		s.changes.listChanged(tasks.NotificationPromptsListChanged)
+	}
 }
 
 // safely runs an SDK registration, which panics on a definition it cannot
@@ -211,16 +233,21 @@ func (s *Server) readResource(ctx context.Context, req *sdk.ReadResourceRequest)
 	if !ok {
 		return nil, sdk.ResourceNotFoundError(req.Params.URI)
 	}
-	ev := authzen.EvaluationRequest{
-		Action:   authzen.Object{"name": ActionReadResource},
-		Resource: authzen.Object{"type": ResourceTypeResource, "id": req.Params.URI, "properties": map[string]any{"upstream": up}},
-	}
-	if err := s.decide(ctx, principalOf(req.Extra), ev, "reading resource "+req.Params.URI); err != nil {
+	if err := s.decide(ctx, principalOf(req.Extra), readEvaluation(req.Params.URI, up), "reading resource "+req.Params.URI); err != nil {
 		return nil, err
 	}
 	return forward(ctx, s, up, req, func(o *upstream.CallOptions) (*sdk.ReadResourceResult, error) {
 		return s.pass.reg.ReadResource(ctx, req.Params, o)
 	})
+}
+
+// readEvaluation is the PDP request (without its subject) for reading uri
+// from upstream up: a resources/read, and a subscription to uri.
+func readEvaluation(uri, up string) authzen.EvaluationRequest {
+	return authzen.EvaluationRequest{
+		Action:   authzen.Object{"name": ActionReadResource},
+		Resource: authzen.Object{"type": ResourceTypeResource, "id": uri, "properties": map[string]any{"upstream": up}},
+	}
 }
 
 // getPrompt decides a prompts/get and, if allowed, forwards it.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -79,12 +80,15 @@ type Server struct {
 	toolsMu sync.Mutex
 	shown   map[string]string // the gate's tools registered on sdk: name -> digest
 
-	pass *passthrough // nil without upstreams
+	pass    *passthrough // nil without upstreams
+	changes changes      // what listen streams hear of besides tasks
 }
 
 // ToolsChanged tells the server that a source's tools changed (an
-// upstream's list): it offers the current ones now, and the SDK tells
-// connected clients (notifications/tools/list_changed).
+// upstream's list): it offers the current ones now, and the listen streams
+// that opted in hear of what changed (notifications/tools/list_changed,
+// and prompts' and resources'). NewServer follows the upstream registry's
+// changes with it.
 func (s *Server) ToolsChanged() {
 	s.syncTools()
 	s.syncOffers()
@@ -122,6 +126,9 @@ func (s *Server) syncTools() {
 		changed = true
 		s.sdk.RemoveTools(gone...)
 	}
+	if !maps.Equal(s.shown, now) {
+		s.changes.listChanged(tasks.NotificationToolsListChanged)
+	}
 	s.shown = now
 	if changed {
 		for _, err := range skipped {
@@ -144,6 +151,7 @@ func (s *Server) syncTool(t *offered) {
 		return
 	}
 	s.shown[t.Name] = t.Digest
+	s.changes.listChanged(tasks.NotificationToolsListChanged)
 }
 
 // addTool registers t on the SDK server, which panics on a definition it
@@ -198,7 +206,8 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		s = sdk.NewServer(&sdk.Implementation{Name: o.Name, Version: o.Version}, &sdk.ServerOptions{Logger: sdkLog,
 			Capabilities: &sdk.ServerCapabilities{Tools: &sdk.ToolCapabilities{}, Extensions: map[string]any{tasks.ExtensionID: map[string]any{}}}})
 	}
-	ts := &tasks.Server{Store: g.tasks, Kinds: map[string]tasks.Kind{KindApproval: g}, Notifier: o.Notifier, Log: o.Log}
+	srv.changes.s = srv
+	ts := &tasks.Server{Store: g.tasks, Kinds: map[string]tasks.Kind{KindApproval: g}, Notifier: o.Notifier, Changes: &srv.changes, Log: o.Log}
 	if err := ts.Register(s); err != nil {
 		return nil, err
 	}
@@ -208,6 +217,10 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		}
 	}
 	srv.tasks, srv.sdk = ts, s
+	if o.Upstreams != nil {
+		// Registered before the first sync, so no change falls between.
+		o.Upstreams.OnChange(srv.ToolsChanged)
+	}
 	srv.syncTools()
 	srv.syncOffers()
 	s.AddReceivingMiddleware(srv.route)

@@ -60,6 +60,8 @@ type pepOptions struct {
 	upstreams *up.Registry
 	// log, when set, gets the gate's and the server's logs.
 	log *slog.Logger
+	// listenStreams bounds each caller's listen streams (default 10).
+	listenStreams int
 }
 
 const aliceToken = "alice-token-0123"
@@ -82,7 +84,10 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 	require.NoError(t, err)
 	t.Cleanup(p.gate.Stop) // before the pool closes: cleanups run last first
 	require.NoError(t, p.gate.Callers().Create(context.Background(), "alice-agent", aliceToken, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
-	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams, Log: o.log})
+	notifier := tasks.NewNotifier(p.db, tasks.ListenConfig{MaxStreams: o.listenStreams})
+	require.NoError(t, notifier.Start(context.Background()))
+	t.Cleanup(notifier.Stop)
+	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams, Notifier: notifier, Log: o.log})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)

@@ -67,6 +67,11 @@ func (r *Registry) newConn(u Upstream) *conn {
 		ToolListChangedHandler:     func(context.Context, *mcp.ToolListChangedRequest) { c.poke() },
 		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) { c.poke() },
 		PromptListChangedHandler:   func(context.Context, *mcp.PromptListChangedRequest) { c.poke() },
+		ResourceUpdatedHandler: func(_ context.Context, req *mcp.ResourceUpdatedNotificationRequest) {
+			if req.Params != nil {
+				r.updated(c.name, req.Params.URI)
+			}
+		},
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 			if c.config().Stdio == nil {
 				// An HTTP upstream's progress is read off the request's own
@@ -172,6 +177,8 @@ func (c *conn) connect() (*mcp.ClientSession, error) {
 		_ = sess.Close()
 		return nil, err
 	}
+	// A new session knows none of the subscriptions of the last one.
+	c.r.resubscribe(ctx, c, sess)
 	c.r.opts.Logger.Info("upstream connected", "upstream", c.name, "protocol", c.protocol)
 	return sess, nil
 }

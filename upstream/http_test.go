@@ -40,12 +40,14 @@ type mcpServer struct {
 	progress     chan struct{} // closed by the test when it has seen echo's progress
 	jsonResponse bool
 	dialled      atomic.Int32 // connections accepted
+	subs         atomic.Int32 // subscriptions made to doc://a
 }
 
 type serverOpts struct {
 	stateless    bool
 	noListChange bool
 	jsonResponse bool // answer calls with application/json instead of SSE
+	subscribe    bool // offer a resource, doc://a, with subscriptions (counted in subs)
 }
 
 func startServer(t *testing.T, o serverOpts) *mcpServer {
@@ -54,8 +56,20 @@ func startServer(t *testing.T, o serverOpts) *mcpServer {
 	if o.noListChange {
 		sopts = &mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: false}}}
 	}
-	s := &mcpServer{t: t, jsonResponse: o.jsonResponse, srv: mcp.NewServer(&mcp.Implementation{Name: "test-upstream", Version: "1"}, sopts),
-		stateless: o.stateless, entered: make(chan struct{}, 10), release: make(chan struct{}), progress: make(chan struct{})}
+	s := &mcpServer{t: t, jsonResponse: o.jsonResponse, stateless: o.stateless, entered: make(chan struct{}, 10), release: make(chan struct{}), progress: make(chan struct{})}
+	if o.subscribe {
+		if sopts == nil {
+			sopts = &mcp.ServerOptions{}
+		}
+		sopts.SubscribeHandler = func(context.Context, *mcp.SubscribeRequest) error { s.subs.Add(1); return nil }
+		sopts.UnsubscribeHandler = func(context.Context, *mcp.UnsubscribeRequest) error { return nil }
+	}
+	s.srv = mcp.NewServer(&mcp.Implementation{Name: "test-upstream", Version: "1"}, sopts)
+	if o.subscribe {
+		s.srv.AddResource(&mcp.Resource{URI: "doc://a", Name: "a"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+			return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "a"}}}, nil
+		})
+	}
 	obj := map[string]any{"type": "object", "properties": map[string]any{"text": map[string]any{"type": "string"}}}
 	s.srv.AddTool(&mcp.Tool{
 		Name:         "echo",
@@ -224,7 +238,8 @@ func TestHTTPProtocols(t *testing.T) {
 			t.Parallel()
 			s := startServer(t, serverOpts{stateless: tc.stateless})
 			changes := make(chan struct{}, 100)
-			r := newRegistry(t, Options{OnChange: func() { changes <- struct{}{} }})
+			r := newRegistry(t, Options{})
+			r.OnChange(func() { changes <- struct{}{} })
 			cfg := httpConfig(t, "    prefix: up.\n    relist: 1h\n", map[string]*mcpServer{"svc": s})
 			require.NoError(t, r.Reload(context.Background(), cfg))
 			waitReady(t, r, "svc")
@@ -695,4 +710,57 @@ func TestCallsReuseConnections(t *testing.T) {
 	// Two per caller at most: the SDK finishes reading a call's event stream
 	// (and so frees its connection) just after it has handed the result on.
 	require.LessOrEqual(t, s.dialled.Load()-before, int32(2*workers), "connections dialled for %d calls from %d goroutines", workers*calls, workers)
+}
+
+// TestSubscriptionAfterReconnect: a resource subscription is made again on
+// the upstream's new session after it was lost, and its updates reach the
+// watcher again; an update about another URI, or from another upstream,
+// does not.
+func TestSubscriptionAfterReconnect(t *testing.T) {
+	for _, stateless := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stateless=%v", stateless), func(t *testing.T) {
+			t.Parallel()
+			s := startServer(t, serverOpts{stateless: stateless, subscribe: true})
+			other := startServer(t, serverOpts{stateless: stateless, subscribe: true})
+			r := newRegistry(t, Options{})
+			cfg := httpConfig(t, "", map[string]*mcpServer{"svc": s})
+			cfg.Upstreams = append(cfg.Upstreams, httpConfig(t, "    prefix: o_\n", map[string]*mcpServer{"other": other}).Upstreams...)
+			require.NoError(t, r.Reload(context.Background(), cfg))
+			waitReady(t, r, "svc")
+			waitReady(t, r, "other")
+			require.True(t, r.Offered().Subscribe)
+
+			updates := make(chan struct{}, 10)
+			stop, err := r.Subscribe(context.Background(), "svc", "doc://a", func() { updates <- struct{}{} })
+			require.NoError(t, err)
+			defer stop()
+			require.Eventually(t, func() bool { return s.subs.Load() == 1 }, 10*time.Second, 10*time.Millisecond)
+			// other's doc://a is another resource: its updates reach only
+			// its own watchers (the fan-out is done when they have it).
+			fromOther := make(chan struct{}, 10)
+			stopOther, err := r.Subscribe(context.Background(), "other", "doc://a", func() { fromOther <- struct{}{} })
+			require.NoError(t, err)
+			defer stopOther()
+			require.Eventually(t, func() bool { return other.subs.Load() == 1 }, 10*time.Second, 10*time.Millisecond)
+			require.NoError(t, other.srv.ResourceUpdated(context.Background(), &mcp.ResourceUpdatedNotificationParams{URI: "doc://a"}))
+			<-fromOther
+			require.Empty(t, updates, "svc's watcher does not hear other's update")
+			require.NoError(t, s.srv.ResourceUpdated(context.Background(), &mcp.ResourceUpdatedNotificationParams{URI: "doc://a"}))
+			<-updates
+			require.Empty(t, fromOther)
+
+			s.stop()
+			_, _ = r.Call(context.Background(), "echo", map[string]any{"text": "x"}, nil) // makes the registry notice
+			require.Eventually(t, func() bool { return r.Ready()["svc"] != nil }, 30*time.Second, 10*time.Millisecond)
+			s.restart()
+			waitReady(t, r, "svc")
+			require.Eventually(t, func() bool { return s.subs.Load() == 2 }, 10*time.Second, 10*time.Millisecond, "subscribed again on the new session")
+			require.NoError(t, s.srv.ResourceUpdated(context.Background(), &mcp.ResourceUpdatedNotificationParams{URI: "doc://a"}))
+			select {
+			case <-updates:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no update after the reconnect")
+			}
+		})
+	}
 }

@@ -18,6 +18,9 @@ type Offers struct {
 	// Logging: an upstream whose log messages reach clients (one over
 	// HTTP: a stdio upstream's cannot be told apart by request).
 	Logging bool
+	// Subscribe: an upstream that offers resources also takes
+	// subscriptions to them (notifications/resources/updated).
+	Subscribe bool
 }
 
 func offersOf(c *mcp.ServerCapabilities, overHTTP bool) Offers {
@@ -25,7 +28,7 @@ func offersOf(c *mcp.ServerCapabilities, overHTTP bool) Offers {
 		return Offers{}
 	}
 	return Offers{Resources: c.Resources != nil, Prompts: c.Prompts != nil, Completions: c.Completions != nil,
-		Logging: c.Logging != nil && overHTTP}
+		Logging: c.Logging != nil && overHTTP, Subscribe: c.Resources != nil && c.Resources.Subscribe}
 }
 
 // Resource is one resource the gateway offers, under the upstream's URI
@@ -167,6 +170,7 @@ func (r *Registry) Offered() Offers {
 		o.Prompts = o.Prompts || c.offers.Prompts
 		o.Completions = o.Completions || c.offers.Completions
 		o.Logging = o.Logging || c.offers.Logging
+		o.Subscribe = o.Subscribe || c.offers.Subscribe
 		c.mu.Unlock()
 	}
 	return o

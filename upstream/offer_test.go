@@ -82,6 +82,8 @@ func TestOffers(t *testing.T) {
 			waitReady(t, r, "a")
 			ctx := context.Background()
 
+			// Logging too: the go-sdk server offers it by default, and its
+			// messages reach clients over HTTP.
 			require.Equal(t, Offers{Resources: true, Prompts: true, Completions: true, Logging: true}, r.Offered())
 			var uris []string
 			for _, res := range r.Resources() {

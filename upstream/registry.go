@@ -56,9 +56,6 @@ type Options struct {
 	Logger *slog.Logger
 	// Client is how the gateway introduces itself to upstreams.
 	Client *mcp.Implementation
-	// OnChange is called, outside any lock, after the set of tools (or a
-	// definition) changed, so the front-end can send tools/list_changed.
-	OnChange func()
 	// Reserved are exposed names that belong to tools outside the registry
 	// (the built-in ones); an upstream tool exposed under one is a collision.
 	Reserved []string
@@ -81,6 +78,12 @@ type Registry struct {
 	closed bool
 	seq    atomic.Int64 // progress tokens
 	prog   sync.Map     // progress token -> func(*mcp.ProgressNotificationParams)
+
+	watchers map[*func()]struct{} // OnChange's
+	subs     map[subKey]map[*watcher]struct{}
+	// subMu serializes the subscribe and unsubscribe exchanges with
+	// upstreams (taken before mu, never held by a fan-out).
+	subMu sync.Mutex
 }
 
 type snapshot struct {
@@ -196,10 +199,39 @@ func (r *Registry) Reload(ctx context.Context, cfg *Config) error {
 			c.cancel()
 		}()
 	}
-	if changed && r.opts.OnChange != nil {
-		r.opts.OnChange()
+	if changed {
+		r.changed()
 	}
 	return nil
+}
+
+// OnChange has f called, outside any lock, after the offered set changed
+// (a tool, resource, template or prompt added, gone or redefined), until
+// stop is called: the front-end offers the new set and tells its clients.
+func (r *Registry) OnChange(f func()) (stop func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.watchers == nil {
+		r.watchers = map[*func()]struct{}{}
+	}
+	r.watchers[&f] = struct{}{}
+	return func() {
+		r.mu.Lock()
+		delete(r.watchers, &f)
+		r.mu.Unlock()
+	}
+}
+
+func (r *Registry) changed() {
+	r.mu.Lock()
+	fs := make([]func(), 0, len(r.watchers))
+	for f := range r.watchers {
+		fs = append(fs, *f)
+	}
+	r.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
 }
 
 // Tools returns the exposed tools, sorted by name.
@@ -309,8 +341,8 @@ func (r *Registry) rebuild() {
 		r.snap = snap
 	}
 	r.mu.Unlock()
-	if changed && r.opts.OnChange != nil {
-		r.opts.OnChange()
+	if changed {
+		r.changed()
 	}
 }
 

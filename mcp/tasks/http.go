@@ -72,19 +72,16 @@ func (s *Server) Wrap(next http.Handler) http.Handler {
 				return
 			}
 		case MethodListen:
-			raw, ok := objectMembers(m.params["notifications"])["taskIds"]
-			if !ok {
-				break // other notifications: the SDK serves them
-			}
-			var ids []string
-			if json.Unmarshal(raw, &ids) != nil {
-				writeError(w, http.StatusBadRequest, m.id, CodeInvalidParams, "notifications.taskIds must be an array of task ids")
+			ids, want, err := s.opts(m)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, m.id, CodeInvalidParams, err.Error())
 				return
 			}
-			if len(ids) > 0 {
-				s.listen(w, r, m, ids)
+			if len(ids) > 0 || want.Any() {
+				s.listen(w, r, m, ids, want)
 				return
 			}
+			// Nothing this server serves: the SDK answers.
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -136,7 +133,7 @@ type parseError struct {
 var readNames = map[string][]string{
 	"":                     {"jsonrpc", "id", "method", "params"},
 	"params":               {"_meta", "taskId", "notifications"},
-	"params.notifications": {"taskIds"},
+	"params.notifications": {OptTaskIDs, OptToolsListChanged, OptPromptsListChanged, OptResourcesListChanged, OptResourceSubscriptions},
 }
 
 // parse checks body (see Wrap) and returns its messages: one for a single
@@ -275,6 +272,47 @@ func writeError(w http.ResponseWriter, status int, id json.RawMessage, code int,
 	_ = json.NewEncoder(w).Encode(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": msg}})
 }
 
+// opts reads params.notifications of a subscriptions/listen: the task ids,
+// and, when the server has Changes, the other opt-ins; an error for a
+// member of the wrong type or too many URIs.
+func (s *Server) opts(m message) ([]string, Wants, error) {
+	n := objectMembers(m.params["notifications"])
+	var ids []string
+	if raw, ok := n[OptTaskIDs]; ok && json.Unmarshal(raw, &ids) != nil {
+		return nil, Wants{}, errors.New("notifications.taskIds must be an array of task ids")
+	}
+	var want Wants
+	if s.Changes == nil {
+		return ids, want, nil // the SDK serves the others, as before
+	}
+	for name, v := range map[string]*bool{OptToolsListChanged: &want.ToolsListChanged,
+		OptPromptsListChanged: &want.PromptsListChanged, OptResourcesListChanged: &want.ResourcesListChanged} {
+		if raw, ok := n[name]; ok && json.Unmarshal(raw, v) != nil {
+			return nil, Wants{}, fmt.Errorf("notifications.%s must be a boolean", name)
+		}
+	}
+	if raw, ok := n[OptResourceSubscriptions]; ok {
+		var uris []string
+		if json.Unmarshal(raw, &uris) != nil {
+			return nil, Wants{}, errors.New("notifications.resourceSubscriptions must be an array of resource URIs")
+		}
+		seen := map[string]bool{}
+		for _, u := range uris {
+			if u == "" {
+				return nil, Wants{}, errors.New("notifications.resourceSubscriptions: a URI is empty")
+			}
+			if !seen[u] {
+				seen[u] = true
+				want.ResourceSubscriptions = append(want.ResourceSubscriptions, u)
+			}
+		}
+		if len(want.ResourceSubscriptions) > MaxListenURIs {
+			return nil, Wants{}, fmt.Errorf("notifications.resourceSubscriptions: at most %d URIs on one stream", MaxListenURIs)
+		}
+	}
+	return ids, want, nil
+}
+
 // listenWriteTimeout bounds one write on a listen stream: a client that
 // stops reading is dropped instead of holding the stream open.
 const listenWriteTimeout = 10 * time.Second
@@ -282,16 +320,20 @@ const listenWriteTimeout = 10 * time.Second
 // maxListenTasks bounds the tasks one stream follows.
 const maxListenTasks = 100
 
-// listen serves subscriptions/listen for task notifications: an SSE stream
-// that starts with notifications/subscriptions/acknowledged (echoing the task
-// ids the caller owns), then carries a notifications/tasks with the full
-// DetailedTask whenever a subscribed task changes, and ends with the listen
-// result once every subscribed task is terminal, when the stream reaches
-// its maximum lifetime, or when the server stops (the result tells the
-// client the subscription ended; it may listen again). Changes arrive from
-// the Notifier; the stream re-reads its tasks every Resync in case a
-// notification was lost, and sends an SSE comment then as a keep-alive.
-func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, requested []string) {
+// listen serves subscriptions/listen: an SSE stream that starts with
+// notifications/subscriptions/acknowledged, echoing what it accepted (the
+// task ids the caller owns; the list changes and resource URIs Changes
+// accepted), then carries a notifications/tasks with the full DetailedTask
+// whenever a subscribed task changes, and the list changes and
+// notifications/resources/updated it accepted as Changes reports them. It
+// ends with the listen result when it has nothing left to carry (every
+// subscribed task terminal, and no other opt-in accepted), when the stream
+// reaches its maximum lifetime, or when the server stops (the result tells
+// the client the subscription ended; it may listen again). Task changes
+// arrive from the Notifier; the stream re-reads its tasks every Resync in
+// case a notification was lost, and sends an SSE comment then as a
+// keep-alive. Only a request for task ids needs the tasks extension.
+func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, requested []string, want Wants) {
 	meta := m.meta()
 	if h := r.Header.Get(HeaderProtocolVersion); h == "" || h != meta[MetaProtocolVersion] {
 		writeError(w, http.StatusBadRequest, m.id, CodeHeaderMismatch, "Mcp-Protocol-Version must match _meta protocolVersion")
@@ -301,7 +343,7 @@ func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, reque
 		writeError(w, http.StatusBadRequest, m.id, CodeHeaderMismatch, "Mcp-Method must equal the request method")
 		return
 	}
-	if !HasExtension(meta) {
+	if len(requested) > 0 && !HasExtension(meta) {
 		e := MissingCapability()
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
@@ -310,18 +352,22 @@ func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, reque
 	}
 	n := s.Notifier
 	if n == nil {
-		writeError(w, http.StatusInternalServerError, m.id, CodeInternalError, "task notifications are not available on this server")
+		writeError(w, http.StatusInternalServerError, m.id, CodeInternalError, "subscriptions/listen is not available on this server")
 		return
 	}
 	ctx := r.Context()
-	// Others' and unknown ids are silently not acknowledged.
-	ids, err := s.Store.Owned(ctx, PrincipalFrom(ctx), requested, maxListenTasks)
-	if err != nil {
-		s.log().Error("listen: task lookup failed", "error", err)
-		writeError(w, http.StatusInternalServerError, m.id, CodeInternalError, "internal error")
-		return
+	var ids []string
+	if len(requested) > 0 {
+		// Others' and unknown ids are silently not acknowledged.
+		var err error
+		if ids, err = s.Store.Owned(ctx, PrincipalFrom(ctx), requested, maxListenTasks); err != nil {
+			s.log().Error("listen: task lookup failed", "error", err)
+			writeError(w, http.StatusInternalServerError, m.id, CodeInternalError, "internal error")
+			return
+		}
 	}
-	// Subscribed before the first read, so no change falls between them.
+	// Subscribed before the first read, so no change falls between them;
+	// every stream counts toward the caller's cap, whatever it carries.
 	sub, err := n.subscribe(PrincipalFrom(ctx), ids)
 	switch {
 	case errors.Is(err, errTooManyStreams):
@@ -333,6 +379,24 @@ func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, reque
 		return
 	}
 	defer sub.close()
+	var accepted Wants
+	var feed Feed
+	var changed <-chan struct{} // nil (never ready) without a feed
+	if want.Any() {
+		// Watched before the acknowledgement, so no change falls between.
+		if accepted, feed, err = s.Changes.Watch(ctx, want); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log().Error("listen: subscriptions could not be decided", "error", err)
+			writeError(w, http.StatusInternalServerError, m.id, CodeInternalError, "the subscriptions could not be decided; try again")
+			return
+		}
+		if feed != nil {
+			defer feed.Close()
+			changed = feed.Wake()
+		}
+	}
 
 	rc := http.NewResponseController(w)
 	// The server's write timeout is for a response, not for a stream that
@@ -356,8 +420,14 @@ func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, reque
 	result := func() {
 		send(map[string]any{"jsonrpc": "2.0", "id": m.id, "result": map[string]any{"resultType": ResultTypeComplete, "_meta": subMeta}})
 	}
+	ack := map[string]any{}
+	raw, _ := json.Marshal(accepted)
+	_ = json.Unmarshal(raw, &ack)
+	if len(requested) > 0 {
+		ack[OptTaskIDs] = ids
+	}
 	if !send(map[string]any{"jsonrpc": "2.0", "method": NotificationAcknowledged,
-		"params": map[string]any{"notifications": map[string]any{"taskIds": ids}, "_meta": subMeta}}) {
+		"params": map[string]any{"notifications": ack, "_meta": subMeta}}) {
 		return
 	}
 
@@ -404,8 +474,9 @@ func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, reque
 					delete(open, id)
 				}
 			}
+			check = nil
 		}
-		if len(open) == 0 {
+		if len(open) == 0 && feed == nil {
 			result()
 			return
 		}
@@ -414,6 +485,16 @@ func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, reque
 			return
 		case <-sub.wakeup:
 			check = sub.take()
+		case <-changed:
+			for _, c := range feed.Take() {
+				params := map[string]any{"_meta": subMeta}
+				if c.Method == NotificationResourceUpdated {
+					params["uri"] = c.URI
+				}
+				if !send(map[string]any{"jsonrpc": "2.0", "method": c.Method, "params": params}) {
+					return
+				}
+			}
 		case <-resync.C:
 			if !write(":\n\n") {
 				return

@@ -48,3 +48,19 @@ const (
 	// the 2026-07-28 revision asks of codes it does not define.
 	CodeTooManyStreams = -31000
 )
+
+// Change notifications a listen stream may carry besides notifications/tasks
+// (2026-07-28, SEP-2575), and the opt-ins that ask for them: the members of
+// params.notifications beside taskIds.
+const (
+	NotificationToolsListChanged     = "notifications/tools/list_changed"
+	NotificationPromptsListChanged   = "notifications/prompts/list_changed"
+	NotificationResourcesListChanged = "notifications/resources/list_changed"
+	NotificationResourceUpdated      = "notifications/resources/updated"
+
+	OptToolsListChanged      = "toolsListChanged"
+	OptPromptsListChanged    = "promptsListChanged"
+	OptResourcesListChanged  = "resourcesListChanged"
+	OptResourceSubscriptions = "resourceSubscriptions"
+	OptTaskIDs               = "taskIds"
+)

@@ -35,7 +35,11 @@ type Server struct {
 	// Notifier serves subscriptions/listen for tasks; without one, listen
 	// streams for tasks are refused.
 	Notifier *Notifier
-	Log      *slog.Logger
+	// Changes, when set, serves listen streams' other opt-ins (list
+	// changes, resource subscriptions); they still need the Notifier,
+	// which bounds every caller's streams.
+	Changes Changes
+	Log     *slog.Logger
 }
 
 type principalKey struct{}
