@@ -327,7 +327,7 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 		}
 		if v.Via != nil {
 			// Both who decided (Actor, the person) and who carried it.
-			data["via"] = map[string]any{"client_id": v.Via.ClientID, "client": v.Via.Client, "kind": v.Via.Kind}
+			data["via_client_id"], data["via_client"], data["via_client_kind"] = v.Via.ClientID, v.Via.Client, v.Via.Kind
 		}
 		if err := audit.Append(ctx, tx, audit.Event{Chain: id, Kind: "vote." + decision, Actor: v.ID, At: now, Data: data}); err != nil {
 			return err
