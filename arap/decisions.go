@@ -133,8 +133,9 @@ type DecisionBody struct {
 	Reason        string     `json:"reason"`
 	ApprovedUntil *time.Time `json:"approved_until"`
 	// OnBehalfOf, with the decide_for_people scope, is the directory user
-	// name of the person the decision is recorded for.
-	OnBehalfOf *string `json:"on_behalf_of"`
+	// name of the person the decision is recorded for; absent or null, the
+	// client decides as itself.
+	OnBehalfOf *string `json:"on_behalf_of,omitempty"`
 }
 
 // voter is the API client as a decider; admins list everything.
