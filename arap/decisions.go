@@ -2,6 +2,8 @@ package arap
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -10,7 +12,9 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/identity"
 	"github.com/omcp/arap/internal/visible"
 	"github.com/omcp/arap/requests"
 )
@@ -128,6 +132,10 @@ type DecisionBody struct {
 	Decision      string     `json:"decision"`
 	Reason        string     `json:"reason"`
 	ApprovedUntil *time.Time `json:"approved_until"`
+	// OnBehalfOf, with the decide_for_people scope, is the directory user
+	// name of the person the decision is recorded for; absent or null, the
+	// client decides as itself.
+	OnBehalfOf *string `json:"on_behalf_of,omitempty"`
 }
 
 // voter is the API client as a decider; admins list everything.
@@ -265,12 +273,22 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, authzen.ProblemInvalidRequest, `decision must be "approve" or "deny"`, nil)
 		return
 	}
-	if _, _, ok := s.loadForDecider(w, r); !ok {
+	c := clientFrom(r)
+	v := voter(c)
+	if d.OnBehalfOf != nil {
+		person, ok := s.person(w, r, c, *d.OnBehalfOf)
+		if !ok {
+			return
+		}
+		// Whether the request names the person, and may be decided by them
+		// through this client, is the person's eligibility, checked with
+		// the vote; the client's own visibility does not come into it.
+		v = person
+	} else if _, _, ok := s.loadForDecider(w, r); !ok {
 		return
 	}
-	c := clientFrom(r)
 	id := chi.URLParam(r, "id")
-	req, err := s.d.Requests.Decide(r.Context(), voter(c), id, requests.Decision{
+	req, err := s.d.Requests.Decide(r.Context(), v, id, requests.Decision{
 		Approve: d.Decision == evaluation.DecisionApprove, Reason: d.Reason, ApprovedUntil: d.ApprovedUntil,
 	})
 	if err != nil {
@@ -282,8 +300,46 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, r, err)
 		return
 	}
-	v := voter(c)
 	writeJSON(w, http.StatusOK, View(req, votes, &v, time.Now()))
+}
+
+// person is the voter for a decision client c records on name's behalf: the
+// directory's user (groups and identities from the directory, never from
+// the client), through c. It answers the refusal itself when there is none:
+// 403 without the decide_for_people scope, 422 for a name that is no active
+// directory user.
+func (s *Server) person(w http.ResponseWriter, r *http.Request, c *clients.Client, name string) (requests.Voter, bool) {
+	if !c.Has(clients.ScopeDecideForPeople) {
+		w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm="arap", error="insufficient_scope", scope=%q`, clients.ScopeDecideForPeople))
+		writeProblem(w, r, authzen.ProblemInsufficientScope,
+			fmt.Sprintf("client %q lacks the %s scope that on_behalf_of needs", c.Name, clients.ScopeDecideForPeople), nil)
+		return requests.Voter{}, false
+	}
+	if err := identity.Check(name); err != nil {
+		writeProblem(w, r, authzen.ProblemInvalidRequest, "on_behalf_of "+err.Error(), nil)
+		return requests.Voter{}, false
+	}
+	if s.d.People == nil {
+		writeProblem(w, r, authzen.ProblemUnknownPerson, "this server has no directory to find on_behalf_of in", nil)
+		return requests.Voter{}, false
+	}
+	var u *directory.User
+	err := directory.ErrNotFound
+	if directory.ValidName(name) {
+		u, err = s.d.People.User(r.Context(), name)
+	}
+	switch {
+	case errors.Is(err, directory.ErrNotFound):
+		writeProblem(w, r, authzen.ProblemUnknownPerson, fmt.Sprintf("on_behalf_of: no directory user is named %q", name), nil)
+		return requests.Voter{}, false
+	case err != nil:
+		s.internal(w, r, err)
+		return requests.Voter{}, false
+	case u.DisabledAt != nil:
+		writeProblem(w, r, authzen.ProblemUnknownPerson, fmt.Sprintf("on_behalf_of: directory user %q is disabled and may not decide", name), nil)
+		return requests.Voter{}, false
+	}
+	return requests.OnBehalf(requests.UserVoter(u.Name, u.Identities(), u.Groups), c.ID, c.Name, c.Kind), true
 }
 
 // RevokeBody is the body of POST /v1/approvals/{id}/revoke.

@@ -42,6 +42,8 @@ var problems = map[string]struct {
 	authzen.ProblemCallbackRefused:       {http.StatusBadRequest, "Callback endpoint refused"},
 	authzen.ProblemIneligibleApprover:    {http.StatusForbidden, "Not eligible to decide this request"},
 	authzen.ProblemAlreadyDecided:        {http.StatusConflict, "This approver has already decided"},
+	authzen.ProblemChannelNotAllowed:     {http.StatusForbidden, "The rule does not take decisions through this channel"},
+	authzen.ProblemUnknownPerson:         {http.StatusUnprocessableEntity, "on_behalf_of names no active directory user"},
 	authzen.ProblemInternal:              {http.StatusInternalServerError, "Internal error"},
 }
 

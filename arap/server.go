@@ -14,6 +14,7 @@ import (
 
 	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/requests"
@@ -62,6 +63,14 @@ type Deps struct {
 	Ready func(ctx context.Context) error
 	// UI, when set, is the approvers' web interface, served under /ui/.
 	UI http.Handler
+	// People is the directory, for decisions on a person's behalf; without
+	// it on_behalf_of is refused.
+	People People
+}
+
+// People finds directory users by name.
+type People interface {
+	User(ctx context.Context, name string) (*directory.User, error)
 }
 
 // Server is the backend's http.Handler.

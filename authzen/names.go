@@ -112,7 +112,12 @@ const (
 	ProblemCallbackRefused       = "callback_refused"
 	ProblemIneligibleApprover    = "ineligible_approver"
 	ProblemAlreadyDecided        = "already_decided"
-	ProblemInternal              = "internal_error"
+	// ProblemChannelNotAllowed: the rule does not take decisions through the
+	// channel this one came by (approval.channels).
+	ProblemChannelNotAllowed = "channel_not_allowed"
+	// ProblemUnknownPerson: on_behalf_of names no active directory user.
+	ProblemUnknownPerson = "unknown_person"
+	ProblemInternal      = "internal_error"
 )
 
 // ARAPProblems lists the codes the draft itself defines; they use

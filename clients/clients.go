@@ -33,10 +33,14 @@ const (
 	ScopeRequest  = "request"  // submit, read and cancel its own access requests
 	ScopeDecide   = "decide"   // decision API
 	ScopeAdmin    = "admin"    // operator endpoints
+	// ScopeDecideForPeople lets a client that may use the decision API
+	// record a decision as a named directory user (on_behalf_of), as an
+	// ITSM approval or a chat bot would; the person's eligibility applies.
+	ScopeDecideForPeople = "decide_for_people"
 )
 
 // AllScopes lists every scope.
-var AllScopes = []string{ScopeEvaluate, ScopeRequest, ScopeDecide, ScopeAdmin}
+var AllScopes = []string{ScopeEvaluate, ScopeRequest, ScopeDecide, ScopeAdmin, ScopeDecideForPeople}
 
 // Resolver kinds.
 const (

@@ -3,6 +3,7 @@ package evaluation
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/cel-go/cel"
@@ -14,6 +15,19 @@ const (
 	DecisionApprove = "approve"
 	DecisionDeny    = "deny"
 )
+
+// Channels are the ways a decision reaches the backend, named in a rule's
+// approval.channels. Each names the path, not the decider's kind: a person
+// may decide in the web UI or through a client on their behalf (and later
+// through chat), so a rule can keep its decisions to one of them.
+const (
+	ChannelWeb      = "web"       // a person signed in to the approver web UI
+	ChannelAPI      = "api"       // an API client deciding as itself (decision API)
+	ChannelOnBehalf = "on_behalf" // an API client deciding for a named person (decision API, on_behalf_of)
+)
+
+// AllChannels lists every channel, the default of approval.channels.
+var AllChannels = []string{ChannelWeb, ChannelAPI, ChannelOnBehalf}
 
 // Resolver kinds a person or API client can be (clients.Kind*).
 var resolverKinds = []string{"human", "automation", "agent", "itsm"}
@@ -32,6 +46,11 @@ type ApprovalPolicy struct {
 	Users   []string `json:"users"`
 	Clients []string `json:"clients"`
 	Kinds   []string `json:"kinds"`
+	// Channels lists the channels decisions may come through (AllChannels
+	// when the rule names none, and for requests stored before channels
+	// existed). The rule's automated resolvers are not a channel: they are
+	// the rule itself.
+	Channels []string `json:"channels,omitempty"`
 	// RequireHumans is how many of the approvals must come from people.
 	RequireHumans int `json:"require_humans"`
 	// MachinesMay lists what non-human deciders may do: approve, deny. With
@@ -55,6 +74,11 @@ type ApprovalPolicy struct {
 	DeclaredContext []string `json:"declared_context,omitempty"`
 }
 
+// AllowsChannel reports whether decisions may come through channel.
+func (a ApprovalPolicy) AllowsChannel(channel string) bool {
+	return len(a.Channels) == 0 || slices.Contains(a.Channels, channel)
+}
+
 // MachinesMayApprove reports whether non-human deciders may approve.
 func (a ApprovalPolicy) MachinesMayApprove() bool {
 	return slices.Contains(a.MachinesMay, DecisionApprove)
@@ -76,6 +100,7 @@ type approvalSpec struct {
 	Users          []string       `yaml:"users"`
 	Clients        []string       `yaml:"clients"`
 	Kinds          []string       `yaml:"kinds"`
+	Channels       lines          `yaml:"channels"`
 	RequireHumans  int            `yaml:"require_humans"`
 	MachinesMay    []string       `yaml:"machines_may"`
 	ApprovedFor    Duration       `yaml:"approved_for"`
@@ -85,7 +110,7 @@ type approvalSpec struct {
 	Line           int            `yaml:"-"`
 }
 
-var approvalKeys = []string{"quorum", "groups", "users", "clients", "kinds", "require_humans", "machines_may",
+var approvalKeys = []string{"quorum", "groups", "users", "clients", "kinds", "channels", "require_humans", "machines_may",
 	"approved_for", "max_approved_for", "grant_delay", "resolvers"}
 
 func (a *approvalSpec) UnmarshalYAML(n *yaml.Node) error {
@@ -99,6 +124,22 @@ func (a *approvalSpec) UnmarshalYAML(n *yaml.Node) error {
 	}
 	*a = approvalSpec(p)
 	a.Line = n.Line
+	return nil
+}
+
+// lines is a list of strings that keeps each one's line, for errors.
+type lines []lineString
+
+type lineString struct {
+	Value string
+	Line  int
+}
+
+func (l *lineString) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: expected a string", n.Line)
+	}
+	*l = lineString{Value: n.Value, Line: n.Line}
 	return nil
 }
 
@@ -143,6 +184,18 @@ func compileApproval(env *cel.Env, s approvalSpec, add func(line int, format str
 		if !slices.Contains(resolverKinds, k) || k == "human" {
 			add(s.Line, "approval.kinds: %q is not an API client kind (automation, agent, itsm); people are named by groups and users", k)
 		}
+	}
+	for _, c := range s.Channels {
+		if !slices.Contains(AllChannels, c.Value) {
+			add(c.Line, "approval.channels: unknown channel %q (known: %s)", c.Value, strings.Join(AllChannels, ", "))
+		} else if slices.Contains(a.Channels, c.Value) {
+			add(c.Line, "approval.channels: %q is listed twice", c.Value)
+		} else {
+			a.Channels = append(a.Channels, c.Value)
+		}
+	}
+	if s.Channels != nil && len(s.Channels) == 0 {
+		add(s.Line, "approval.channels is empty, so nobody could decide; leave it out to allow every channel")
 	}
 	if a.MachinesMay == nil {
 		a.MachinesMay = []string{DecisionApprove, DecisionDeny}

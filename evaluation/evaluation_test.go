@@ -272,3 +272,64 @@ func TestReloadKeepsPolicyOnError(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, out.Decision.Decision)
 }
+
+// TestApprovalChannels: approval.channels names the ways decisions may
+// arrive; unknown, repeated or no names are refused at load with their
+// lines, and a rule without it allows every channel (today's behaviour).
+func TestApprovalChannels(t *testing.T) {
+	doc := `version: 1
+rules:
+  - name: web_only
+    match: {action: a}
+    effect: request
+    approval:
+      users: [bob]
+      channels: [web]
+  - name: any_channel
+    match: {action: b}
+    effect: request
+    approval: {users: [bob]}
+`
+	p, err := evaluation.Parse("p.yaml", []byte(doc))
+	require.NoError(t, err)
+	r, ok := p.Rule("web_only")
+	require.True(t, ok)
+	web := r.Approval
+	require.Equal(t, []string{evaluation.ChannelWeb}, web.Channels)
+	require.True(t, web.AllowsChannel(evaluation.ChannelWeb))
+	require.False(t, web.AllowsChannel(evaluation.ChannelAPI))
+	require.False(t, web.AllowsChannel(evaluation.ChannelOnBehalf))
+	r, ok = p.Rule("any_channel")
+	require.True(t, ok)
+	anyc := r.Approval
+	for _, c := range evaluation.AllChannels {
+		require.True(t, anyc.AllowsChannel(c), c)
+	}
+
+	bad := `version: 1
+rules:
+  - name: typo
+    match: {action: a}
+    effect: request
+    approval:
+      users: [bob]
+      channels:
+        - web
+        - slak
+        - web
+  - name: none
+    match: {action: b}
+    effect: request
+    approval:
+      users: [bob]
+      channels: []
+`
+	_, err = evaluation.Parse("p.yaml", []byte(bad))
+	var perr *evaluation.Error
+	require.ErrorAs(t, err, &perr)
+	msg := err.Error()
+	require.Contains(t, msg, `p.yaml:10: rule "typo": approval.channels: unknown channel "slak" (known: web, api, on_behalf)`)
+	require.Contains(t, msg, `p.yaml:11: rule "typo": approval.channels: "web" is listed twice`)
+	require.Contains(t, msg, `p.yaml:16: rule "none": approval.channels is empty`)
+	require.Len(t, perr.Problems, 3)
+}

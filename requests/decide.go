@@ -42,19 +42,43 @@ type Voter struct {
 	Identities []identity.ID
 	// Resolver marks the rule's own automated resolver.
 	Resolver bool
+	// Channel is the way the decision came (evaluation.Channel*); empty for
+	// the rule's own resolvers, which no channel restriction applies to.
+	Channel string
+	// Via is the API client a person's decision came through (channel
+	// on_behalf); nil when the person decided themselves.
+	Via *Via
+}
+
+// Via is the API client that recorded a person's decision for them.
+type Via struct {
+	ClientID string `json:"client_id"`
+	Client   string `json:"client"`
+	Kind     string `json:"kind"`
 }
 
 // UserVoter is a person deciding, known by the given identities (user name,
 // e-mail address, and later the ids an identity provider gives).
 func UserVoter(name string, identities []identity.ID, groups []string) Voter {
-	return Voter{ID: "user:" + name, Kind: "human", Name: name, Groups: groups, Identities: append([]identity.ID{identity.Name(name)}, identities...)}
+	return Voter{ID: "user:" + name, Kind: "human", Name: name, Groups: groups, Identities: append([]identity.ID{identity.Name(name)}, identities...),
+		Channel: evaluation.ChannelWeb}
+}
+
+// OnBehalf is person (a UserVoter, built from the directory, never from the
+// client's say-so) deciding through API client c: the vote is the person's,
+// with the person's eligibility, separation of duties and quorum, and
+// records the client as the channel it came through.
+func OnBehalf(person Voter, clientID, clientName, clientKind string) Voter {
+	person.Channel = evaluation.ChannelOnBehalf
+	person.Via = &Via{ClientID: clientID, Client: clientName, Kind: clientKind}
+	return person
 }
 
 // ClientVoter is an API client deciding through the decision API. It is
 // known by its name and id ("client:<name>" names it too).
 func ClientVoter(id, name, kind string) Voter {
 	return Voter{ID: "client:" + name, Kind: kind, Name: name, ClientID: id,
-		Identities: []identity.ID{identity.Name(name), identity.Name(id)}}
+		Identities: []identity.ID{identity.Name(name), identity.Name(id)}, Channel: evaluation.ChannelAPI}
 }
 
 func resolverVoter(rule string, r *evaluation.Resolver) Voter {
@@ -80,6 +104,10 @@ type Vote struct {
 	Reason        string     `json:"reason,omitempty"`
 	ApprovedUntil *time.Time `json:"approved_until,omitempty"`
 	At            time.Time  `json:"at"`
+	// Channel is the way the vote came (web, api, on_behalf); empty for the
+	// rule's own resolvers. Via is the client that recorded a person's vote.
+	Channel string `json:"channel,omitempty"`
+	Via     *Via   `json:"via,omitempty"`
 }
 
 // Names reports whether r's approval policy names v as a decider (whether or
@@ -118,7 +146,48 @@ func Eligible(v Voter, r *Request, now time.Time) error {
 	if v.ClientID != "" && v.ClientID == r.ClientID {
 		return refuse(authzen.ProblemIneligibleApprover, "%s submitted this request and cannot decide it", v.ID)
 	}
+	if v.Via != nil {
+		// The channel is held to what the client itself would be: it may
+		// not carry a decision on a request it submitted or that was made
+		// through it.
+		via := []identity.ID{identity.Name(v.Via.Client), identity.Name(v.Via.ClientID)}
+		for _, id := range involved {
+			if identity.Any(via, id) {
+				return refuse(authzen.ProblemIneligibleApprover, "client:%s cannot carry a decision on a request made through it (%q)", v.Via.Client, id)
+			}
+		}
+		if v.Via.ClientID == r.ClientID {
+			return refuse(authzen.ProblemIneligibleApprover, "client:%s submitted this request and cannot carry a decision on it", v.Via.Client)
+		}
+	}
+	if !v.Resolver && !r.ApprovalPolicy.AllowsChannel(v.Channel) {
+		return refuse(authzen.ProblemChannelNotAllowed, "rule %s takes decisions only through %s, not %s", r.Rule,
+			strings.Join(channelNames(r.ApprovalPolicy.Channels), " or "), channelName(v.Channel))
+	}
 	return nil
+}
+
+// channelName says what a channel is, for people.
+func channelName(c string) string {
+	switch c {
+	case evaluation.ChannelWeb:
+		return "the web UI (web)"
+	case evaluation.ChannelAPI:
+		return "an API client deciding as itself (api)"
+	case evaluation.ChannelOnBehalf:
+		return "an API client deciding for a person (on_behalf)"
+	case "":
+		return "an unnamed channel"
+	}
+	return c
+}
+
+func channelNames(cs []string) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = channelName(c)
+	}
+	return out
 }
 
 // MayDecide says whether v may vote on r now, and if not, why: eligibility,
@@ -238,16 +307,29 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 		if d.Approve {
 			until = d.ApprovedUntil
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO arap.votes (request_id, voter, voter_kind, decision, reason, approved_until, at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING`, id, v.ID, v.Kind, decision, d.Reason, until, now)
+		var via Via
+		if v.Via != nil {
+			via = *v.Via
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO arap.votes (request_id, voter, voter_kind, decision, reason, approved_until, at,
+			channel, via_client_id, via_client_name, via_client_kind)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, nullif($8, ''), nullif($9, ''), nullif($10, ''), nullif($11, '')) ON CONFLICT DO NOTHING`,
+			id, v.ID, v.Kind, decision, d.Reason, until, now, v.Channel, via.ClientID, via.Client, via.Kind)
 		if err != nil {
 			return fmt.Errorf("requests: record vote: %w", err)
 		}
 		if tag.RowsAffected() == 0 {
 			return refuse(authzen.ProblemAlreadyDecided, "%s has already decided this request; one vote per approver", v.ID)
 		}
-		if err := audit.Append(ctx, tx, audit.Event{Chain: id, Kind: "vote." + decision, Actor: v.ID, At: now,
-			Data: map[string]any{"voter_kind": v.Kind, "reason": d.Reason, "approved_until": until}}); err != nil {
+		data := map[string]any{"voter_kind": v.Kind, "reason": d.Reason, "approved_until": until}
+		if v.Channel != "" {
+			data["channel"] = v.Channel
+		}
+		if v.Via != nil {
+			// Both who decided (Actor, the person) and who carried it.
+			data["via_client_id"], data["via_client"], data["via_client_kind"] = v.Via.ClientID, v.Via.Client, v.Via.Kind
+		}
+		if err := audit.Append(ctx, tx, audit.Event{Chain: id, Kind: "vote." + decision, Actor: v.ID, At: now, Data: data}); err != nil {
 			return err
 		}
 		if !d.Approve {
@@ -359,7 +441,8 @@ func votesTx(ctx context.Context, q querier, id string) ([]Vote, error) {
 // votesOf reads the votes on each of the requests ids, oldest first, in one
 // query.
 func votesOf(ctx context.Context, q querier, ids []string) (map[string][]Vote, error) {
-	rows, err := q.Query(ctx, `SELECT request_id, voter, voter_kind, decision, reason, approved_until, at
+	rows, err := q.Query(ctx, `SELECT request_id, voter, voter_kind, decision, reason, approved_until, at,
+		coalesce(channel, ''), via_client_id, via_client_name, via_client_kind
 		FROM arap.votes WHERE request_id = ANY($1) ORDER BY at, voter`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("requests: votes: %w", err)
@@ -369,8 +452,13 @@ func votesOf(ctx context.Context, q querier, ids []string) (map[string][]Vote, e
 	for rows.Next() {
 		var id string
 		var v Vote
-		if err := rows.Scan(&id, &v.Voter, &v.Kind, &v.Decision, &v.Reason, &v.ApprovedUntil, &v.At); err != nil {
+		var viaID, viaName, viaKind *string
+		if err := rows.Scan(&id, &v.Voter, &v.Kind, &v.Decision, &v.Reason, &v.ApprovedUntil, &v.At,
+			&v.Channel, &viaID, &viaName, &viaKind); err != nil {
 			return nil, fmt.Errorf("requests: votes: %w", err)
+		}
+		if viaID != nil && viaName != nil && viaKind != nil {
+			v.Via = &Via{ClientID: *viaID, Client: *viaName, Kind: *viaKind}
 		}
 		out[id] = append(out[id], v)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/identity"
 	"github.com/omcp/arap/requests"
 )
@@ -66,6 +67,10 @@ func TestEligibility(t *testing.T) {
 		{"the client that submitted it", "alice", pepVoter, "submitted this request"},
 		{"someone outside the approver groups", "alice", dave, "not among the deciders"},
 		{"a client kind the rule does not name", "alice", requests.ClientVoter("cli_x", "x", "agent"), "not among the deciders"},
+		{"the subject through a client on their behalf", "alice", requests.OnBehalf(alice, "cli_bot", "bot", "itsm"), `on their behalf or through them ("alice")`},
+		{"an eligible person through the client that submitted it", "alice", requests.OnBehalf(bob, f.pep.ID, "pep", "itsm"), "client:pep submitted this request"},
+		{"an eligible person through the actor the request was made through", "alice", requests.OnBehalf(bob, "cli_agent", "agent:demo", "agent"), `client:agent:demo cannot carry a decision on a request made through it ("agent:demo")`},
+		{"a person outside the approver groups through a client", "alice", requests.OnBehalf(dave, "cli_bot", "bot", "itsm"), "user:dave is not among the deciders"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -347,4 +352,41 @@ func TestResolversSeeOnlyDeclaredContext(t *testing.T) {
 	votes, err = f.svc.Votes(ctx, ok.ID)
 	require.NoError(t, err)
 	require.Equal(t, "resolver:expense.ticket_ok", votes[0].Voter)
+}
+
+// TestEligibleChannels: a rule's channels refuse a decision through any
+// other channel with channel_not_allowed, after the decider's own
+// eligibility; no channels allows all; the rule's own resolvers are no
+// channel and always decide.
+func TestEligibleChannels(t *testing.T) {
+	now := time.Now()
+	req := func(channels ...string) *requests.Request {
+		return &requests.Request{Rule: "r", Status: requests.Pending, ExpiresAt: now.Add(time.Hour),
+			Subject:        authzen.Object{"type": "user", "id": "alice"},
+			ApprovalPolicy: evaluation.ApprovalPolicy{Quorum: 1, Groups: []string{"treasury"}, Kinds: []string{"itsm"}, Channels: channels}}
+	}
+	web, api, behalf := bob, requests.ClientVoter("cli_i", "itsm", "itsm"), requests.OnBehalf(bob, "cli_i", "itsm", "itsm")
+	resolver := requests.Voter{ID: "resolver:r.auto", Kind: "automation", Name: "r.auto", Resolver: true}
+	for _, tc := range []struct {
+		channels []string
+		allowed  []requests.Voter
+		refused  []requests.Voter
+	}{
+		{nil, []requests.Voter{web, api, behalf, resolver}, nil},
+		{[]string{"web"}, []requests.Voter{web, resolver}, []requests.Voter{api, behalf}},
+		{[]string{"api"}, []requests.Voter{api, resolver}, []requests.Voter{web, behalf}},
+		{[]string{"on_behalf"}, []requests.Voter{behalf, resolver}, []requests.Voter{web, api}},
+		{[]string{"web", "on_behalf"}, []requests.Voter{web, behalf, resolver}, []requests.Voter{api}},
+	} {
+		for _, v := range tc.allowed {
+			require.NoError(t, requests.Eligible(v, req(tc.channels...), now), "%v through %q", tc.channels, v.Channel)
+		}
+		for _, v := range tc.refused {
+			err := requests.Eligible(v, req(tc.channels...), now)
+			require.Equal(t, authzen.ProblemChannelNotAllowed, requests.ErrorCode(err), "%v through %q: %v", tc.channels, v.Channel, err)
+		}
+	}
+	// The decider's own ineligibility is told first.
+	err := requests.Eligible(requests.OnBehalf(dave, "cli_i", "itsm", "itsm"), req("web"), now)
+	require.Equal(t, authzen.ProblemIneligibleApprover, requests.ErrorCode(err))
 }

@@ -156,8 +156,11 @@ func (u *UI) decide(w http.ResponseWriter, r *http.Request) {
 	var re *requests.Error
 	if errors.As(err, &re) {
 		status := http.StatusConflict
-		if re.Code == authzen.ProblemInvalidRequest {
+		switch re.Code {
+		case authzen.ProblemInvalidRequest:
 			status = http.StatusBadRequest
+		case authzen.ProblemChannelNotAllowed:
+			status = http.StatusForbidden
 		}
 		u.showRequest(w, r, id, status, "Your decision was not recorded: "+re.Detail+".")
 		return

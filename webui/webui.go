@@ -375,6 +375,9 @@ func (u *UI) item(r *requests.Request, votes []requests.Vote, v requests.Voter) 
 	n.text("why you cannot decide", it.WhyNot)
 	for _, vt := range votes {
 		n.text("the voter "+vt.Voter, vt.Voter)
+		if vt.Via != nil {
+			n.text("the client the vote of "+vt.Voter+" came through", vt.Via.Client)
+		}
 		n.text("the reason of "+vt.Voter, vt.Reason)
 	}
 	it.Hidden, it.HiddenOmitted = n.list, n.omitted

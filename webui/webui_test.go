@@ -1,7 +1,9 @@
 package webui_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/internal/visible"
@@ -403,4 +406,122 @@ func TestRequestPageMarksHiddenCharactersAndLabelsSources(t *testing.T) {
 	p = bob.get("/ui/requests/" + id)
 	require.Empty(t, rawHidden(p.body), "votes and the audit trail are marked too")
 	require.Contains(t, p.body, "in <bdi class=\"val\">the reason of user:bob</bdi>")
+}
+
+// channelPolicy: repository deletion is decided in the web UI only;
+// deployments only through a client on a person's behalf. An ITSM client
+// is named in both, so only the channel refuses it.
+const channelPolicy = `version: 1
+rules:
+  - name: web_only
+    match: {resource_id: delete_repository}
+    effect: request
+    approval:
+      groups: [platform]
+      kinds: [itsm]
+      channels: [web]
+  - name: on_behalf_only
+    match: {resource_id: deploy_service}
+    effect: request
+    approval:
+      groups: [platform]
+      kinds: [itsm]
+      channels: [on_behalf]
+`
+
+// decideByAPI posts a decision as the dev ITSM client, on person's behalf
+// unless person is empty, and returns the status and body.
+func decideByAPI(t *testing.T, base, id, person string) (int, map[string]any) {
+	t.Helper()
+	body := map[string]any{"decision": "approve"}
+	if person != "" {
+		body["on_behalf_of"] = person
+	}
+	b, err := json.Marshal(body)
+	require.NoError(t, err)
+	req, err := http.NewRequest("POST", base+"/v1/requests/"+id+"/decisions", bytes.NewReader(b))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+dev.ITSMToken)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return resp.StatusCode, out
+}
+
+// TestDecisionChannels: a rule's approval.channels refuses the decision API
+// (as itself or on a person's behalf) where only the web UI may decide, and
+// the web UI where only on-behalf decisions may; each refusal says why and
+// records nothing, and the allowed channel still works. A vote recorded on a
+// person's behalf shows as theirs, via the client.
+func TestDecisionChannels(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{Policy: []byte(channelPolicy)})
+	ctx := context.Background()
+	call := func(tool string, args map[string]any) map[string]any {
+		return map[string]any{
+			"subject":  map[string]any{"type": "user", "id": "alice"},
+			"action":   map[string]any{"name": "tools/call"},
+			"resource": map[string]any{"type": "mcp_tool", "id": tool, "properties": map[string]any{"arguments": args}},
+		}
+	}
+	webOnly := env.Submit(t, call("delete_repository", map[string]any{"repository": "acme/legacy"}))
+	behalfOnly := env.Submit(t, call("deploy_service", map[string]any{"service": "api", "version": "2"}))
+	noVotes := func(id string) {
+		t.Helper()
+		votes, err := env.Backend.Requests().Votes(ctx, id)
+		require.NoError(t, err)
+		require.Empty(t, votes)
+		got, err := env.Backend.Requests().Load(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, requests.Pending, got.Status)
+	}
+
+	// Web only: the API is refused, as the client and for dave.
+	for _, person := range []string{"", "dave"} {
+		status, p := decideByAPI(t, env.URL, webOnly, person)
+		require.Equal(t, 403, status, "%v", p)
+		require.Equal(t, authzen.ProblemType(authzen.ProblemChannelNotAllowed), p["type"])
+		require.Contains(t, p["detail"], "only through the web UI (web)")
+	}
+	noVotes(webOnly)
+
+	// On behalf only: the client as itself is refused, and so is dave in
+	// the web UI, with the reason on the page.
+	status, p := decideByAPI(t, env.URL, behalfOnly, "")
+	require.Equal(t, 403, status, "%v", p)
+	require.Equal(t, authzen.ProblemType(authzen.ProblemChannelNotAllowed), p["type"])
+	dave := newBrowser(t, env.URL)
+	require.Equal(t, http.StatusSeeOther, dave.signIn("dave", dev.Password).status)
+	page := dave.get("/ui/requests/" + behalfOnly)
+	require.Equal(t, 200, page.status)
+	require.Contains(t, page.body, `id="why-not"`)
+	require.Contains(t, page.body, "takes decisions only through an API client deciding for a person (on_behalf)")
+	require.NotContains(t, page.body, `id="approve"`)
+	refused := dave.post("/ui/requests/"+behalfOnly+"/decide", url.Values{"decision": {"approve"}, "csrf": {csrf(t, page)}})
+	require.Equal(t, 403, refused.status)
+	require.Contains(t, refused.body, "Your decision was not recorded: rule on_behalf_only takes decisions only through")
+	noVotes(behalfOnly)
+
+	// The allowed channels: dave in the web UI; dave through the client.
+	page = dave.get("/ui/requests/" + webOnly)
+	require.Contains(t, page.body, `id="approve"`)
+	d := dave.post("/ui/requests/"+webOnly+"/decide", url.Values{"decision": {"approve"}, "csrf": {csrf(t, page)}})
+	require.Equal(t, http.StatusSeeOther, d.status, "%s", d.body)
+	got, err := env.Backend.Requests().Load(ctx, webOnly)
+	require.NoError(t, err)
+	require.Equal(t, requests.Approved, got.Status)
+	votes, err := env.Backend.Requests().Votes(ctx, webOnly)
+	require.NoError(t, err)
+	require.Equal(t, "web", votes[0].Channel)
+	require.Nil(t, votes[0].Via)
+
+	status, p = decideByAPI(t, env.URL, behalfOnly, "dave")
+	require.Equal(t, 200, status, "%v", p)
+	require.Equal(t, "approved", p["status"])
+	page = dave.get("/ui/requests/" + behalfOnly)
+	require.Contains(t, page.body, `by <strong><bdi class="val">user:dave</bdi></strong> (human) <span class="via">via <bdi class="val">dev-itsm</bdi> (itsm)</span>`)
+	require.Contains(t, page.body, "via_client: dev-itsm", "the audit trail names the client too")
+	require.Contains(t, dave.get("/ui/history").body, `<bdi class="val">user:dave</bdi> via <bdi class="val">dev-itsm</bdi>: approve`)
 }

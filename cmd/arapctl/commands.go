@@ -50,8 +50,8 @@ var commands = []*command{
 
 	{"requests list", "[--status pending] [--rule R] [--limit N] [--json]", "requests you are named a decider of", 0, requestsList},
 	{"requests show", "ID [--json]", "what a request asks, its votes and progress", 1, requestsShow},
-	{"requests approve", "ID [--reason R] [--until RFC3339]", "approve a request", 1, requestsApprove},
-	{"requests deny", "ID [--reason R]", "deny a request", 1, requestsDeny},
+	{"requests approve", "ID [--reason R] [--until RFC3339] [--on-behalf-of USER]", "approve a request", 1, requestsApprove},
+	{"requests deny", "ID [--reason R] [--on-behalf-of USER]", "deny a request", 1, requestsDeny},
 	{"approvals revoke", "ID [--reason R]", "revoke an approval before it is used", 1, approvalsRevoke},
 	{"deliveries list", "REQUEST [--json]", "callback deliveries of a request and every attempt", 1, deliveriesList},
 	{"deliveries redeliver", "REQUEST DELIVERY", "send a callback delivery again", 2, deliveriesRedeliver},

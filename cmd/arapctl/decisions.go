@@ -157,12 +157,16 @@ func requestsDeny(fs *flag.FlagSet) action {
 func decide(fs *flag.FlagSet, decision string) action {
 	a := apiFlags(fs)
 	reason := fs.String("reason", "", "why (recorded with the decision)")
+	person := fs.String("on-behalf-of", "", "record the decision as this directory user (needs the decide_for_people scope); their eligibility applies")
 	var until *string
 	if decision == "approve" {
 		until = fs.String("until", "", "approved_until (RFC 3339), within what the policy allows")
 	}
 	return func(s streams, pos []string) error {
 		body := arap.DecisionBody{Decision: decision, Reason: *reason}
+		if *person != "" {
+			body.OnBehalfOf = person
+		}
 		if until != nil && *until != "" {
 			t, err := time.Parse(time.RFC3339, *until)
 			if err != nil {

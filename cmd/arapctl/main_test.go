@@ -198,6 +198,37 @@ func TestDecisionCommands(t *testing.T) {
 	_, err = ctl(t, "requests", "show", id2)
 	require.ErrorContains(t, err, "unknown_task")
 
+	// On a person's behalf: the dev ITSM client records carol's approval;
+	// the resolver, without decide_for_people, cannot; nor can the
+	// requester approve her own request through it.
+	id3 := submitWire(t, env.URL)
+	_, err = ctl(t, "requests", "approve", id3, "--on-behalf-of", "carol")
+	require.ErrorContains(t, err, "insufficient_scope")
+	t.Setenv("ARAP_TOKEN", dev.ITSMToken)
+	_, err = ctl(t, "requests", "approve", id3, "--on-behalf-of", "alice")
+	require.ErrorContains(t, err, "ineligible_approver")
+	_, err = ctl(t, "requests", "deny", id3, "--on-behalf-of", "nobody")
+	require.ErrorContains(t, err, "unknown_person")
+	out, err = ctl(t, "requests", "approve", id3, "--on-behalf-of", "carol", "--reason", "CHG-2")
+	require.NoError(t, err)
+	require.Contains(t, out, id3+": approved (approvals 1/1)")
+	out, err = ctl(t, "requests", "show", id3)
+	require.NoError(t, err)
+	require.Contains(t, out, `"voter": "user:carol"`)
+	require.Contains(t, out, `"channel": "on_behalf"`)
+	require.Contains(t, out, `"client": "dev-itsm"`)
+
+	// An operator grants the scope to an ITSM client; it records bob's
+	// denial of a fourth request.
+	t.Setenv("DATABASE_URL", env.DBURL)
+	out, err = ctl(t, "clients", "create", "--name", "servicenow", "--scope", "decide,decide_for_people", "--kind", "itsm")
+	require.NoError(t, err)
+	t.Setenv("ARAP_TOKEN", regexp.MustCompile(`token: (\S+)`).FindStringSubmatch(out)[1])
+	id4 := submitWire(t, env.URL)
+	out, err = ctl(t, "requests", "deny", id4, "--on-behalf-of", "bob")
+	require.NoError(t, err)
+	require.Contains(t, out, id4+": denied")
+
 	t.Setenv("ARAP_TOKEN", dev.PEPToken)
 	out, err = ctl(t, "deliveries", "list", id2)
 	require.NoError(t, err)

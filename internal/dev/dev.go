@@ -341,7 +341,7 @@ func Seed(ctx context.Context, store *clients.Store, people *directory.Store, cb
 		{Name: "dev-pep", Token: PEPToken, Scopes: []string{clients.ScopeEvaluate, clients.ScopeRequest}, Kind: clients.KindAutomation, Actors: []string{"agent:*"},
 			CallbackPrefixes: []string{"http://127.0.0.1:", "http://localhost:"}, CallbackNetworks: []string{clients.NetworkLoopback}},
 		{Name: "dev-resolver", Token: ResolverToken, Scopes: []string{clients.ScopeDecide}, Kind: clients.KindAutomation},
-		{Name: "dev-itsm", Token: ITSMToken, Scopes: []string{clients.ScopeDecide}, Kind: clients.KindITSM},
+		{Name: "dev-itsm", Token: ITSMToken, Scopes: []string{clients.ScopeDecide, clients.ScopeDecideForPeople}, Kind: clients.KindITSM},
 	}
 	for _, n := range seed {
 		_, _, err := store.Create(ctx, n, "dev-seed")
