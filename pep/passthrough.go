@@ -84,7 +84,7 @@ func (s *Server) advertise(res sdk.Result) {
 		// A 2026-07-28 client opts in on a listen stream (changes.go); a
 		// 2025-11-25 client has no session to carry changes on this
 		// stateless server, so it is promised none beyond what it was.
-		if caps.Tools != nil {
+		if caps.Tools != nil && s.pass != nil { // only upstreams' tools change
 			caps.Tools.ListChanged = true
 		}
 		if caps.Resources != nil {
