@@ -36,7 +36,7 @@ func axeCheck(t *testing.T, ctx context.Context, script, name string) {
 	t.Helper()
 	var found []axeViolation
 	do(t, ctx, "axe-core on "+name, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-		if _, err := chromedp.Evaluate[any](`typeof axe === "undefined" ? (0, eval)(` + jsString(script) + `) : null`)(ctx, tg); err != nil {
+		if _, err := chromedp.Evaluate[any](`typeof axe === "undefined" ? (0, eval)(`+jsString(script)+`) : null`)(ctx, tg); err != nil {
 			return err
 		}
 		v, err := chromedp.Evaluate[[]axeViolation](`axe.run(document, {runOnly: {type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]}, resultTypes: ["violations"]})
