@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/requests"
 )
 
@@ -85,4 +86,25 @@ func TestControlColoursContrast(t *testing.T) {
 	}
 	require.Regexp(t, `input, select, textarea \{[^}]*border: 1px solid var\(--field\)`, string(css))
 	require.Regexp(t, `:focus-visible \{ outline: 3px solid var\(--focus\)`, string(css))
+}
+
+// TestApprovingShortened: the figure the page gives is the backend's own,
+// shortened by the requester's requested_until or an earlier approver's
+// approved_until, and says so; an approval that does not meet the quorum
+// says how many are still needed.
+func TestApprovingShortened(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	u := &UI{d: Deps{Now: func() time.Time { return now }}}
+	r := &requests.Request{ApprovalPolicy: evaluation.ApprovalPolicy{Quorum: 2, ApprovedFor: time.Hour, MaxApprovedFor: 24 * time.Hour, GrantDelay: 30 * time.Second},
+		RequestedAccess: map[string]any{"requested_until": now.Add(20 * time.Minute).Format(time.RFC3339)}}
+	a := u.approving(r, nil)
+	require.Equal(t, approving{Completes: false, Needed: 2, Until: now.Add(20 * time.Minute), For: 20 * time.Minute, Rule: time.Hour,
+		Shortened: true, Delay: 30 * time.Second}, a)
+
+	early := now.Add(10 * time.Minute)
+	votes := []requests.Vote{{Decision: "approve", Kind: "human", ApprovedUntil: &early}}
+	a = u.approving(r, votes)
+	require.True(t, a.Completes)
+	require.Equal(t, early, a.Until, "the most cautious approver's limit")
+	require.Equal(t, r.ApprovalUntil(votes, now), a.Until, "the figure the approval will carry")
 }
