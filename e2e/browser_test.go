@@ -357,7 +357,7 @@ func TestBrowserApproval(t *testing.T) {
 	// The request page is live too: when an ITSM system approves it, the
 	// open page shows the new status without a reload.
 	approveOnlyPending(t, d.api)
-	do(t, ctx, "see the status change in place", chromedp.WaitVisible(`//span[@id="status" and text()="approved"]`))
+	do(t, ctx, "see the status change in place", chromedp.WaitVisible(`//span[@id="status" and text()="Approved"]`))
 	require.Contains(t, pageText(t, ctx), "client:dev-itsm")
 
 	// A phone-sized screen still shows the whole request without sideways scrolling.

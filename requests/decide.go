@@ -373,22 +373,7 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 func (s *Service) approveTx(ctx context.Context, tx pgx.Tx, r *Request, votes []Vote, actor string, now time.Time) (*Request, error) {
 	p := r.ApprovalPolicy
 	now = now.Truncate(time.Second) // approvals speak in RFC 3339 seconds
-	until := now.Add(p.ApprovedFor)
-	asked := false
-	for _, vt := range votes {
-		if vt.Decision == evaluation.DecisionApprove && vt.ApprovedUntil != nil && (!asked || vt.ApprovedUntil.Before(until)) {
-			until, asked = *vt.ApprovedUntil, true // the most cautious approver wins
-		}
-	}
-	if s, ok := r.RequestedAccess["requested_until"].(string); ok {
-		if t, err := time.Parse(time.RFC3339, s); err == nil && t.After(now) && t.Before(until) {
-			until = t // never more than the requester asked for
-		}
-	}
-	if max := now.Add(p.MaxApprovedFor); until.After(max) {
-		until = max
-	}
-	until = until.Truncate(time.Second)
+	until := r.ApprovalUntil(votes, now)
 	approvalID := randid.New(ApprovalIDPrefix)
 	// The submission was checked against the binding_token's actor_hash, so
 	// the stored subject carries the evaluated chain.

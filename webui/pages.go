@@ -127,7 +127,18 @@ func (u *UI) showRequest(w http.ResponseWriter, r *http.Request, id string, stat
 		n.text("the audit trail ("+a.Kind+")", auditData(a.Data))
 	}
 	it.Hidden, it.HiddenOmitted = n.list, n.omitted
-	u.render(w, r, "request", status, page{Title: titleOf(it), User: s.user, CSRF: s.csrf, Refresh: problem == "", Data: it, Error: problem})
+	data := requestData{Item: it}
+	if it.MayDecide {
+		data.Approving = u.approving(req, votes)
+	}
+	u.render(w, r, "request", status, page{Title: titleOf(it), User: s.user, CSRF: s.csrf, Refresh: problem == "", Data: data, Error: problem})
+}
+
+// requestData is the request page's data: the request, and what approving
+// it would do.
+type requestData struct {
+	Item
+	Approving approving
 }
 
 func titleOf(it Item) string {
