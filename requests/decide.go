@@ -101,6 +101,14 @@ func Eligible(v Voter, r *Request, now time.Time) error {
 	if !now.Before(r.ExpiresAt) {
 		return &Error{Code: authzen.ProblemInvalidTaskState, Current: Expired, Detail: fmt.Sprintf("the request expired at %s; decisions are closed", r.ExpiresAt.Format(time.RFC3339))}
 	}
+	return Qualified(v, r)
+}
+
+// Qualified says whether v is one of r's deciders, whatever r's state: the
+// approval policy names v, and r is not on v's behalf, made through v, or
+// submitted by v. Eligible is Qualified on an open request; notifications
+// use it to find whom to tell.
+func Qualified(v Voter, r *Request) error {
 	if !Names(v, r) {
 		return refuse(authzen.ProblemIneligibleApprover, "%s is not among the deciders of this request (%s)", v.ID, describeDeciders(r.ApprovalPolicy))
 	}
@@ -248,6 +256,9 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 		}
 		if err := audit.Append(ctx, tx, audit.Event{Chain: id, Kind: "vote." + decision, Actor: v.ID, At: now,
 			Data: map[string]any{"voter_kind": v.Kind, "reason": d.Reason, "approved_until": until}}); err != nil {
+			return err
+		}
+		if err := s.recordTx(ctx, tx, Event{Kind: EventDecided, RequestID: id, Voter: v.ID, Decision: decision}); err != nil {
 			return err
 		}
 		if !d.Approve {
