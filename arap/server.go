@@ -62,6 +62,9 @@ type Deps struct {
 	Ready func(ctx context.Context) error
 	// UI, when set, is the approvers' web interface, served under /ui/.
 	UI http.Handler
+	// DevMail, set by `arapd dev` only, lists the dev mail sink's messages
+	// at /dev/mail and /dev/mail.json; elsewhere those paths are 404.
+	DevMail http.Handler
 }
 
 // Server is the backend's http.Handler.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -65,6 +66,8 @@ type Config struct {
 	// Mail, if set, turns on e-mail notifications through this SMTP
 	// server; without it nobody is notified.
 	Mail *notify.EmailConfig
+	// DevMail, `arapd dev` only, serves the dev mail sink at /dev/mail.
+	DevMail http.Handler
 	// RateLimitClock, if set, is the rate limits' clock (tests pin it, so
 	// that no window ends in the middle of a test).
 	RateLimitClock func() time.Time
@@ -224,7 +227,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
-		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui,
+		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, DevMail: cfg.DevMail,
 	})
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package notify_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -344,4 +345,19 @@ func dump(t *testing.T, pool *pgxpool.Pool) string {
 		out = append(out, fmt.Sprint(a, b, c, d))
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestDevMailOnlyInDevMode: a backend that is not `arapd dev` has no
+// /dev/mail, notifications on or off.
+func TestDevMailOnlyInDevMode(t *testing.T) {
+	sink := startSink(t)
+	for _, o := range []backendtest.Options{{}, {Mail: mailTo(sink)}} {
+		env := backendtest.Start(t, o)
+		for _, path := range []string{"/dev/mail", "/dev/mail.json"} {
+			resp, err := http.Get(env.URL + path)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusNotFound, resp.StatusCode, path)
+		}
+	}
 }
