@@ -34,6 +34,12 @@ func (s *Server) routes() http.Handler {
 		r.Handle("/ui/*", s.d.UI)
 	}
 
+	// Dev mode only: the notifications the dev mail sink received.
+	if s.d.DevMail != nil {
+		r.Method(http.MethodGet, "/dev/mail", s.d.DevMail)
+		r.Method(http.MethodGet, "/dev/mail.json", s.d.DevMail)
+	}
+
 	// Public metadata.
 	r.Get(authzen.WellKnownPath, s.discovery)
 	r.Get(authzen.PathJWKS, s.jwks)

@@ -66,6 +66,9 @@ type Deps struct {
 	// People is the directory, for decisions on a person's behalf; without
 	// it on_behalf_of is refused.
 	People People
+	// DevMail, set by `arapd dev` only, lists the dev mail sink's messages
+	// at /dev/mail and /dev/mail.json; elsewhere those paths are 404.
+	DevMail http.Handler
 }
 
 // People finds directory users by name.

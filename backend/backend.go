@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/notify"
 	"github.com/omcp/arap/requests"
 	"github.com/omcp/arap/signing"
 	"github.com/omcp/arap/webui"
@@ -61,6 +63,11 @@ type Config struct {
 	// JobTimeout bounds a background job (default 1 minute); a job still
 	// marked running after twice that (its worker died: kill -9) is retried.
 	JobTimeout time.Duration
+	// Mail, if set, turns on e-mail notifications through this SMTP
+	// server; without it nobody is notified.
+	Mail *notify.EmailConfig
+	// DevMail, `arapd dev` only, serves the dev mail sink at /dev/mail.
+	DevMail http.Handler
 	// RateLimitClock, if set, is the rate limits' clock (tests pin it, so
 	// that no window ends in the middle of a test).
 	RateLimitClock func() time.Time
@@ -76,6 +83,7 @@ type Backend struct {
 	people    *directory.Store
 	attrs     *attributes.Store
 	callbacks *callbacks.Service
+	notify    *notify.Service
 	host      *host.Host
 }
 
@@ -153,10 +161,27 @@ func (b *Backend) build(ctx context.Context) error {
 	if err := prometheus.Register(b.callbacks.QueueDepth()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
 		return err
 	}
+	var events requests.Events
+	if cfg.Mail != nil {
+		email, err := notify.NewEmail(*cfg.Mail)
+		if err != nil {
+			return fmt.Errorf("backend: %w", err)
+		}
+		if b.notify, err = notify.NewService(notify.Config{
+			DB: pool, Jobs: inserter, Directory: b.people, Channels: []notify.Channel{email},
+			// requests is built next, with notify as its Events.
+			Requests: loader(func(ctx context.Context, id string) (*requests.Request, error) { return b.requests.Load(ctx, id) }),
+			PageURL:  func(id string) string { return public + "/ui/requests/" + url.PathEscape(id) },
+			Log:      cfg.Log,
+		}); err != nil {
+			return err
+		}
+		events = b.notify
+	}
 	if b.requests, err = requests.NewService(requests.Config{
 		DB: pool, Jobs: inserter, Keys: b.keys, Policy: b.engine, Issuer: public, RequestsURL: requestsURL,
 		Retention: cfg.RequestRetention, Log: cfg.Log,
-		CheckCallback: b.callbacks.CheckCallback, OnTerminal: b.callbacks.OnTerminal,
+		CheckCallback: b.callbacks.CheckCallback, OnTerminal: b.callbacks.OnTerminal, Events: events,
 	}); err != nil {
 		return err
 	}
@@ -167,6 +192,9 @@ func (b *Backend) build(ctx context.Context) error {
 	workers := river.NewWorkers()
 	b.requests.AddWorkers(workers)
 	b.callbacks.AddWorkers(workers)
+	if b.notify != nil {
+		b.notify.AddWorkers(workers)
+	}
 	counters.AddWorker(workers)
 	jobs, err := b.host.River(&river.Config{
 		Schema:  migrations.RiverSchema,
@@ -199,7 +227,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
-		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people,
+		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people, DevMail: cfg.DevMail,
 	})
 	if err != nil {
 		return err
@@ -212,6 +240,11 @@ func (b *Backend) build(ctx context.Context) error {
 	})
 	return nil
 }
+
+// loader adapts a function to notify.Requests.
+type loader func(ctx context.Context, id string) (*requests.Request, error)
+
+func (l loader) Load(ctx context.Context, id string) (*requests.Request, error) { return l(ctx, id) }
 
 func isLoopback(u string) bool {
 	p, err := url.Parse(u)

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -75,4 +77,46 @@ func withoutDatabaseURL(env []string) []string {
 		}
 	}
 	return out
+}
+
+// TestDevMailSink: in `arapd dev`, a new request's notices land in the
+// built-in mail sink, listed at /dev/mail.json ({to, subject, text,
+// received_at}) and /dev/mail (HTML): one to each treasury approver, with
+// the link to the request page.
+func TestDevMailSink(t *testing.T) {
+	t.Parallel()
+	p := startArapd(t, []string{"DATABASE_URL="}, "dev", "--addr", "127.0.0.1:0", "--mcp-addr", "127.0.0.1:0", "--data-dir", filepath.Join(t.TempDir(), ".arap-dev"))
+	id := request(t, p.url(), p.url(), "dev-pep-token", toolCall("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000}))
+	type message struct {
+		To         []string  `json:"to"`
+		Subject    string    `json:"subject"`
+		Text       string    `json:"text"`
+		ReceivedAt time.Time `json:"received_at"`
+	}
+	var got []message
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(p.url() + "/dev/mail.json")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		got = nil
+		return resp.StatusCode == 200 && json.NewDecoder(resp.Body).Decode(&got) == nil && len(got) == 2
+	}, 30*time.Second, 50*time.Millisecond)
+	var to []string
+	for _, m := range got {
+		to = append(to, m.To...)
+		require.Equal(t, "Approval needed: Treasury approval", m.Subject)
+		require.Contains(t, m.Text, p.url()+"/ui/requests/"+id)
+		require.False(t, m.ReceivedAt.IsZero())
+	}
+	require.ElementsMatch(t, []string{"bob@example.com", "carol@example.com"}, to)
+	resp, err := http.Get(p.url() + "/dev/mail")
+	require.NoError(t, err)
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, string(page), "/ui/requests/"+id)
+	p.signal(syscall.SIGTERM)
+	require.Equal(t, 0, p.wait(60*time.Second))
 }

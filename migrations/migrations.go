@@ -72,12 +72,9 @@ func All() ([]Migration, error) {
 			ms = append(ms, Migration{Schema: schema, Version: v, Name: strings.TrimSuffix(rest, ".sql"), SQL: string(body)})
 		}
 		sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
-		// Versions are applied and recorded one by one, so a version left
-		// free for a change still on another branch is harmless; two files
-		// of one version are not.
 		for i, m := range ms {
-			if m.Version < 1 || (i > 0 && m.Version == ms[i-1].Version) {
-				return nil, fmt.Errorf("migrations: %s: version %d is repeated or not positive", schema, m.Version)
+			if m.Version != i+1 {
+				return nil, fmt.Errorf("migrations: %s: version %d out of sequence", schema, m.Version)
 			}
 		}
 		out = append(out, ms...)

@@ -129,6 +129,14 @@ func Eligible(v Voter, r *Request, now time.Time) error {
 	if !now.Before(r.ExpiresAt) {
 		return &Error{Code: authzen.ProblemInvalidTaskState, Current: Expired, Detail: fmt.Sprintf("the request expired at %s; decisions are closed", r.ExpiresAt.Format(time.RFC3339))}
 	}
+	return Qualified(v, r)
+}
+
+// Qualified says whether v is one of r's deciders, whatever r's state: the
+// approval policy names v, and r is not on v's behalf, made through v, or
+// submitted by v. Eligible is Qualified on an open request; notifications
+// use it to find whom to tell.
+func Qualified(v Voter, r *Request) error {
 	if !Names(v, r) {
 		return refuse(authzen.ProblemIneligibleApprover, "%s is not among the deciders of this request (%s)", v.ID, describeDeciders(r.ApprovalPolicy))
 	}
@@ -330,6 +338,9 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 			data["via_client_id"], data["via_client"], data["via_client_kind"] = v.Via.ClientID, v.Via.Client, v.Via.Kind
 		}
 		if err := audit.Append(ctx, tx, audit.Event{Chain: id, Kind: "vote." + decision, Actor: v.ID, At: now, Data: data}); err != nil {
+			return err
+		}
+		if err := s.recordTx(ctx, tx, Event{Kind: EventDecided, RequestID: id, Voter: v.ID, Decision: decision}); err != nil {
 			return err
 		}
 		if !d.Approve {

@@ -70,8 +70,12 @@ type Config struct {
 	// deliveries are enqueued there, so they exist if and only if the change
 	// does.
 	OnTerminal func(ctx context.Context, tx pgx.Tx, ended []*Request) error
-	Now        func() time.Time
-	Log        *slog.Logger
+	// Events, if set, records the events people are told about (package
+	// notify) inside the transaction of each change, so an event exists if
+	// and only if its change does.
+	Events Events
+	Now    func() time.Time
+	Log    *slog.Logger
 }
 
 // Service is the Access Request Service.
@@ -275,6 +279,13 @@ func (s *Service) endedTx(ctx context.Context, tx pgx.Tx, to Status, ended []*Re
 		if err := s.cfg.OnTerminal(ctx, tx, ended); err != nil {
 			return err
 		}
+	}
+	events := make([]Event, len(ended))
+	for i, r := range ended {
+		events[i] = Event{Kind: EventEnded, RequestID: r.ID, Status: r.Status}
+	}
+	if err := s.recordTx(ctx, tx, events...); err != nil {
+		return err
 	}
 	transitions.WithLabelValues(string(to)).Add(float64(len(ended)))
 	return nil

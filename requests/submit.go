@@ -423,6 +423,9 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		if err := res.Close(); err != nil {
 			return fmt.Errorf("requests: create: %w", err)
 		}
+		if err := s.recordTx(ctx, tx, Event{Kind: EventCreated, RequestID: r.ID}); err != nil {
+			return err
+		}
 		if len(rule.Resolvers) > 0 {
 			if _, err := s.cfg.Jobs.InsertTx(ctx, tx, ResolveArgs{RequestID: r.ID}, nil); err != nil {
 				return fmt.Errorf("requests: schedule resolvers: %w", err)

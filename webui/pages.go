@@ -121,12 +121,12 @@ func (u *UI) showRequest(w http.ResponseWriter, r *http.Request, id string, stat
 		u.fail(w, r, err)
 		return
 	}
-	n := notes{list: it.Hidden, omitted: it.HiddenOmitted}
+	n := notes{List: it.Hidden, Omitted: it.HiddenOmitted}
 	for _, a := range it.Audit {
-		n.text("the audit trail ("+a.Kind+")", a.Actor)
-		n.text("the audit trail ("+a.Kind+")", auditData(a.Data))
+		n.Text("the audit trail ("+a.Kind+")", a.Actor)
+		n.Text("the audit trail ("+a.Kind+")", auditData(a.Data))
 	}
-	it.Hidden, it.HiddenOmitted = n.list, n.omitted
+	it.Hidden, it.HiddenOmitted = n.List, n.Omitted
 	data := requestData{Item: it}
 	if it.MayDecide {
 		data.Approving = u.approving(req, votes)

@@ -20,7 +20,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +31,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/internal/ratelimit"
+	"github.com/omcp/arap/internal/summary"
 	"github.com/omcp/arap/requests"
 )
 
@@ -319,39 +319,23 @@ type Item struct {
 }
 
 // Field is one rendered name and value.
-type Field struct {
-	Name, Value string
-	Multiline   bool
-}
+type Field = summary.Field
 
+// item is what the pages show of r. Its top (who, through which agent,
+// which tool and arguments, the rule, time left) is summary.Of, the same
+// function the notifications use.
 func (u *UI) item(r *requests.Request, votes []requests.Vote, v requests.Voter) Item {
-	it := Item{ID: r.ID, Status: string(r.Status), StatusReason: r.StatusReason, Rule: r.Rule, Tool: r.Resource.Str("id"),
-		Subject: r.Subject.Str("type") + " " + r.Subject.Str("id"), CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt,
+	sum := summary.Of(r, time.Now())
+	it := Item{ID: r.ID, Status: string(r.Status), StatusReason: r.StatusReason, Rule: sum.Rule, Tool: sum.Tool,
+		Subject: sum.Subject, CreatedAt: r.CreatedAt, ExpiresAt: sum.ExpiresAt, Title: sum.Title, Why: sum.Why,
+		Arguments: sum.Arguments, Actor: sum.Actor, TimeLeft: sum.TimeLeft,
 		Quorum: r.ApprovalPolicy.Quorum, RequireHumans: r.ApprovalPolicy.RequireHumans, Votes: votes,
-		EvaluationID: r.EvaluationID, BoundMembers: r.BindingContextMembers, SubmittedBy: r.ClientID}
+		EvaluationID: r.EvaluationID, BoundMembers: r.BindingContextMembers, SubmittedBy: sum.SubmittedBy}
 	if it.StatusReason == it.Status {
 		it.StatusReason = ""
 	}
-	if t, ok := r.Display["title"].(string); ok {
-		it.Title = t
-	}
-	if d, ok := r.Display["description"].(string); ok {
-		it.Why = d
-	}
-	if r.Resource.Str("type") != "mcp_tool" {
-		it.Tool = r.Resource.Str("type") + ":" + r.Resource.Str("id") + " (" + r.Action.Str("name") + ")"
-	}
-	args, _ := r.Resource.Obj("properties")["arguments"].(map[string]any)
-	if len(args) == 0 {
-		args = r.Resource.Obj("properties")
-	}
-	it.Arguments = fields(args)
-	it.Actor = strings.Join(r.Involved()[1:], " → ")
 	declared, extra := r.SplitContext()
 	it.Answers, it.Extra = fields(declared), fields(extra)
-	if left := time.Until(r.ExpiresAt); r.Status == requests.Pending && left > 0 {
-		it.TimeLeft = humanize(left)
-	}
 	for _, vt := range votes {
 		if vt.Decision == "approve" {
 			it.Approvals++
@@ -363,92 +347,26 @@ func (u *UI) item(r *requests.Request, votes []requests.Vote, v requests.Voter) 
 	}
 
 	var n notes
-	n.text("the title (from policy)", it.Title)
-	n.text("the description (from policy)", it.Why)
-	n.text("the tool", it.Tool)
-	n.text("the subject", it.Subject)
-	n.text("the agent", it.Actor)
-	n.value("argument", args)
-	n.value("answer", map[string]any(declared))
-	n.value("extra context member", map[string]any(extra))
-	n.text("the status reason", it.StatusReason)
-	n.text("why you cannot decide", it.WhyNot)
+	sum.Note(&n)
+	n.Value("answer", map[string]any(declared))
+	n.Value("extra context member", map[string]any(extra))
+	n.Text("the status reason", it.StatusReason)
+	n.Text("why you cannot decide", it.WhyNot)
 	for _, vt := range votes {
-		n.text("the voter "+vt.Voter, vt.Voter)
+		n.Text("the voter "+vt.Voter, vt.Voter)
 		if vt.Via != nil {
-			n.text("the client the vote of "+vt.Voter+" came through", vt.Via.Client)
+			n.Text("the client the vote of "+vt.Voter+" came through", vt.Via.Client)
 		}
-		n.text("the reason of "+vt.Voter, vt.Reason)
+		n.Text("the reason of "+vt.Voter, vt.Reason)
 	}
-	it.Hidden, it.HiddenOmitted = n.list, n.omitted
+	it.Hidden, it.HiddenOmitted = n.List, n.Omitted
 	return it
 }
 
-// fields renders a JSON object readably: numbers with separators, strings
-// as they are, anything nested as indented JSON.
-func fields(m map[string]any) []Field {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	out := make([]Field, 0, len(keys))
-	for _, k := range keys {
-		f := Field{Name: k}
-		switch v := m[k].(type) {
-		case string:
-			f.Value = v
-		case float64:
-			f.Value = number(v)
-		case bool:
-			f.Value = fmt.Sprint(v)
-		case nil:
-			f.Value = "null"
-		default:
-			var b strings.Builder
-			enc := json.NewEncoder(&b)
-			enc.SetEscapeHTML(false) // the page escapes; \u003c would only obscure
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(v)
-			f.Value, f.Multiline = strings.TrimSuffix(b.String(), "\n"), true
-		}
-		out = append(out, f)
-	}
-	return out
-}
-
-func number(v float64) string {
-	if v != float64(int64(v)) {
-		return fmt.Sprintf("%.2f", v)
-	}
-	s := fmt.Sprint(int64(v))
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
-
-func humanize(d time.Duration) string {
-	switch {
-	case d >= 48*time.Hour:
-		return fmt.Sprintf("%d days", int(d.Hours()/24))
-	case d >= time.Hour:
-		return fmt.Sprintf("%dh %02dm", int(d.Hours()), int(d.Minutes())%60)
-	case d >= time.Minute:
-		return fmt.Sprintf("%d min", int(d.Minutes()))
-	default:
-		return "less than a minute"
-	}
-}
+var (
+	fields   = summary.Fields
+	humanize = summary.Humanize
+)
 
 var funcs = template.FuncMap{
 	"show":      show,

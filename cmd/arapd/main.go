@@ -32,6 +32,7 @@ import (
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp/fixtures"
 	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/notify"
 )
 
 const usage = `usage: arapd <command> [flags]
@@ -144,21 +145,60 @@ func serve(args []string) error {
 	jobTimeout := fs.Duration("job-timeout", envDuration("ARAP_JOB_TIMEOUT", time.Minute), "bound on a background job; a job whose worker died is retried after twice this (ARAP_JOB_TIMEOUT)")
 	rate := fs.Int("rate-limit", arap.DefaultLimits.RequestsPerMinute, "requests per minute each API client may make (all replicas together)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
+	smtpURL := fs.String("smtp-url", env("ARAP_SMTP_URL", ""), "SMTP server for e-mail notifications: smtp://host[:port] (STARTTLS), smtps://host[:port] (TLS) (ARAP_SMTP_URL; e-mail is off without it)")
+	smtpUser := fs.String("smtp-username", env("ARAP_SMTP_USERNAME", ""), "SMTP user name (ARAP_SMTP_USERNAME); the password is read from ARAP_SMTP_PASSWORD or --smtp-password-file")
+	smtpPasswordFile := fs.String("smtp-password-file", env("ARAP_SMTP_PASSWORD_FILE", ""), "file holding the SMTP password (ARAP_SMTP_PASSWORD_FILE)")
+	mailFrom := fs.String("mail-from", env("ARAP_MAIL_FROM", ""), "sender address of notifications (ARAP_MAIL_FROM)")
 	_ = fs.Parse(args)
 	log := logger(*level)
 	key, err := masterKey(*keyFile)
 	if err != nil {
 		return err
 	}
+	mail, err := mailConfig(*smtpURL, *smtpUser, *smtpPasswordFile, *mailFrom)
+	if err != nil {
+		return err
+	}
 	ctx, reload := signals()
 	b, err := backend.New(ctx, backend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, PolicyFile: *policy, MasterKey: key, Migrate: *doMigrate, Log: log,
-		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate},
+		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate}, Mail: mail,
 	})
 	if err != nil {
 		return err
 	}
 	return b.Run(ctx, reload)
+}
+
+// mailConfig is the e-mail channel's configuration, or nil (e-mail off)
+// without an SMTP URL. The password never comes from a flag (flags show in
+// the process list): ARAP_SMTP_PASSWORD or a file.
+func mailConfig(smtpURL, user, passwordFile, from string) (*notify.EmailConfig, error) {
+	if smtpURL == "" {
+		if user != "" || passwordFile != "" || from != "" {
+			return nil, errors.New("--smtp-username, --smtp-password-file and --mail-from need --smtp-url (ARAP_SMTP_URL)")
+		}
+		return nil, nil
+	}
+	password := os.Getenv("ARAP_SMTP_PASSWORD")
+	if passwordFile != "" {
+		b, err := os.ReadFile(passwordFile)
+		if err != nil {
+			return nil, fmt.Errorf("SMTP password: %w", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	}
+	if password != "" && user == "" {
+		return nil, errors.New("an SMTP password is set but no user name (--smtp-username, ARAP_SMTP_USERNAME)")
+	}
+	if user != "" && password == "" {
+		return nil, errors.New("an SMTP user name is set but no password (ARAP_SMTP_PASSWORD or --smtp-password-file)")
+	}
+	c := &notify.EmailConfig{URL: smtpURL, Username: user, Password: password, From: from}
+	if _, err := notify.NewEmail(*c); err != nil { // refuse a bad configuration at start, not at the first send
+		return nil, err
+	}
+	return c, nil
 }
 
 func masterKey(file string) ([]byte, error) { return masterKeyFrom("ARAP_MASTER_KEY", file) }

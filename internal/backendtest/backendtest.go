@@ -21,6 +21,7 @@ import (
 	"github.com/omcp/arap/internal/contract"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/notify"
 )
 
 // Env is a running backend.
@@ -49,6 +50,8 @@ type Options struct {
 	Join *Env
 	// Now is the web UI's clock (time.Now when nil).
 	Now func() time.Time
+	// Mail turns on e-mail notifications.
+	Mail *notify.EmailConfig
 }
 
 // fixedClock is ten seconds into a minute in 2030.
@@ -82,7 +85,7 @@ func Start(t testing.TB, o Options) *Env {
 	front := httptest.NewUnstartedServer(nil)
 	b, err := backend.New(ctx, backend.Config{
 		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
-		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now,
+		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now, Mail: o.Mail,
 	})
 	if err != nil {
 		t.Fatal(err)

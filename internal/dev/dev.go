@@ -26,7 +26,9 @@ import (
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/frontend"
+	"github.com/omcp/arap/internal/mailsink"
 	"github.com/omcp/arap/internal/pgembed"
+	"github.com/omcp/arap/notify"
 	"github.com/omcp/arap/pep"
 )
 
@@ -60,6 +62,13 @@ const DefaultDataDir = ".arap-dev"
 // named nowhere else, and arapctl's database commands read this file when
 // DATABASE_URL is unset.
 const DatabaseURLFile = "database-url"
+
+// The dev mail sink: notifications' sender, and where the received
+// messages are listed (MailPath, and MailPath+".json").
+const (
+	MailFrom = "arap-dev@localhost"
+	MailPath = "/dev/mail"
+)
 
 // Options configure Run.
 type Options struct {
@@ -121,8 +130,17 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 		return err
 	}
 
+	// Notifications go to a mail sink on loopback, a real SMTP server in
+	// this process, listed at /dev/mail: no outside service is needed.
+	sink, err := mailsink.Start(mailsink.Options{Addr: "127.0.0.1:0"})
+	if err != nil {
+		return err
+	}
+	defer sink.Close() //nolint:errcheck
 	b, err := backend.New(ctx, backend.Config{
 		Addr: o.Addr, DatabaseURL: dbURL, PolicyFile: policyFile, MasterKey: key, Migrate: true, Log: o.Log,
+		Mail:    &notify.EmailConfig{URL: "smtp+insecure://" + sink.Addr(), From: MailFrom},
+		DevMail: sink.Handler(MailPath),
 	})
 	if err != nil {
 		return err
@@ -377,6 +395,7 @@ arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
   Approver web UI                %[1]s/ui/
     sign in as bob or carol (treasury), dave or erin (platform); password %[11]s
   Backend (AuthZEN PDP + ARAP)  %[1]s
+  Notifications (mail sink)      %[1]s/dev/mail
   MCP endpoint                   %[8]s
   Policy (edit, then kill -HUP)  %[2]s
   Data                           %[3]s

@@ -1,0 +1,163 @@
+// Package summary is what a person is shown first about an access request:
+// who asks, through which agent, to run which tool with which arguments,
+// under which rule, and how long is left. The approver's request page
+// (webui) and the notifications (notify) both build it here, so an e-mail
+// cannot say something other than the page it links to.
+//
+// Every string that came from a request is rendered through Show (HTML) or
+// Plain (text), which never write a character a person could not see or
+// could mistake (package visible): a labelled marker such as U+202E stands
+// in its place.
+package summary
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/omcp/arap/requests"
+)
+
+// Field is one rendered name and value.
+type Field struct {
+	Name, Value string
+	Multiline   bool
+}
+
+// Summary is the top of a request's page.
+type Summary struct {
+	ID string
+	// From policy.
+	Rule  string
+	Title string
+	Why   string
+	// Stated by the requester.
+	Tool        string
+	Arguments   []Field
+	Subject     string
+	Actor       string
+	SubmittedBy string
+
+	ExpiresAt time.Time
+	// TimeLeft is set while the request is pending and not yet due.
+	TimeLeft string
+
+	args map[string]any
+}
+
+// Of summarises r as of now.
+func Of(r *requests.Request, now time.Time) Summary {
+	s := Summary{ID: r.ID, Rule: r.Rule, Tool: r.Resource.Str("id"), Subject: r.Subject.Str("type") + " " + r.Subject.Str("id"),
+		SubmittedBy: r.ClientID, ExpiresAt: r.ExpiresAt}
+	if t, ok := r.Display["title"].(string); ok {
+		s.Title = t
+	}
+	if d, ok := r.Display["description"].(string); ok {
+		s.Why = d
+	}
+	if r.Resource.Str("type") != "mcp_tool" {
+		s.Tool = r.Resource.Str("type") + ":" + r.Resource.Str("id") + " (" + r.Action.Str("name") + ")"
+	}
+	args, _ := r.Resource.Obj("properties")["arguments"].(map[string]any)
+	if len(args) == 0 {
+		args = r.Resource.Obj("properties")
+	}
+	s.args = args
+	s.Arguments = Fields(args)
+	if involved := r.Involved(); len(involved) > 1 {
+		s.Actor = strings.Join(involved[1:], " → ")
+	}
+	if left := r.ExpiresAt.Sub(now); r.Status == requests.Pending && left > 0 {
+		s.TimeLeft = Humanize(left)
+	}
+	return s
+}
+
+// Heading is the page's heading: the rule's title, or what is asked.
+func (s Summary) Heading() string {
+	if s.Title != "" {
+		return s.Title
+	}
+	return "Request for " + s.Tool
+}
+
+// Note adds the hidden characters of the summary to n, each where the page
+// shows it.
+func (s Summary) Note(n *Notes) {
+	n.Text("the title (from policy)", s.Title)
+	n.Text("the description (from policy)", s.Why)
+	n.Text("the tool", s.Tool)
+	n.Text("the subject", s.Subject)
+	n.Text("the agent", s.Actor)
+	n.Value("argument", s.args)
+}
+
+// Fields renders a JSON object readably: numbers with separators, strings
+// as they are, anything nested as indented JSON.
+func Fields(m map[string]any) []Field {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]Field, 0, len(keys))
+	for _, k := range keys {
+		f := Field{Name: k}
+		switch v := m[k].(type) {
+		case string:
+			f.Value = v
+		case float64:
+			f.Value = Number(v)
+		case bool:
+			f.Value = fmt.Sprint(v)
+		case nil:
+			f.Value = "null"
+		default:
+			var b strings.Builder
+			enc := json.NewEncoder(&b)
+			enc.SetEscapeHTML(false) // the page escapes; \u003c would only obscure
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(v)
+			f.Value, f.Multiline = strings.TrimSuffix(b.String(), "\n"), true
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// Number writes v with thousands separators (two decimals if fractional).
+func Number(v float64) string {
+	if v != float64(int64(v)) {
+		return fmt.Sprintf("%.2f", v)
+	}
+	s := fmt.Sprint(int64(v))
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// Humanize says a duration in words.
+func Humanize(d time.Duration) string {
+	switch {
+	case d >= 48*time.Hour:
+		return fmt.Sprintf("%d days", int(d.Hours()/24))
+	case d >= time.Hour:
+		return fmt.Sprintf("%dh %02dm", int(d.Hours()), int(d.Minutes())%60)
+	case d >= time.Minute:
+		return fmt.Sprintf("%d min", int(d.Minutes()))
+	default:
+		return "less than a minute"
+	}
+}

@@ -1,0 +1,22 @@
+// Package notify tells people about access requests: the deciders that a
+// request waits for them, the other deciders of each vote, and the
+// requester (and the deciders) of the outcome.
+//
+// It owns two tables. arap.notification_events is an outbox: requests
+// records an event through the requests.Events seam inside the transaction
+// of the state change, with the River job that fans it out, so an event
+// exists if and only if its change does, and a crash after the commit
+// leaves a job that a surviving or restarted replica runs. The fan-out
+// resolves the recipients (the people the request's approval policy names
+// and may decide it, through the directory; the requester on the outcome)
+// and writes arap.notification_deliveries, one row per (event, recipient,
+// channel) under that primary key, each with its delivery job in the same
+// transaction. A delivery is sent while its row is locked and marked sent
+// in the same transaction, so two replicas never send one delivery at
+// once; a crash after the send and before the commit sends it again
+// (at least once). Failed sends are retried by River with backoff.
+//
+// A message is what the request page shows first (internal/summary, the
+// function the page itself uses) and a link carrying only the request id;
+// never binding tokens, approval states, evaluation ids or secrets.
+package notify

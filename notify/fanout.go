@@ -1,0 +1,163 @@
+package notify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/requests"
+)
+
+// Roles of recipients.
+const (
+	RoleDecider   = "decider"
+	RoleRequester = "requester"
+)
+
+type event struct {
+	ID, RequestID, Voter, Decision, Status string
+	Kind                                   requests.EventKind
+}
+
+func loadEvent(ctx context.Context, q pgx.Tx, id string, lock bool) (*event, bool, error) {
+	var e event
+	var fanned bool
+	sql := `SELECT id, request_id, kind, voter, decision, status, fanned_out_at IS NOT NULL FROM arap.notification_events WHERE id = $1`
+	if lock {
+		sql += ` FOR UPDATE`
+	}
+	err := q.QueryRow(ctx, sql, id).Scan(&e.ID, &e.RequestID, &e.Kind, &e.Voter, &e.Decision, &e.Status, &fanned)
+	if err != nil {
+		return nil, false, err
+	}
+	return &e, fanned, nil
+}
+
+// recipient is one person to tell, and why.
+type recipient struct {
+	user *directory.User
+	role string
+}
+
+// recipients are whom event e about r is for:
+//   - created: the deciders, while the request still waits;
+//   - decided: the other deciders, while it still waits (a vote that ended
+//     it is told by the ended event);
+//   - ended: the requester and the deciders.
+//
+// A decider is a directory user, not disabled, whom the approval policy
+// names and who is not involved in the request (requests.Qualified: no
+// self-approval), so nobody is asked to decide what they may not.
+func (s *Service) recipients(ctx context.Context, e *event, r *requests.Request) ([]recipient, error) {
+	if e.Kind != requests.EventEnded && r.Status != requests.Pending {
+		return nil, nil
+	}
+	users, err := s.cfg.Directory.Users(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []recipient
+	for _, u := range users {
+		if u.DisabledAt != nil {
+			continue
+		}
+		v := requests.UserVoter(u.Name, u.Identities(), u.Groups)
+		if requests.Qualified(v, r) != nil || (e.Kind == requests.EventDecided && v.ID == e.Voter) {
+			continue
+		}
+		out = append(out, recipient{user: u, role: RoleDecider})
+	}
+	if e.Kind == requests.EventEnded && r.Subject.Str("type") == "user" {
+		u, err := s.cfg.Directory.User(ctx, r.Subject.Str("id"))
+		switch {
+		case errors.Is(err, directory.ErrNotFound):
+		case err != nil:
+			return nil, err
+		case u.DisabledAt == nil:
+			out = append(out, recipient{user: u, role: RoleRequester})
+		}
+	}
+	return out, nil
+}
+
+// FanoutWorker runs FanoutArgs.
+type FanoutWorker struct {
+	river.WorkerDefaults[FanoutArgs]
+	Service *Service
+}
+
+// Work resolves the event's recipients and writes one delivery per
+// (recipient, channel) with its job, in one transaction on the locked
+// event. Run twice (a retry after a crash, a duplicated job), it adds
+// nothing: the event is marked fanned out, and the deliveries' key is
+// (event, recipient, channel).
+func (w *FanoutWorker) Work(ctx context.Context, job *river.Job[FanoutArgs]) error {
+	return w.Service.Fanout(ctx, job.Args.EventID)
+}
+
+// Fanout is FanoutWorker's work.
+func (s *Service) Fanout(ctx context.Context, eventID string) error {
+	return pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
+		e, fanned, err := loadEvent(ctx, tx, eventID, true)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // purged
+		}
+		if err != nil {
+			return fmt.Errorf("notify: load event %s: %w", eventID, err)
+		}
+		if fanned {
+			return nil
+		}
+		r, err := s.cfg.Requests.Load(ctx, e.RequestID)
+		if requests.ErrorCode(err) != "" {
+			return nil // the request is gone: nobody to tell about it
+		}
+		if err != nil {
+			return err
+		}
+		rcpts, err := s.recipients(ctx, e, r)
+		if err != nil {
+			return err
+		}
+		var names, channels, addresses, roles []string
+		for _, rc := range rcpts {
+			for _, c := range s.cfg.Channels {
+				if a := c.Address(rc.user); a != "" {
+					names, channels, addresses, roles = append(names, rc.user.Name), append(channels, c.Name()), append(addresses, a), append(roles, rc.role)
+				}
+			}
+		}
+		now := s.cfg.Now()
+		rows, err := tx.Query(ctx, `INSERT INTO arap.notification_deliveries (event_id, recipient, channel, address, role, created_at, updated_at)
+			SELECT $1, recipient, channel, address, role, $6, $6
+			FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS d(recipient, channel, address, role)
+			ON CONFLICT DO NOTHING RETURNING recipient, channel`, e.ID, names, channels, addresses, roles, now)
+		if err != nil {
+			return fmt.Errorf("notify: record deliveries: %w", err)
+		}
+		var jobs []river.InsertManyParams
+		for rows.Next() {
+			a := DeliverArgs{EventID: e.ID}
+			if err := rows.Scan(&a.Recipient, &a.Channel); err != nil {
+				rows.Close()
+				return err
+			}
+			jobs = append(jobs, river.InsertManyParams{Args: a})
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("notify: record deliveries: %w", err)
+		}
+		if len(jobs) > 0 {
+			if _, err := s.cfg.Jobs.InsertManyTx(ctx, tx, jobs); err != nil {
+				return fmt.Errorf("notify: enqueue deliveries: %w", err)
+			}
+		}
+		_, err = tx.Exec(ctx, `UPDATE arap.notification_events SET fanned_out_at = $2 WHERE id = $1 AND fanned_out_at IS NULL`, e.ID, now)
+		return err
+	})
+}

@@ -1,0 +1,154 @@
+package notify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/riverqueue/river"
+
+	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/internal/randid"
+	"github.com/omcp/arap/requests"
+)
+
+// Message is one notification to one address.
+type Message struct {
+	To, Subject string
+	// Text and HTML are the same message as plain text and as HTML.
+	Text, HTML string
+}
+
+// Channel is a way to reach a person.
+type Channel interface {
+	// Name is the channel's name in deliveries and metrics ("email").
+	Name() string
+	// Address is where u is reached on this channel; empty when u cannot be.
+	Address(u *directory.User) string
+	// Send delivers m once.
+	Send(ctx context.Context, m Message) error
+}
+
+// Requests is what notify reads of requests.
+type Requests interface {
+	Load(ctx context.Context, id string) (*requests.Request, error)
+}
+
+// Directory is what notify reads of the directory.
+type Directory interface {
+	Users(ctx context.Context) ([]*directory.User, error)
+	User(ctx context.Context, name string) (*directory.User, error)
+}
+
+// Config configures a Service.
+type Config struct {
+	DB        *pgxpool.Pool
+	Jobs      requests.JobInserter
+	Requests  Requests
+	Directory Directory
+	Channels  []Channel
+	// PageURL is the link to request id's page in the approvers' UI.
+	PageURL func(id string) string
+	// SendTimeout bounds one send (default 30s).
+	SendTimeout time.Duration
+	Now         func() time.Time
+	Log         *slog.Logger
+}
+
+// Service records events and delivers notifications.
+type Service struct {
+	cfg      Config
+	channels map[string]Channel
+}
+
+// NewService checks cfg and returns a Service.
+func NewService(cfg Config) (*Service, error) {
+	if cfg.DB == nil || cfg.Jobs == nil || cfg.Requests == nil || cfg.Directory == nil || cfg.PageURL == nil {
+		return nil, errors.New("notify: DB, Jobs, Requests, Directory and PageURL are required")
+	}
+	if len(cfg.Channels) == 0 {
+		return nil, errors.New("notify: at least one channel is required")
+	}
+	if cfg.SendTimeout == 0 {
+		cfg.SendTimeout = 30 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Service{cfg: cfg, channels: map[string]Channel{}}
+	for _, c := range cfg.Channels {
+		if _, dup := s.channels[c.Name()]; dup {
+			return nil, fmt.Errorf("notify: channel %q configured twice", c.Name())
+		}
+		s.channels[c.Name()] = c
+	}
+	return s, nil
+}
+
+// Outcomes of a delivery attempt, the metric's outcome label.
+const (
+	OutcomeSent   = "sent"
+	OutcomeRetry  = "retry"  // failed; River tries again
+	OutcomeFailed = "failed" // failed for good: out of attempts
+)
+
+var notifications = promauto.NewCounterVec(prometheus.CounterOpts{
+	Name: "arap_notifications_total", Help: "Notification delivery attempts, by channel and outcome (sent, retry, failed).",
+}, []string{"channel", "outcome"})
+
+// EventIDPrefix starts every event id.
+const EventIDPrefix = "nev_"
+
+// FanoutArgs is the job that resolves an event's recipients.
+type FanoutArgs struct {
+	EventID string `json:"event_id"`
+}
+
+// Kind implements river.JobArgs.
+func (FanoutArgs) Kind() string { return "notify.fanout" }
+
+// InsertOpts makes one fan-out job per event.
+func (FanoutArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
+}
+
+// RecordTx writes events to the outbox with their fan-out jobs, inside tx
+// (the change's transaction). It implements requests.Events.
+func (s *Service) RecordTx(ctx context.Context, tx pgx.Tx, events ...requests.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	n := len(events)
+	ids, reqIDs, kinds, voters, decisions, statuses := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	jobs := make([]river.InsertManyParams, n)
+	for i, e := range events {
+		ids[i] = randid.New(EventIDPrefix)
+		reqIDs[i], kinds[i], voters[i], decisions[i], statuses[i] = e.RequestID, string(e.Kind), e.Voter, e.Decision, string(e.Status)
+		jobs[i] = river.InsertManyParams{Args: FanoutArgs{EventID: ids[i]}}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO arap.notification_events (id, request_id, kind, voter, decision, status, created_at)
+		SELECT id, request_id, kind, voter, decision, status, $7
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS e(id, request_id, kind, voter, decision, status)`,
+		ids, reqIDs, kinds, voters, decisions, statuses, s.cfg.Now()); err != nil {
+		return fmt.Errorf("notify: record events: %w", err)
+	}
+	if _, err := s.cfg.Jobs.InsertManyTx(ctx, tx, jobs); err != nil {
+		return fmt.Errorf("notify: enqueue fan-out: %w", err)
+	}
+	return nil
+}
+
+// AddWorkers registers the fan-out and delivery workers.
+func (s *Service) AddWorkers(w *river.Workers) {
+	river.AddWorker(w, &FanoutWorker{Service: s})
+	river.AddWorker(w, &DeliverWorker{Service: s})
+}

@@ -1,0 +1,363 @@
+package notify_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/internal/backendtest"
+	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/internal/mailsink"
+	"github.com/omcp/arap/internal/summary"
+	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/notify"
+	"github.com/omcp/arap/requests"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func startSink(t *testing.T) *mailsink.Sink {
+	sink, err := mailsink.Start(mailsink.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sink.Close() })
+	return sink
+}
+
+func mailTo(sink *mailsink.Sink) *notify.EmailConfig {
+	return &notify.EmailConfig{URL: "smtp+insecure://" + sink.Addr(), From: "arap@example.com"}
+}
+
+func wireCall(subject, to string, amount float64) map[string]any {
+	return map[string]any{
+		"subject":  map[string]any{"type": "user", "id": subject, "properties": map[string]any{"act": map[string]any{"sub": "agent:demo"}}},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "wire_transfer", "properties": map[string]any{"arguments": map[string]any{"to": to, "amount": amount}}},
+	}
+}
+
+// waitFor waits until the sink holds n messages matching keep, and returns them.
+func waitFor(t *testing.T, sink *mailsink.Sink, n int, keep func(mailsink.Message) bool) []mailsink.Message {
+	t.Helper()
+	var got []mailsink.Message
+	require.Eventually(t, func() bool {
+		got = got[:0]
+		for _, m := range sink.Messages() {
+			if keep(m) {
+				got = append(got, m)
+			}
+		}
+		return len(got) >= n
+	}, 20*time.Second, 20*time.Millisecond, "want %d messages", n)
+	return got
+}
+
+func about(id string) func(mailsink.Message) bool {
+	return func(m mailsink.Message) bool { return strings.Contains(m.Text, "/ui/requests/"+id) }
+}
+
+func recipients(ms []mailsink.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.To...)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// secrets are what no message may carry: the request's binding token,
+// evaluation id and, once approved, its approval id and state.
+func secrets(t *testing.T, pool *pgxpool.Pool, id string) []string {
+	var evalID, token, approvalID, state string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT evaluation_id, denial->>'binding_token',
+		coalesce(result->'approval'->>'id', ''), coalesce(result->'approval'->>'state', '') FROM arap.requests WHERE id = $1`, id).
+		Scan(&evalID, &token, &approvalID, &state))
+	out := []string{evalID, token}
+	for _, s := range []string{approvalID, state} {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func requireNoSecrets(t *testing.T, pool *pgxpool.Pool, id string, ms []mailsink.Message) {
+	t.Helper()
+	for _, m := range ms {
+		for _, s := range secrets(t, pool, id) {
+			require.NotContains(t, string(m.Raw), s, "a message carries a secret of the request")
+			require.NotContains(t, m.Text+m.HTML+m.Subject, s)
+		}
+	}
+}
+
+// TestCreatedTellsEachEligibleApprover: a new request sends one e-mail to
+// each person who may decide it (treasury: bob, carol), none to the
+// requester, with what the request page shows first and a link carrying
+// only the request id, in a plain-text and an HTML part.
+func TestCreatedTellsEachEligibleApprover(t *testing.T) {
+	sink := startSink(t)
+	env := backendtest.Start(t, backendtest.Options{Mail: mailTo(sink)})
+	id := env.Submit(t, wireCall("alice", "acct-991", 50000))
+
+	got := waitFor(t, sink, 2, about(id))
+	require.Equal(t, []string{"bob@example.com", "carol@example.com"}, recipients(got))
+	r, err := env.Backend.Requests().Load(context.Background(), id)
+	require.NoError(t, err)
+	sum := summary.Of(r, time.Now())
+	for _, m := range got {
+		require.Equal(t, "Approval needed: "+sum.Heading(), m.Subject)
+		for _, want := range []string{"user alice, through agent:demo, asks to run wire_transfer.", "amount: 50,000", "to: acct-991",
+			"Rule wire_transfer_large", "Time left: ", sum.Title, "Open the request (sign-in required): " + env.URL + "/ui/requests/" + id + "\n"} {
+			require.Contains(t, m.Text, want)
+		}
+		for _, want := range []string{string(summary.Show(sum.Subject)), string(summary.Show("agent:demo")), string(summary.Show("50,000")),
+			`<a href="` + env.URL + `/ui/requests/` + id + `">`} {
+			require.Contains(t, m.HTML, want)
+		}
+		require.Equal(t, "arap@example.com", m.Header.Get("From")[1:len(m.Header.Get("From"))-1])
+	}
+	requireNoSecrets(t, env.Pool, id, got)
+	// One delivery per recipient and channel, each sent once.
+	require.Eventually(t, func() bool {
+		var sent int
+		_ = env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM arap.notification_deliveries d
+			JOIN arap.notification_events e ON e.id = d.event_id WHERE e.request_id = $1 AND d.status = 'sent' AND d.attempts = 1`, id).Scan(&sent)
+		return sent == 2
+	}, 10*time.Second, 20*time.Millisecond)
+}
+
+// TestOutcomeTellsRequester: when bob approves, alice (the requester) is
+// told the outcome, as is carol; nothing carries the approval's id or state.
+// A vote that does not end a request tells the other deciders.
+func TestOutcomeTellsRequester(t *testing.T) {
+	sink := startSink(t)
+	env := backendtest.Start(t, backendtest.Options{Mail: mailTo(sink)})
+	ctx := context.Background()
+	dir := env.Backend.Directory()
+	voter := func(name string) requests.Voter {
+		u, err := dir.User(ctx, name)
+		require.NoError(t, err)
+		return requests.UserVoter(u.Name, u.Identities(), u.Groups)
+	}
+
+	id := env.Submit(t, wireCall("alice", "acct-991", 50000))
+	waitFor(t, sink, 2, about(id))
+	_, err := env.Backend.Requests().Decide(ctx, voter("bob"), id, requests.Decision{Approve: true})
+	require.NoError(t, err)
+	ended := waitFor(t, sink, 3, func(m mailsink.Message) bool {
+		return about(id)(m) && strings.HasPrefix(m.Subject, "Request approved: ")
+	})
+	require.Equal(t, []string{"alice@example.com", "bob@example.com", "carol@example.com"}, recipients(ended))
+	for _, m := range ended {
+		if m.To[0] == "alice@example.com" {
+			require.Contains(t, m.Text, "Your request ended: approved.")
+		}
+	}
+	requireNoSecrets(t, env.Pool, id, sink.Messages())
+
+	// delete_repository needs two platform approvals: dave's vote tells erin.
+	del := map[string]any{
+		"subject":  map[string]any{"type": "user", "id": "alice", "properties": map[string]any{"act": map[string]any{"sub": "agent:demo"}}},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "delete_repository", "properties": map[string]any{"arguments": map[string]any{"repo": "infra"}}},
+	}
+	id2 := env.Submit(t, del)
+	waitFor(t, sink, 2, about(id2))
+	_, err = env.Backend.Requests().Decide(ctx, voter("dave"), id2, requests.Decision{Approve: true})
+	require.NoError(t, err)
+	vote := waitFor(t, sink, 1, func(m mailsink.Message) bool {
+		return about(id2)(m) && strings.HasPrefix(m.Subject, "user:dave approved: ")
+	})
+	require.Equal(t, []string{"erin@example.com"}, recipients(vote), "the voter is not told of their own vote")
+}
+
+// TestNoSelfApprovalNotice: a request made for bob (a treasury approver)
+// asks carol only: bob may not decide it, so he is not asked to.
+func TestNoSelfApprovalNotice(t *testing.T) {
+	sink := startSink(t)
+	env := backendtest.Start(t, backendtest.Options{Mail: mailTo(sink)})
+	id := env.Submit(t, wireCall("bob", "acct-991", 50000))
+	settled(t, env.Pool, id)
+	got := waitFor(t, sink, 1, about(id))
+	require.Equal(t, []string{"carol@example.com"}, recipients(got))
+}
+
+// settled waits until request id's events are fanned out and none of
+// their deliveries is pending.
+func settled(t *testing.T, pool *pgxpool.Pool, id string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var open int
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT
+			(SELECT count(*) FROM arap.notification_events WHERE request_id = $1 AND fanned_out_at IS NULL) +
+			(SELECT count(*) FROM arap.notification_deliveries d JOIN arap.notification_events e ON e.id = d.event_id
+				WHERE e.request_id = $1 AND d.status = 'pending')`, id).Scan(&open))
+		return open == 0
+	}, 20*time.Second, 20*time.Millisecond)
+}
+
+// TestHiddenCharactersMarked: a hidden character in an argument is marked
+// in the e-mail as on the page (the page's own renderer), and the raw
+// character is in no part.
+func TestHiddenCharactersMarked(t *testing.T) {
+	sink := startSink(t)
+	env := backendtest.Start(t, backendtest.Options{Mail: mailTo(sink), Policy: []byte(`version: 1
+rules:
+  - name: expense
+    match: {resource_id: expense}
+    effect: request
+    display: {title: Expense approval}
+    approval: {groups: [treasury]}
+`)})
+	to := "acct-\u202e199"
+	id := env.Submit(t, map[string]any{
+		"subject":  map[string]any{"type": "user", "id": "alice"},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{"to": to}}},
+	})
+	for _, m := range waitFor(t, sink, 2, about(id)) {
+		require.Contains(t, m.Text, "to: acct-<U+202E>199")
+		require.Contains(t, m.Text, "WARNING: this request contains hidden or look-alike characters")
+		require.Contains(t, m.HTML, string(summary.Show(to)), "the HTML part marks it as the page does")
+		require.Contains(t, m.HTML, `<mark class="hidden-char"`)
+		require.NotContains(t, m.Text+m.HTML+m.Subject, "\u202e")
+	}
+}
+
+// notifier builds a notify.Service on env's database that delivers to sink,
+// as another replica would.
+func notifier(t *testing.T, env *backendtest.Env, pool *pgxpool.Pool, jobs requests.JobInserter, sink *mailsink.Sink) *notify.Service {
+	email, err := notify.NewEmail(*mailTo(sink))
+	require.NoError(t, err)
+	s, err := notify.NewService(notify.Config{DB: pool, Jobs: jobs, Requests: env.Backend.Requests(), Directory: env.Backend.Directory(),
+		Channels: []notify.Channel{email}, PageURL: func(id string) string { return "https://arap.example/ui/requests/" + id }})
+	require.NoError(t, err)
+	return s
+}
+
+// TestCrashBetweenCommitAndSend: the outbox row commits with its job and
+// the process dies before anything is sent; a fresh backend (a fresh River
+// client) started afterwards on the database sends the notices.
+func TestCrashBetweenCommitAndSend(t *testing.T) {
+	sink := startSink(t)
+	env := backendtest.Start(t, backendtest.Options{}) // notifications off: nothing else sends
+	ctx := context.Background()
+	id := env.Submit(t, wireCall("alice", "acct-991", 50000))
+	pool, err := pgxpool.New(ctx, env.DBURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, env.Backend.Stop(ctx)) // no worker of the backend's may take the job
+
+	// The "crashing" process: an insert-only River client; the change's
+	// transaction records the event and commits; then nothing runs.
+	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: migrations.RiverSchema})
+	require.NoError(t, err)
+	crashing := notifier(t, env, pool, inserter, sink)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return crashing.RecordTx(ctx, tx, requests.Event{Kind: requests.EventCreated, RequestID: id})
+	}))
+	require.Empty(t, sink.Messages())
+
+	var events int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM arap.notification_events WHERE request_id = $1`, id).Scan(&events))
+	require.Equal(t, 1, events, "the outbox row committed")
+
+	// The restart: a fresh backend (a fresh River client) on the database.
+	backendtest.Start(t, backendtest.Options{Mail: mailTo(sink), Join: env})
+	got := waitFor(t, sink, 2, func(m mailsink.Message) bool { return strings.Contains(m.Text, id) })
+	require.Equal(t, []string{"bob@example.com", "carol@example.com"}, recipients(got))
+}
+
+// TestTwoReplicasNotifyOnce: two backends on one database, many requests
+// submitted to both: every (event, recipient, channel) is sent exactly
+// once. Running a fan-out and every delivery again afterwards (a retried
+// job, a duplicate) sends nothing more.
+func TestTwoReplicasNotifyOnce(t *testing.T) {
+	sink := startSink(t)
+	a := backendtest.Start(t, backendtest.Options{Mail: mailTo(sink)})
+	b := backendtest.Start(t, backendtest.Options{Mail: mailTo(sink), Join: a})
+	const n = 10
+	var ids []string
+	for i := range n {
+		env := a
+		if i%2 == 1 {
+			env = b
+		}
+		ids = append(ids, env.Submit(t, wireCall("alice", fmt.Sprintf("acct-%d", i), 50000)))
+	}
+	waitFor(t, sink, 2*n, func(mailsink.Message) bool { return true })
+	ctx := context.Background()
+	count := func() int {
+		var sent int
+		require.NoError(t, a.Pool.QueryRow(ctx, `SELECT count(*) FROM arap.notification_deliveries WHERE status = 'sent'`).Scan(&sent))
+		return sent
+	}
+	if !assert.Eventually(t, func() bool { return count() == 2*n }, 10*time.Second, 20*time.Millisecond) {
+		t.Fatal(dump(t, a.Pool))
+	}
+
+	// Again, by hand: every fan-out and every delivery.
+	inserter, err := river.NewClient(riverpgxv5.New(a.Pool), &river.Config{Schema: migrations.RiverSchema})
+	require.NoError(t, err)
+	again := notifier(t, a, a.Pool, inserter, sink)
+	rows, err := a.Pool.Query(ctx, `SELECT d.event_id, d.recipient, d.channel FROM arap.notification_deliveries d`)
+	require.NoError(t, err)
+	deliveries, err := pgx.CollectRows(rows, pgx.RowToStructByPos[notify.DeliverArgs])
+	require.NoError(t, err)
+	for _, d := range deliveries {
+		require.NoError(t, again.Fanout(ctx, d.EventID))
+		require.NoError(t, again.Deliver(ctx, d, false))
+	}
+	require.Len(t, sink.Messages(), 2*n)
+	per := map[string]int{}
+	for _, m := range sink.Messages() {
+		for _, id := range ids {
+			if about(id)(m) {
+				per[id+" "+m.To[0]]++
+			}
+		}
+	}
+	require.Len(t, per, 2*n)
+	for k, c := range per {
+		require.Equal(t, 1, c, k)
+	}
+}
+
+func dump(t *testing.T, pool *pgxpool.Pool) string {
+	rows, err := pool.Query(context.Background(), `SELECT kind, state, attempt, errors::text FROM river.river_job WHERE kind LIKE 'notify%' LIMIT 4`)
+	require.NoError(t, err)
+	var out []string
+	for rows.Next() {
+		var a, b, d string
+		var c int
+		require.NoError(t, rows.Scan(&a, &b, &c, &d))
+		out = append(out, fmt.Sprint(a, b, c, d))
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestDevMailOnlyInDevMode: a backend that is not `arapd dev` has no
+// /dev/mail, notifications on or off.
+func TestDevMailOnlyInDevMode(t *testing.T) {
+	sink := startSink(t)
+	for _, o := range []backendtest.Options{{}, {Mail: mailTo(sink)}} {
+		env := backendtest.Start(t, o)
+		for _, path := range []string{"/dev/mail", "/dev/mail.json"} {
+			resp, err := http.Get(env.URL + path)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusNotFound, resp.StatusCode, path)
+		}
+	}
+}

@@ -1,0 +1,45 @@
+package requests
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Events records the events people are told about. It is the seam to the
+// notifications (package notify), which implement it; requests knows
+// nothing of recipients or channels.
+type Events interface {
+	// RecordTx records events inside tx, the transaction of the change
+	// they report; an error rolls the change back.
+	RecordTx(ctx context.Context, tx pgx.Tx, events ...Event) error
+}
+
+// EventKind names what happened to a request.
+type EventKind string
+
+// The events for people.
+const (
+	EventCreated EventKind = "created" // a request waits for its deciders
+	EventDecided EventKind = "decided" // someone voted (each vote)
+	EventEnded   EventKind = "ended"   // the request reached a terminal state
+)
+
+// Event is one thing that happened to a request. It carries names only;
+// whoever tells people reads the request through this package's API.
+type Event struct {
+	Kind      EventKind
+	RequestID string
+	// Voter and Decision are set on EventDecided ("user:bob", "approve").
+	Voter    string
+	Decision string
+	// Status is set on EventEnded.
+	Status Status
+}
+
+func (s *Service) recordTx(ctx context.Context, tx pgx.Tx, events ...Event) error {
+	if s.cfg.Events == nil || len(events) == 0 {
+		return nil
+	}
+	return s.cfg.Events.RecordTx(ctx, tx, events...)
+}
