@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/clients"
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/evaluation"
@@ -28,28 +32,46 @@ type Target struct {
 // ErrNoTarget says no webhook target has that name.
 var ErrNoTarget = errors.New("no such webhook target")
 
-// CreateTarget records webhook target name, posting to url for client
+// TargetStore manages webhook targets; it needs no master key, since it
+// reads no secret (arapctl webhooks).
+type TargetStore struct {
+	DB *pgxpool.Pool
+	// Resolver resolves target hosts; net.DefaultResolver when nil.
+	Resolver Resolver
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+// NewTargetStore returns a TargetStore on db.
+func NewTargetStore(db *pgxpool.Pool) *TargetStore {
+	return &TargetStore{DB: db, Resolver: net.DefaultResolver, Now: time.Now}
+}
+
+// Create records webhook target name, posting to url for client
 // (id or name). It refuses a URL the client's callbacks could not use (the
 // same CheckEndpoint, so the same SSRF rules), and a client without a live
 // webhook secret, since nothing is ever sent unsigned.
-func (s *Service) CreateTarget(ctx context.Context, name, client, url, by string) (*Target, error) {
+func (s *TargetStore) Create(ctx context.Context, name, client, url, by string) (*Target, error) {
 	if !evaluation.WebhookNameRE.MatchString(name) {
 		return nil, fmt.Errorf("webhook target name %q must be lower case letters, digits, - and _ (at most 63)", name)
 	}
-	c, err := s.clients.Get(ctx, client)
+	c, err := clients.NewStore(s.DB).Get(ctx, client)
 	if err != nil {
 		return nil, err
 	}
-	if err := CheckEndpoint(ctx, s.cfg.Resolver, c, url); err != nil {
+	if err := CheckEndpoint(ctx, s.Resolver, c, url); err != nil {
 		return nil, fmt.Errorf("webhook target %q: %w", name, err)
 	}
-	if ok, err := s.HasSecret(ctx, c.ID); err != nil {
+	var live int
+	if err := s.DB.QueryRow(ctx, `SELECT count(*) FROM arap.webhook_secrets WHERE client_id = $1 AND (expires_at IS NULL OR expires_at > $2)`,
+		c.ID, s.Now()).Scan(&live); err != nil {
 		return nil, err
-	} else if !ok {
+	}
+	if live == 0 {
 		return nil, fmt.Errorf("client %q has no webhook secret, and webhooks are never sent unsigned; create one first (arapctl clients secret rotate)", c.Name)
 	}
-	t := &Target{Name: name, Client: c.Name, URL: url, CreatedAt: s.cfg.Now()}
-	err = pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
+	t := &Target{Name: name, Client: c.Name, URL: url, CreatedAt: s.Now()}
+	err = pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO arap.webhook_targets (name, client_id, url, created_at, created_by) VALUES ($1, $2, $3, $4, $5)`,
 			name, c.ID, url, t.CreatedAt, by); err != nil {
 			if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -66,10 +88,10 @@ func (s *Service) CreateTarget(ctx context.Context, name, client, url, by string
 	return t, nil
 }
 
-// DeleteTarget removes webhook target name; its pending deliveries then
-// fail (no such target) and are retried, in case it is created again.
-func (s *Service) DeleteTarget(ctx context.Context, name, by string) error {
-	return pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
+// Delete removes webhook target name; its pending deliveries then fail
+// (no such target) and are retried, in case it is created again.
+func (s *TargetStore) Delete(ctx context.Context, name, by string) error {
+	return pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `DELETE FROM arap.webhook_targets WHERE name = $1`, name)
 		if err != nil {
 			return err
@@ -77,14 +99,14 @@ func (s *Service) DeleteTarget(ctx context.Context, name, by string) error {
 		if tag.RowsAffected() == 0 {
 			return fmt.Errorf("webhook target %q: %w", name, ErrNoTarget)
 		}
-		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "webhook_target.deleted", Actor: by, At: s.cfg.Now(),
+		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "webhook_target.deleted", Actor: by, At: s.Now(),
 			Data: map[string]any{"name": name}})
 	})
 }
 
-// Targets lists the webhook targets by name.
-func (s *Service) Targets(ctx context.Context) ([]Target, error) {
-	rows, err := s.cfg.DB.Query(ctx, `SELECT t.name, c.name, t.url, t.created_at FROM arap.webhook_targets t
+// List lists the webhook targets by name.
+func (s *TargetStore) List(ctx context.Context) ([]Target, error) {
+	rows, err := s.DB.Query(ctx, `SELECT t.name, c.name, t.url, t.created_at FROM arap.webhook_targets t
 		JOIN arap.api_clients c ON c.id = t.client_id ORDER BY t.name`)
 	if err != nil {
 		return nil, err

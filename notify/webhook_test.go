@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dev"
@@ -89,10 +90,13 @@ func itsmTarget(t *testing.T, env *backendtest.Env, fail int) *receiver {
 	secret, err := cbs.RotateSecret(ctx, c.ID, 0, "", "test")
 	require.NoError(t, err)
 	rcv := startReceiver(t, secret, fail)
-	_, err = cbs.CreateTarget(ctx, "itsm", "itsm-hooks", rcv.URL+"/arap-events", "test")
+	_, err = targets(env).Create(ctx, "itsm", "itsm-hooks", rcv.URL+"/arap-events", "test")
 	require.NoError(t, err)
 	return rcv
 }
+
+// targets is the webhook target store, as arapctl webhooks uses it.
+func targets(env *backendtest.Env) *callbacks.TargetStore { return callbacks.NewTargetStore(env.Pool) }
 
 func waitPosts(t *testing.T, rcv *receiver, n int) []received {
 	t.Helper()
@@ -232,10 +236,10 @@ func TestWebhookTargetForbiddenAddress(t *testing.T) {
 	_, err = cbs.RotateSecret(ctx, c.ID, 0, "", "test")
 	require.NoError(t, err)
 	for _, u := range []string{"http://169.254.169.254/latest/meta-data", "http://127.0.0.1:9/hook", "http://10.0.0.1/hook"} {
-		_, err := cbs.CreateTarget(ctx, "itsm", "public-only", u, "test")
+		_, err := targets(env).Create(ctx, "itsm", "public-only", u, "test")
 		require.ErrorContains(t, err, "callback endpoint refused", u)
 	}
-	targets, err := cbs.Targets(ctx)
+	targets, err := targets(env).List(ctx)
 	require.NoError(t, err)
 	require.Empty(t, targets, "a refused target is not stored")
 
