@@ -269,3 +269,28 @@ func TestRuleWithoutNotifyUnchanged(t *testing.T) {
 	require.Zero(t, rows)
 	require.Empty(t, rcv.all())
 }
+
+// TestWebhookPayloadHiddenCharacters: a hidden character in an argument is
+// listed in request.hidden_characters, as the page warns of it.
+func TestWebhookPayloadHiddenCharacters(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{Policy: []byte(`version: 1
+rules:
+  - name: expense
+    match: {resource_id: expense}
+    effect: request
+    approval: {groups: [treasury]}
+    notify: {channels: [webhook], webhooks: [itsm]}
+`)})
+	rcv := itsmTarget(t, env, 0)
+	env.Submit(t, map[string]any{
+		"subject":  map[string]any{"type": "user", "id": "alice"},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{"to": "acct-\u202e199"}}},
+	})
+	var p notify.Payload
+	require.NoError(t, json.Unmarshal([]byte(waitPosts(t, rcv, 1)[0].Body), &p))
+	require.Equal(t, []notify.HiddenCharacter{{Code: "U+202E", Name: "RIGHT-TO-LEFT OVERRIDE", Where: "argument “to”", Count: 1}}, p.Request.HiddenCharacters)
+	require.Equal(t, "acct-\u202e199", p.Request.Arguments[0].Value, "the value is unchanged")
+	require.Empty(t, p.Request.Agent)
+	require.Empty(t, p.Request.Title)
+}
