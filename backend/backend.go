@@ -161,27 +161,29 @@ func (b *Backend) build(ctx context.Context) error {
 	if err := prometheus.Register(b.callbacks.QueueDepth()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
 		return err
 	}
-	var events requests.Events
+	// Webhook targets are always available (they are configured in the
+	// database, like callbacks' clients); e-mail when an SMTP server is.
+	channels := []notify.Channel{&notify.Webhook{Poster: b.callbacks}}
 	if cfg.Mail != nil {
 		email, err := notify.NewEmail(*cfg.Mail)
 		if err != nil {
 			return fmt.Errorf("backend: %w", err)
 		}
-		if b.notify, err = notify.NewService(notify.Config{
-			DB: pool, Jobs: inserter, Directory: b.people, Channels: []notify.Channel{email},
-			// requests is built next, with notify as its Events.
-			Requests: loader(func(ctx context.Context, id string) (*requests.Request, error) { return b.requests.Load(ctx, id) }),
-			PageURL:  func(id string) string { return public + "/ui/requests/" + url.PathEscape(id) },
-			Log:      cfg.Log,
-		}); err != nil {
-			return err
-		}
-		events = b.notify
+		channels = append(channels, email)
+	}
+	if b.notify, err = notify.NewService(notify.Config{
+		DB: pool, Jobs: inserter, Directory: b.people, Channels: channels,
+		// requests is built next, with notify as its Events.
+		Requests: loader(func(ctx context.Context, id string) (*requests.Request, error) { return b.requests.Load(ctx, id) }),
+		PageURL:  func(id string) string { return public + "/ui/requests/" + url.PathEscape(id) },
+		Log:      cfg.Log,
+	}); err != nil {
+		return err
 	}
 	if b.requests, err = requests.NewService(requests.Config{
 		DB: pool, Jobs: inserter, Keys: b.keys, Policy: b.engine, Issuer: public, RequestsURL: requestsURL,
 		Retention: cfg.RequestRetention, Log: cfg.Log,
-		CheckCallback: b.callbacks.CheckCallback, OnTerminal: b.callbacks.OnTerminal, Events: events,
+		CheckCallback: b.callbacks.CheckCallback, OnTerminal: b.callbacks.OnTerminal, Events: b.notify,
 	}); err != nil {
 		return err
 	}
@@ -192,9 +194,7 @@ func (b *Backend) build(ctx context.Context) error {
 	workers := river.NewWorkers()
 	b.requests.AddWorkers(workers)
 	b.callbacks.AddWorkers(workers)
-	if b.notify != nil {
-		b.notify.AddWorkers(workers)
-	}
+	b.notify.AddWorkers(workers)
 	counters.AddWorker(workers)
 	jobs, err := b.host.River(&river.Config{
 		Schema:  migrations.RiverSchema,

@@ -1,6 +1,7 @@
 package callbacks
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -340,6 +341,13 @@ func resultLabel(code int, err error) string {
 // send POSTs the body once. Redirects are not followed: a redirect could
 // lead outside the client's allowed destinations.
 func (s *Service) send(ctx context.Context, c *clients.Client, keys [][]byte, d delivery) (int, time.Duration, error) {
+	return s.post(ctx, c, keys, d.id, d.endpoint, []byte(d.body))
+}
+
+// post POSTs body to endpoint for client c, signed with keys under
+// webhook-id id: the one signer and dialler of callbacks and webhook
+// targets alike.
+func (s *Service) post(ctx context.Context, c *clients.Client, keys [][]byte, id, endpoint string, body []byte) (int, time.Duration, error) {
 	if len(keys) == 0 {
 		return 0, 0, errors.New("no live webhook secret for this client; not sending unsigned")
 	}
@@ -349,16 +357,16 @@ func (s *Service) send(ctx context.Context, c *clients.Client, keys [][]byte, d 
 		Transport:     &http.Transport{DialContext: dialer.DialContext, TLSHandshakeTimeout: 5 * time.Second, DisableKeepAlives: true, ResponseHeaderTimeout: s.cfg.Timeout},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.endpoint, strings.NewReader(d.body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
 		return 0, 0, err
 	}
 	ts := s.cfg.Now().Unix()
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "arap-callbacks/1")
-	req.Header.Set(webhook.HeaderID, d.id)
+	req.Header.Set(webhook.HeaderID, id)
 	req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(webhook.HeaderSignature, webhook.SignatureHeader(keys, d.id, ts, []byte(d.body)))
+	req.Header.Set(webhook.HeaderSignature, webhook.SignatureHeader(keys, id, ts, body))
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, 0, err

@@ -72,6 +72,9 @@ type ApprovalPolicy struct {
 	// (context is an ARAP extension point, so such members are kept, not
 	// refused).
 	DeclaredContext []string `json:"declared_context,omitempty"`
+	// Notify is the rule's notify section (nil without one). It lives here
+	// because this is what is stored with each request.
+	Notify *NotifyPolicy `json:"notify,omitempty"`
 }
 
 // AllowsChannel reports whether decisions may come through channel.

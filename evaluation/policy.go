@@ -130,6 +130,7 @@ type ruleSpec struct {
 	RequestTTL     Duration       `yaml:"request_ttl"`
 	RequestSchema  map[string]any `yaml:"request_schema"`
 	Approval       *approvalSpec  `yaml:"approval"`
+	Notify         *notifySpec    `yaml:"notify"`
 }
 
 func (r *ruleSpec) UnmarshalYAML(n *yaml.Node) error {
@@ -156,7 +157,7 @@ func (r *ruleSpec) UnmarshalYAML(n *yaml.Node) error {
 
 var (
 	ruleKeys = []string{"name", "description", "match", "when", "effect", "reason", "template", "display",
-		"context_members", "denial_ttl", "request_ttl", "request_schema", "approval"}
+		"context_members", "denial_ttl", "request_ttl", "request_schema", "approval", "notify"}
 	matchKeys = []string{"action", "resource_type", "resource_id", "subject_type"}
 )
 
@@ -275,13 +276,14 @@ func compileRule(env *cel.Env, d Defaults, rs ruleSpec) (*Rule, []Problem) {
 		add(rs.Line, "reason must be a lower_snake_case code")
 	}
 	if r.Effect != EffectRequest {
-		if r.Template != "" || r.Display != nil || r.ContextMembers != nil || r.RequestSchema != nil || r.DenialTTL != 0 || r.RequestTTL != 0 || rs.Approval != nil {
-			add(rs.Line, "template, display, context_members, request_schema, denial_ttl, request_ttl and approval apply only to effect: request")
+		if r.Template != "" || r.Display != nil || r.ContextMembers != nil || r.RequestSchema != nil || r.DenialTTL != 0 || r.RequestTTL != 0 || rs.Approval != nil || rs.Notify != nil {
+			add(rs.Line, "template, display, context_members, request_schema, denial_ttl, request_ttl, approval and notify apply only to effect: request")
 		}
 	} else if rs.Approval == nil {
 		add(rs.Line, "effect: request needs an approval section saying who may decide (groups, users, clients, kinds or resolvers)")
 	} else {
 		r.Approval, r.Resolvers = compileApproval(env, *rs.Approval, add)
+		r.Approval.Notify = compileNotify(rs.Notify, add)
 	}
 	if r.Template == "" {
 		r.Template = r.Name

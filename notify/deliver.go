@@ -89,7 +89,12 @@ func (s *Service) Deliver(ctx context.Context, a DeliverArgs, last bool) error {
 		if err != nil {
 			return err
 		}
-		m := s.message(e, r, role)
+		var m Message
+		if role == RoleWebhook {
+			m = Message{ID: e.ID + "." + a.Recipient, Payload: s.payload(e, r)}
+		} else {
+			m = s.message(e, r, role)
+		}
 		m.To = address
 		sctx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)
 		sendErr = ch.Send(sctx, m)

@@ -16,6 +16,11 @@
 // once; a crash after the send and before the commit sends it again
 // (at least once). Failed sends are retried by River with backoff.
 //
+// The channels are e-mail (people) and webhook (the operator's named
+// targets, such as an ITSM system's, sent by package callbacks' signer and
+// SSRF checks through the Poster seam); a rule's notify section, stored
+// with the request, picks them (e-mail only without one).
+//
 // A message is what the request page shows first (internal/summary, the
 // function the page itself uses) and a link carrying only the request id;
 // never binding tokens, approval states, evaluation ids or secrets.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
@@ -16,21 +17,23 @@ import (
 const (
 	RoleDecider   = "decider"
 	RoleRequester = "requester"
+	RoleWebhook   = "webhook" // a webhook target, named in the rule's notify.webhooks
 )
 
 type event struct {
 	ID, RequestID, Voter, Decision, Status string
 	Kind                                   requests.EventKind
+	CreatedAt                              time.Time
 }
 
 func loadEvent(ctx context.Context, q pgx.Tx, id string, lock bool) (*event, bool, error) {
 	var e event
 	var fanned bool
-	sql := `SELECT id, request_id, kind, voter, decision, status, fanned_out_at IS NOT NULL FROM arap.notification_events WHERE id = $1`
+	sql := `SELECT id, request_id, kind, voter, decision, status, created_at, fanned_out_at IS NOT NULL FROM arap.notification_events WHERE id = $1`
 	if lock {
 		sql += ` FOR UPDATE`
 	}
-	err := q.QueryRow(ctx, sql, id).Scan(&e.ID, &e.RequestID, &e.Kind, &e.Voter, &e.Decision, &e.Status, &fanned)
+	err := q.QueryRow(ctx, sql, id).Scan(&e.ID, &e.RequestID, &e.Kind, &e.Voter, &e.Decision, &e.Status, &e.CreatedAt, &fanned)
 	if err != nil {
 		return nil, false, err
 	}
@@ -123,12 +126,25 @@ func (s *Service) Fanout(ctx context.Context, eventID string) error {
 		if err != nil {
 			return err
 		}
+		// The rule's notify section, stored with the request, picks the
+		// channels (e-mail only without one, as before notify sections).
+		np := r.ApprovalPolicy.Notify
 		var names, channels, addresses, roles []string
 		for _, rc := range rcpts {
 			for _, c := range s.cfg.Channels {
+				if !np.Uses(c.Name()) {
+					continue
+				}
 				if a := c.Address(rc.user); a != "" {
 					names, channels, addresses, roles = append(names, rc.user.Name), append(channels, c.Name()), append(addresses, a), append(roles, rc.role)
 				}
+			}
+		}
+		// Webhook targets are told of every event, whatever the request's
+		// state by now: a ticket follows the request from start to end.
+		if _, on := s.channels[ChannelWebhook]; on && np.Uses(ChannelWebhook) {
+			for _, t := range np.Webhooks {
+				names, channels, addresses, roles = append(names, t), append(channels, ChannelWebhook), append(addresses, t), append(roles, RoleWebhook)
 			}
 		}
 		now := s.cfg.Now()

@@ -23,6 +23,11 @@ type Message struct {
 	To, Subject string
 	// Text and HTML are the same message as plain text and as HTML.
 	Text, HTML string
+	// ID identifies the delivery, the same on every retry (a receiver's
+	// idempotency key); Payload is the event as JSON (webhook.go), for
+	// channels that speak to machines.
+	ID      string
+	Payload []byte
 }
 
 // Channel is a way to reach a person.

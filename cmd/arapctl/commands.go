@@ -30,6 +30,10 @@ var commands = []*command{
 	{"clients revoke", "NAME|ID", "revoke an API client; replicas refuse its token within 5 seconds", 1, clientsRevoke},
 	{"clients secret rotate", "NAME|ID [--overlap 24h] [--master-key-file FILE]",
 		"new webhook secret, printed once; the earlier ones keep signing for --overlap", 1, clientsSecretRotate},
+	{"webhooks create", "NAME --client NAME|ID --url URL",
+		"a named webhook target (ITSM) that rules name in notify.webhooks; the URL must pass the client's callback allow-list", 1, webhooksCreate},
+	{"webhooks list", "[--json]", "list webhook targets", 0, webhooksList},
+	{"webhooks delete", "NAME", "delete a webhook target; its pending deliveries fail until one of that name exists again", 1, webhooksDelete},
 	{"keys rotate", "[--verify-window 192h] [--master-key-file FILE]", "new signing key; the old one keeps verifying for --verify-window", 0, keysRotate},
 	{"keys list", "", "signing keys and their state", 0, keysList},
 	{"audit verify", "[--pep]", "check every hash chain of the audit trail", 0, auditVerify},
@@ -206,7 +210,7 @@ func overview() string {
 		note   string
 		groups []string
 	}{
-		{noteDatabase, []string{"clients", "keys", "audit", "users", "groups", "attributes", "callers"}},
+		{noteDatabase, []string{"clients", "webhooks", "keys", "audit", "users", "groups", "attributes", "callers"}},
 		{noteAPI, []string{"requests", "approvals", "deliveries"}},
 		{noteMCP, []string{"mcp"}},
 	}

@@ -79,3 +79,34 @@ func TestDevDatabase(t *testing.T) {
 	_, err = ctl(t, "attributes", "list")
 	require.EqualError(t, err, "not using .arap-dev/database-url: it must be a file of your own that only you can read (mode 0600), as arapd dev writes it; set DATABASE_URL instead")
 }
+
+// TestWebhooksCommands: arapctl webhooks create, list and delete a webhook
+// target; a URL the client's callbacks could not use is refused, and so is
+// a client without a webhook secret.
+func TestWebhooksCommands(t *testing.T) {
+	dbURL := dbtest.URL(t)
+	t.Setenv("DATABASE_URL", dbURL)
+	t.Setenv("ARAP_MASTER_KEY", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=")
+	_, err := ctl(t, "clients", "create", "--name", "servicenow", "--scope", "decide", "--kind", "itsm",
+		"--callback-prefix", "http://127.0.0.1:", "--callback-network", "loopback")
+	require.NoError(t, err)
+	_, err = ctl(t, "webhooks", "create", "itsm", "--client", "servicenow", "--url", "http://127.0.0.1:9/arap")
+	require.ErrorContains(t, err, `client "servicenow" has no webhook secret`)
+	_, err = ctl(t, "clients", "secret", "rotate", "servicenow")
+	require.NoError(t, err)
+	_, err = ctl(t, "webhooks", "create", "itsm", "--client", "servicenow", "--url", "http://127.0.0.1.nip.invalid/arap")
+	require.ErrorContains(t, err, "not under any callback prefix")
+	out, err := ctl(t, "webhooks", "create", "itsm", "--client", "servicenow", "--url", "http://127.0.0.1:9/arap")
+	require.NoError(t, err)
+	require.Contains(t, out, "created webhook target itsm: http://127.0.0.1:9/arap")
+	_, err = ctl(t, "webhooks", "create", "itsm", "--client", "servicenow", "--url", "http://127.0.0.1:9/arap")
+	require.ErrorContains(t, err, `webhook target "itsm" already exists`)
+	out, err = ctl(t, "webhooks", "list", "--json")
+	require.NoError(t, err)
+	require.Contains(t, out, `"name":"itsm","client":"servicenow","url":"http://127.0.0.1:9/arap"`)
+	out, err = ctl(t, "webhooks", "delete", "itsm")
+	require.NoError(t, err)
+	require.Equal(t, "deleted webhook target itsm\n", out)
+	_, err = ctl(t, "webhooks", "delete", "itsm")
+	require.ErrorContains(t, err, "no such webhook target")
+}
