@@ -174,7 +174,7 @@ func (b *Backend) build(ctx context.Context) error {
 	if b.notify, err = notify.NewService(notify.Config{
 		DB: pool, Jobs: inserter, Directory: b.people, Channels: channels,
 		// requests is built next, with notify as its Events.
-		Requests: loader(func(ctx context.Context, id string) (*requests.Request, error) { return b.requests.Load(ctx, id) }),
+		Requests: lateRequests{b},
 		PageURL:  func(id string) string { return public + "/ui/requests/" + url.PathEscape(id) },
 		Log:      cfg.Log,
 	}); err != nil {
@@ -185,6 +185,9 @@ func (b *Backend) build(ctx context.Context) error {
 		Retention: cfg.RequestRetention, Log: cfg.Log,
 		CheckCallback: b.callbacks.CheckCallback, OnTerminal: b.callbacks.OnTerminal, Events: b.notify,
 	}); err != nil {
+		return err
+	}
+	if err := prometheus.Register(b.requests.PendingGauge()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
 		return err
 	}
 	b.clients = clients.NewStore(pool)
@@ -241,10 +244,17 @@ func (b *Backend) build(ctx context.Context) error {
 	return nil
 }
 
-// loader adapts a function to notify.Requests.
-type loader func(ctx context.Context, id string) (*requests.Request, error)
+// lateRequests is notify.Requests for the requests service built after it
+// (requests takes notify as its Events).
+type lateRequests struct{ b *Backend }
 
-func (l loader) Load(ctx context.Context, id string) (*requests.Request, error) { return l(ctx, id) }
+func (l lateRequests) Load(ctx context.Context, id string) (*requests.Request, error) {
+	return l.b.requests.Load(ctx, id)
+}
+
+func (l lateRequests) Votes(ctx context.Context, id string) ([]requests.Vote, error) {
+	return l.b.requests.Votes(ctx, id)
+}
 
 func isLoopback(u string) bool {
 	p, err := url.Parse(u)

@@ -65,6 +65,13 @@ type ApprovalPolicy struct {
 	GrantDelay time.Duration `json:"grant_delay,omitempty"`
 	// Automated is true when the rule has automated resolvers.
 	Automated bool `json:"automated,omitempty"`
+	// RemindEvery, when set, records a reminder for the deciders who have
+	// not voted every RemindEvery while the request is pending.
+	RemindEvery time.Duration `json:"remind_every,omitempty"`
+	// EscalateAfter, when set, adds the people of group EscalateTo to the
+	// deciders once the request has waited this long (and tells them).
+	EscalateAfter time.Duration `json:"escalate_after,omitempty"`
+	EscalateTo    string        `json:"escalate_to,omitempty"`
 	// DeclaredContext lists the context members the rule asks for (the
 	// properties its request_schema gives context) or binds (context_members).
 	// Any other member is the requester's extra: shown to people folded away
@@ -110,11 +117,18 @@ type approvalSpec struct {
 	MaxApprovedFor Duration       `yaml:"max_approved_for"`
 	GrantDelay     Duration       `yaml:"grant_delay"`
 	Resolvers      []resolverSpec `yaml:"resolvers"`
+	RemindEvery    Duration       `yaml:"remind_every"`
+	EscalateAfter  Duration       `yaml:"escalate_after"`
+	EscalateTo     lineString     `yaml:"escalate_to"`
 	Line           int            `yaml:"-"`
 }
 
 var approvalKeys = []string{"quorum", "groups", "users", "clients", "kinds", "channels", "require_humans", "machines_may",
-	"approved_for", "max_approved_for", "grant_delay", "resolvers"}
+	"approved_for", "max_approved_for", "grant_delay", "resolvers", "remind_every", "escalate_after", "escalate_to"}
+
+// MinRemindEvery is the shortest reminder interval: reminders go to people,
+// and more often than this would be noise, not a nudge.
+const MinRemindEvery = time.Minute
 
 func (a *approvalSpec) UnmarshalYAML(n *yaml.Node) error {
 	if err := checkKeys(n, approvalKeys, "approval"); err != nil {
@@ -216,6 +230,18 @@ func compileApproval(env *cel.Env, s approvalSpec, add func(line int, format str
 	}
 	if a.ApprovedFor > a.MaxApprovedFor {
 		add(s.Line, "approval.approved_for (%s) exceeds max_approved_for (%s)", a.ApprovedFor, a.MaxApprovedFor)
+	}
+	a.RemindEvery, a.EscalateAfter, a.EscalateTo = s.RemindEvery.Duration, s.EscalateAfter.Duration, s.EscalateTo.Value
+	if a.RemindEvery != 0 && a.RemindEvery < MinRemindEvery {
+		add(s.RemindEvery.Line, "approval.remind_every (%s) is shorter than %s", a.RemindEvery, MinRemindEvery)
+	}
+	switch {
+	case a.EscalateAfter != 0 && a.EscalateTo == "":
+		add(s.EscalateAfter.Line, "approval.escalate_after needs escalate_to, the group whose people become deciders")
+	case a.EscalateAfter == 0 && a.EscalateTo != "":
+		add(s.EscalateTo.Line, "approval.escalate_to needs escalate_after, how long the request waits before escalating")
+	case a.EscalateTo != "" && slices.Contains(a.Groups, a.EscalateTo):
+		add(s.EscalateTo.Line, "approval.escalate_to: group %q already decides (approval.groups), so escalating to it changes nothing", a.EscalateTo)
 	}
 	if len(a.Groups)+len(a.Users)+len(a.Clients)+len(a.Kinds)+len(s.Resolvers) == 0 {
 		add(s.Line, "approval names no one who may decide (groups, users, clients, kinds or resolvers)")

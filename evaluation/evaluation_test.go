@@ -333,3 +333,34 @@ rules:
 	require.Contains(t, msg, `p.yaml:16: rule "none": approval.channels is empty`)
 	require.Len(t, perr.Problems, 3)
 }
+
+// TestReminderAndEscalationFields: remind_every, escalate_after and
+// escalate_to are parsed into the approval policy, and each misuse is
+// refused at load with the file and the line of the offending field.
+func TestReminderAndEscalationFields(t *testing.T) {
+	rule := func(approval string) string {
+		return "version: 1\nrules:\n  - name: r\n    match: {action: read}\n    effect: request\n    request_ttl: 2h\n    approval:\n      groups: [treasury]\n" + approval
+	}
+	p, err := evaluation.Parse("p.yaml", []byte(rule("      remind_every: 15m\n      escalate_after: 1h\n      escalate_to: treasury-leads\n")))
+	require.NoError(t, err)
+	r, ok := p.Rule("r")
+	require.True(t, ok)
+	a := r.Approval
+	require.Equal(t, 15*time.Minute, a.RemindEvery)
+	require.Equal(t, time.Hour, a.EscalateAfter)
+	require.Equal(t, "treasury-leads", a.EscalateTo)
+
+	for _, c := range []struct{ approval, want string }{
+		{"      remind_every: 30s\n", `p.yaml:9: rule "r": approval.remind_every (30s) is shorter than 1m0s`},
+		{"      remind_every: 3h\n", `p.yaml:9: rule "r": approval.remind_every (3h0m0s) is not shorter than request_ttl (2h0m0s)`},
+		{"      remind_every: never\n", `p.yaml:9:`},
+		{"      escalate_after: 1h\n", `p.yaml:9: rule "r": approval.escalate_after needs escalate_to`},
+		{"      escalate_to: leads\n", `p.yaml:9: rule "r": approval.escalate_to needs escalate_after`},
+		{"      escalate_after: 1h\n      escalate_to: treasury\n", `p.yaml:10: rule "r": approval.escalate_to: group "treasury" already decides`},
+		{"      escalate_after: 2h\n      escalate_to: leads\n", `p.yaml:9: rule "r": approval.escalate_after (2h0m0s) is not shorter than request_ttl (2h0m0s)`},
+		{"      escalate_after: -5m\n      escalate_to: leads\n", `p.yaml:9:`},
+	} {
+		_, err := evaluation.Parse("p.yaml", []byte(rule(c.approval)))
+		require.ErrorContains(t, err, c.want, c.approval)
+	}
+}

@@ -294,6 +294,14 @@ func compileRule(env *cel.Env, d Defaults, rs ruleSpec) (*Rule, []Problem) {
 	if r.RequestTTL == 0 {
 		r.RequestTTL = d.RequestTTL.Duration
 	}
+	if rs.Approval != nil {
+		if e := r.Approval.EscalateAfter; e != 0 && e >= r.RequestTTL {
+			add(rs.Approval.EscalateAfter.Line, "approval.escalate_after (%s) is not shorter than request_ttl (%s), so the request would expire first", e, r.RequestTTL)
+		}
+		if e := r.Approval.RemindEvery; e != 0 && e >= r.RequestTTL {
+			add(rs.Approval.RemindEvery.Line, "approval.remind_every (%s) is not shorter than request_ttl (%s), so no reminder would be sent", e, r.RequestTTL)
+		}
+	}
 	if r.ContextMembers == nil {
 		r.ContextMembers = []string{}
 	}

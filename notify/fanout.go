@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,7 +51,10 @@ type recipient struct {
 //   - created: the deciders, while the request still waits;
 //   - decided: the other deciders, while it still waits (a vote that ended
 //     it is told by the ended event);
-//   - ended: the requester and the deciders.
+//   - ended: the requester and the deciders;
+//   - reminder: the deciders who have not voted, while it still waits;
+//   - escalated: the people the escalation made deciders (escalate_to's
+//     members who were not deciders before) and have not voted.
 //
 // A decider is a directory user, not disabled, whom the approval policy
 // names and who is not involved in the request (requests.Qualified: no
@@ -63,14 +67,29 @@ func (s *Service) recipients(ctx context.Context, e *event, r *requests.Request)
 	if err != nil {
 		return nil, err
 	}
+	var voted []string
+	if e.Kind == requests.EventReminder || e.Kind == requests.EventEscalated {
+		votes, err := s.cfg.Requests.Votes(ctx, r.ID)
+		if err != nil {
+			return nil, err
+		}
+		for _, vt := range votes {
+			voted = append(voted, vt.Voter)
+		}
+	}
+	unescalated := *r
+	unescalated.EscalatedAt = nil
 	var out []recipient
 	for _, u := range users {
 		if u.DisabledAt != nil {
 			continue
 		}
 		v := requests.UserVoter(u.Name, u.Identities(), u.Groups)
-		if requests.Qualified(v, r) != nil || (e.Kind == requests.EventDecided && v.ID == e.Voter) {
+		if requests.Qualified(v, r) != nil || (e.Kind == requests.EventDecided && v.ID == e.Voter) || slices.Contains(voted, v.ID) {
 			continue
+		}
+		if e.Kind == requests.EventEscalated && requests.Qualified(v, &unescalated) == nil {
+			continue // a decider already: told when the request was made
 		}
 		out = append(out, recipient{user: u, role: RoleDecider})
 	}

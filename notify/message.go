@@ -39,6 +39,13 @@ func (s *Service) message(e *event, r *requests.Request, role string) Message {
 		}
 		subject = summary.Plain(e.Voter) + " " + verb + ": " + heading
 		c.Lead = summary.Plain(e.Voter) + " " + verb + " this request; it still waits for more decisions."
+	case requests.EventReminder:
+		subject = "Reminder: approval needed: " + heading
+		c.Lead = "A request still waits for your decision."
+	case requests.EventEscalated:
+		subject = "Escalated to you: approval needed: " + heading
+		c.Lead = "This request was not decided within " + r.ApprovalPolicy.EscalateAfter.String() + " and was escalated to your group " +
+			summary.Plain(r.ApprovalPolicy.EscalateTo) + ": you may now decide it."
 	default:
 		subject = "Request " + e.Status + ": " + heading
 		c.Lead = "This request ended: " + e.Status + "."

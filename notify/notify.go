@@ -43,6 +43,7 @@ type Channel interface {
 // Requests is what notify reads of requests.
 type Requests interface {
 	Load(ctx context.Context, id string) (*requests.Request, error)
+	Votes(ctx context.Context, id string) ([]requests.Vote, error)
 }
 
 // Directory is what notify reads of the directory.

@@ -111,12 +111,24 @@ type Vote struct {
 }
 
 // Names reports whether r's approval policy names v as a decider (whether or
-// not v may decide it now).
+// not v may decide it now), including the people of its escalation group,
+// who may decide only once r has escalated.
 func Names(v Voter, r *Request) bool {
+	return namesDirectly(v, r) || escalationMember(v, r)
+}
+
+// namesDirectly reports whether v is a decider from the start.
+func namesDirectly(v Voter, r *Request) bool {
 	p := r.ApprovalPolicy
 	return v.Resolver ||
 		(v.human() && (slices.Contains(p.Users, v.Name) || slices.ContainsFunc(v.Groups, func(g string) bool { return slices.Contains(p.Groups, g) }))) ||
 		(!v.human() && v.ClientID != "" && (slices.Contains(p.Clients, v.Name) || slices.Contains(p.Kinds, v.Kind)))
+}
+
+// escalationMember reports whether v is a person in r's escalation group.
+func escalationMember(v Voter, r *Request) bool {
+	g := r.ApprovalPolicy.EscalateTo
+	return g != "" && v.human() && slices.Contains(v.Groups, g)
 }
 
 // Eligible says whether v may decide r, and if not, why. It checks, in order:
@@ -139,6 +151,11 @@ func Eligible(v Voter, r *Request, now time.Time) error {
 func Qualified(v Voter, r *Request) error {
 	if !Names(v, r) {
 		return refuse(authzen.ProblemIneligibleApprover, "%s is not among the deciders of this request (%s)", v.ID, describeDeciders(r.ApprovalPolicy))
+	}
+	if !namesDirectly(v, r) && r.EscalatedAt == nil {
+		p := r.ApprovalPolicy
+		return refuse(authzen.ProblemIneligibleApprover, "%s may decide this request only once it escalates to group %s, %s after it was made (%s)",
+			v.ID, p.EscalateTo, p.EscalateAfter, r.CreatedAt.Add(p.EscalateAfter).UTC().Format(time.RFC3339))
 	}
 	involved, err := r.involvedIDs()
 	if err != nil {
@@ -279,6 +296,8 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 		return nil, errUnknownTask
 	}
 	var out *Request
+	var first bool
+	var waited time.Duration
 	err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
 		r, err := scanRequest(tx.QueryRow(ctx, `SELECT `+requestColumns+` FROM arap.requests WHERE id = $1 FOR UPDATE`, id))
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -291,6 +310,7 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 		if err := Eligible(v, r, now); err != nil {
 			return err
 		}
+		waited = now.Sub(r.CreatedAt)
 		p := r.ApprovalPolicy
 		if d.Approve && !v.human() && !p.MachinesMayApprove() {
 			return refuse(authzen.ProblemIneligibleApprover, "%s may deny this request but only a person may approve it", v.ID)
@@ -328,6 +348,10 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 		}
 		if tag.RowsAffected() == 0 {
 			return refuse(authzen.ProblemAlreadyDecided, "%s has already decided this request; one vote per approver", v.ID)
+		}
+		// The first vote (the request is locked, so votes come one by one).
+		if err := tx.QueryRow(ctx, `SELECT count(*) = 1 FROM arap.votes WHERE request_id = $1`, id).Scan(&first); err != nil {
+			return fmt.Errorf("requests: count votes: %w", err)
 		}
 		data := map[string]any{"voter_kind": v.Kind, "reason": d.Reason, "approved_until": until}
 		if v.Channel != "" {
@@ -374,6 +398,9 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 	})
 	if err != nil {
 		return nil, err
+	}
+	if first {
+		firstDecision.Observe(waited.Seconds())
 	}
 	fault.Point("requests.after-decision-commit")
 	return out, nil

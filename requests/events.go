@@ -23,6 +23,12 @@ const (
 	EventCreated EventKind = "created" // a request waits for its deciders
 	EventDecided EventKind = "decided" // someone voted (each vote)
 	EventEnded   EventKind = "ended"   // the request reached a terminal state
+	// EventReminder: the request still waits, remind_every after the last
+	// reminder (or its creation); for the deciders who have not voted.
+	EventReminder EventKind = "reminder"
+	// EventEscalated: escalate_after passed and the escalate_to group's
+	// people became deciders; for them.
+	EventEscalated EventKind = "escalated"
 )
 
 // Event is one thing that happened to a request. It carries names only;

@@ -18,7 +18,29 @@ var (
 	transitions = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "arap_requests_transitions_total", Help: "Access request state changes, by new state.",
 	}, []string{"to"})
+	firstDecision = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name: "arap_time_to_first_decision_seconds", Help: "Time from an access request's creation to its first vote (any decider).",
+		Buckets: []float64{10, 30, 60, 300, 900, 1800, 3600, 2 * 3600, 4 * 3600, 8 * 3600, 24 * 3600},
+	})
 )
+
+// PendingGauge is a gauge of the requests waiting for a decision, read from
+// the database at each scrape, so every replica reports the same number.
+func (s *Service) PendingGauge() prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "arap_requests_pending", Help: "Access requests waiting for a decision.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		var n int
+		// A request past its deadline is expired (on read, or by the next
+		// sweep within a second): it no longer waits.
+		if err := s.cfg.DB.QueryRow(ctx, `SELECT count(*) FROM arap.requests WHERE status = 'pending' AND expires_at > $1`, s.now()).Scan(&n); err != nil {
+			return -1
+		}
+		return float64(n)
+	})
+}
 
 // ExpireArgs expired one request at its deadline. Requests are now expired
 // by the sweep (expire.go); the worker stays for jobs an earlier version
@@ -101,6 +123,7 @@ func (s *Service) AddWorkers(w *river.Workers) {
 	river.AddWorker(w, &ExpireWorker{Service: s})
 	river.AddWorker(w, &ExpireDueWorker{Service: s})
 	river.AddWorker(w, &PurgeWorker{Service: s})
+	river.AddWorker(w, &RemindDueWorker{Service: s})
 	river.AddWorker(w, &ResolveWorker{Service: s})
 }
 
@@ -108,6 +131,7 @@ func (s *Service) AddWorkers(w *river.Workers) {
 func (s *Service) PeriodicJobs() []*river.PeriodicJob {
 	return []*river.PeriodicJob{
 		expirySweep(),
+		remindSweep(),
 		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
 			return PurgeArgs{}, nil
 		}, &river.PeriodicJobOpts{RunOnStart: true}),

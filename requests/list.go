@@ -52,7 +52,11 @@ func (s *Service) List(ctx context.Context, v *Voter, o ListOptions) ([]*Request
 	}
 	if v != nil {
 		if v.human() {
-			where = append(where, fmt.Sprintf("(approval_policy->'users' ? %s OR approval_policy->'groups' ?| %s)", arg(v.Name), arg(v.Groups)))
+			// The escalation group's people see the request once it has
+			// escalated, when they may decide it.
+			groups := arg(v.Groups)
+			where = append(where, fmt.Sprintf("(approval_policy->'users' ? %s OR approval_policy->'groups' ?| %s OR (escalated_at IS NOT NULL AND approval_policy->>'escalate_to' = ANY(%s)))",
+				arg(v.Name), groups, groups))
 		} else {
 			where = append(where, fmt.Sprintf("(approval_policy->'clients' ? %s OR approval_policy->'kinds' ? %s)", arg(v.Name), arg(v.Kind)))
 		}

@@ -41,6 +41,10 @@ type Request struct {
 	ApprovalPolicy evaluation.ApprovalPolicy
 	// Callback is the callback the submission registered, if any.
 	Callback *authzen.Callback
+	// EscalatedAt is when the request escalated (ApprovalPolicy.EscalateTo's
+	// people became deciders); nil until then, and for rules without
+	// escalation.
+	EscalatedAt *time.Time
 }
 
 // SplitContext parts the submitted context into the members the rule
@@ -65,13 +69,13 @@ func (r *Request) SplitContext() (declared, extra authzen.Object) {
 
 const requestColumns = `id, client_id, status, coalesce(status_reason, ''), rule, subject, resource, action, context,
 	requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
-	expires_at, created_at, updated_at, terminal_at, result, approval_policy, callback`
+	expires_at, created_at, updated_at, terminal_at, result, approval_policy, callback, escalated_at`
 
 func scanRequest(row pgx.Row) (*Request, error) {
 	var r Request
 	err := row.Scan(&r.ID, &r.ClientID, &r.Status, &r.StatusReason, &r.Rule, &r.Subject, &r.Resource, &r.Action, &r.Context,
 		&r.RequestedAccess, &r.ClientInfo, &r.Denial, &r.EvaluationID, &r.BindingHash, &r.BindingContextMembers, &r.Display,
-		&r.ExpiresAt, &r.CreatedAt, &r.UpdatedAt, &r.TerminalAt, &r.Result, &r.ApprovalPolicy, &r.Callback)
+		&r.ExpiresAt, &r.CreatedAt, &r.UpdatedAt, &r.TerminalAt, &r.Result, &r.ApprovalPolicy, &r.Callback, &r.EscalatedAt)
 	if err != nil {
 		return nil, err
 	}
