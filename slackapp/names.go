@@ -1,0 +1,14 @@
+package slackapp
+
+// Wire names of the app's message: action ids of its buttons (each
+// button's value is the request id).
+const (
+	ActionApprove = "arap_approve"
+	ActionDeny    = "arap_deny"
+	ActionOpen    = "arap_open"
+	blockActions  = "arap_decide"
+)
+
+// ChannelName is the notify channel's name (deliveries, metrics); votes
+// through the app carry evaluation.ChannelSlack.
+const ChannelName = "slack"
