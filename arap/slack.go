@@ -35,6 +35,6 @@ func (s *Server) slackInteractivity(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		s.internal(w, r, err)
 	default:
-		w.WriteHeader(http.StatusOK)
+		writeJSON(w, http.StatusOK, struct{}{})
 	}
 }
