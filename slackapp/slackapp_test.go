@@ -236,3 +236,120 @@ func TestMessagePerApproverAndApproveInSlack(t *testing.T) {
 		return to("UALICE")(c) && strings.HasPrefix(c.Form["text"], "Approval needed")
 	}), "the requester is not asked to decide")
 }
+
+// TestRefusedClicksRecordNothing: a click Slack's signature does not prove
+// (another key, a stale timestamp, a replay of a signature already used, no
+// signature) is 401 and changes nothing; a proven click by someone the
+// request does not accept (the requester herself, a member no approver's
+// e-mail matches, a member whose e-mail Slack has not confirmed, an
+// approver of another group) is told why, ephemerally, and nothing is
+// recorded.
+func TestRefusedClicksRecordNothing(t *testing.T) {
+	e := start(t)
+	id := e.Submit(t, toolCall("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000}))
+	e.slack.wait(t, 2, "chat.postMessage", nil)
+	nothing := func(what string) {
+		t.Helper()
+		votes, events := e.recorded(t, id)
+		require.Empty(t, votes, what)
+		require.Empty(t, events, what)
+		require.Equal(t, requests.Pending, status(t, e, id), what)
+	}
+
+	body := click("UBOB", slackapp.ActionApprove, id)
+	now := time.Now().Unix()
+	require.Equal(t, 401, e.post(t, now, sign("not-the-secret", now, body), body), "forged signature")
+	nothing("forged signature")
+	stale := now - int64(6*time.Minute/time.Second)
+	require.Equal(t, 401, e.post(t, stale, sign(secret, stale, body), body), "stale timestamp")
+	nothing("stale timestamp")
+	require.Equal(t, 401, e.post(t, now, "", body), "no signature")
+	tampered := click("UBOB", slackapp.ActionDeny, id)
+	require.Equal(t, 401, e.post(t, now, sign(secret, now, body), tampered), "a signature over another body")
+	nothing("tampered body")
+	require.Empty(t, e.slack.Calls("users.info", nil), "an unproven click reaches no further than the signature")
+
+	// Refusals by the rule or the directory: an ephemeral reason each.
+	for _, c := range []struct{ member, reason string }{
+		{"UALICE", "user:alice is not among the deciders"},
+		{"UMAL", "no approver has your Slack e-mail address"},
+		{"UFAKEBOB", "no confirmed e-mail address"},
+		{"UDAVE", "treasury"},
+	} {
+		require.Equal(t, 200, e.press(t, c.member, slackapp.ActionApprove, id), c.member)
+		eph := e.slack.Calls("chat.postEphemeral", ephemeralTo(c.member))
+		require.Len(t, eph, 1, c.member)
+		require.Contains(t, eph[0].Form["text"], "Your decision was not recorded: ", c.member)
+		require.Contains(t, eph[0].Form["text"], c.reason, c.member)
+		require.Equal(t, "D"+c.member, eph[0].Form["channel"])
+		nothing(c.member)
+	}
+
+	// A replay of a click the endpoint accepted: refused, not answered again.
+	body = click("UMAL", slackapp.ActionDeny, id)
+	now = time.Now().Unix()
+	sig := sign(secret, now, body)
+	require.Equal(t, 200, e.post(t, now, sig, body))
+	before := len(e.slack.Calls("chat.postEphemeral", ephemeralTo("UMAL")))
+	require.Equal(t, 401, e.post(t, now, sig, body), "replay")
+	require.Len(t, e.slack.Calls("chat.postEphemeral", ephemeralTo("UMAL")), before, "a replay is not acted on")
+	nothing("replay")
+
+	// bob's own (proven) deny still works after all that.
+	require.Equal(t, 200, e.press(t, "UBOB", slackapp.ActionDeny, id))
+	require.Equal(t, requests.Denied, status(t, e, id))
+}
+
+// TestWebOnlyRuleNoButtons: a rule whose decisions come through the web UI
+// only gets messages with the Open link and no Approve or Deny; a click on
+// Approve crafted for it anyway (signed by Slack) is refused with the
+// rule's reason, and nothing is recorded.
+func TestWebOnlyRuleNoButtons(t *testing.T) {
+	e := start(t)
+	id := e.Submit(t, toolCall("delete_repository", map[string]any{"repo": "infra"}))
+	posted := e.slack.wait(t, 2, "chat.postMessage", nil)
+	for _, c := range posted {
+		require.Equal(t, []string{slackapp.ActionOpen}, actions(blocksOf(t, c)), "no chat decisions on a web-only rule")
+	}
+	require.Equal(t, 200, e.press(t, "UDAVE", slackapp.ActionApprove, id))
+	eph := e.slack.Calls("chat.postEphemeral", ephemeralTo("UDAVE"))
+	require.Len(t, eph, 1)
+	require.Contains(t, eph[0].Form["text"], "takes decisions only through the web UI (web), not the Slack app (slack)")
+	votes, events := e.recorded(t, id)
+	require.Empty(t, votes)
+	require.Empty(t, events)
+	require.Equal(t, requests.Pending, status(t, e, id))
+}
+
+// TestArgumentsCannotFormat: request text reaches Slack only as plain_text
+// (no formatting, links or mentions), with hidden characters shown as the
+// web UI's markers; the notification fallback has mrkdwn off and &, <, >
+// escaped.
+func TestArgumentsCannotFormat(t *testing.T) {
+	e := start(t)
+	evil := "<!channel> *urgent* <https://evil.example|click> acct\u202e1"
+	id := e.Submit(t, toolCall("wire_transfer", map[string]any{"to": evil, "amount": 50000}))
+	posted := e.slack.wait(t, 2, "chat.postMessage", nil)
+	for _, c := range posted {
+		bs := blocksOf(t, c)
+		var found bool
+		for _, tx := range texts(bs) {
+			if strings.Contains(tx.Text, "<!channel>") || strings.Contains(tx.Text, "evil.example") {
+				require.Equal(t, "plain_text", tx.Type, "request text in %q", tx.Text)
+				found = true
+			}
+			if tx.Type == "mrkdwn" {
+				require.Equal(t, "<"+e.URL+"/ui/requests/"+id+"|Open the request> (sign-in required)", tx.Text)
+			}
+		}
+		require.True(t, found)
+		all := ""
+		for _, tx := range texts(bs) {
+			all += tx.Text
+		}
+		require.Contains(t, all, "to: <!channel> *urgent* <https://evil.example|click> acct<U+202E>1")
+		require.NotContains(t, all, "\u202e")
+		require.Contains(t, all, "WARNING: this request contains hidden or look-alike characters")
+		require.Equal(t, "false", c.Form["mrkdwn"])
+	}
+}
