@@ -353,3 +353,13 @@ func TestArgumentsCannotFormat(t *testing.T) {
 		require.Equal(t, "false", c.Form["mrkdwn"])
 	}
 }
+
+// TestBodyBounded: a body over slackapp.MaxBody is refused with 413 before
+// it is read whole, signed or not.
+func TestBodyBounded(t *testing.T) {
+	e := start(t)
+	body := []byte("payload=" + strings.Repeat("a", slackapp.MaxBody))
+	now := time.Now().Unix()
+	require.Equal(t, 413, e.post(t, now, sign(secret, now, body), body))
+	require.Empty(t, e.slack.Calls("", nil))
+}
