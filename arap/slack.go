@@ -14,6 +14,10 @@ import (
 // and refuses a replay); the body is bounded before it is read. Slack
 // expects a 200 quickly; what a person should see goes to them ephemerally.
 func (s *Server) slackInteractivity(w http.ResponseWriter, r *http.Request) {
+	if s.d.Slack == nil {
+		writeProblem(w, r, authzen.ProblemNotFound, "the Slack app is not configured on this server", nil)
+		return
+	}
 	if r.ContentLength > slackapp.MaxBody {
 		writeProblem(w, r, authzen.ProblemPayloadTooLarge, tooLarge(slackapp.MaxBody), nil)
 		return

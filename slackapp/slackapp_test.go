@@ -363,3 +363,12 @@ func TestBodyBounded(t *testing.T) {
 	require.Equal(t, 413, e.post(t, now, sign(secret, now, body), body))
 	require.Empty(t, e.slack.Calls("", nil))
 }
+
+// TestOffWithoutToken: without Slack configured the endpoint is 404 and
+// nobody is messaged.
+func TestOffWithoutToken(t *testing.T) {
+	e := &env{Env: backendtest.Start(t, backendtest.Options{Policy: []byte(policy)}), slack: startSlack(t)}
+	body := click("UBOB", slackapp.ActionApprove, "req_x")
+	now := time.Now().Unix()
+	require.Equal(t, 404, e.post(t, now, sign(secret, now, body), body))
+}
