@@ -70,8 +70,12 @@ func start(t *testing.T) *env {
 }
 
 func toolCall(tool string, args map[string]any) map[string]any {
+	return callFor("alice", tool, args)
+}
+
+func callFor(subject, tool string, args map[string]any) map[string]any {
 	return map[string]any{
-		"subject":  map[string]any{"type": "user", "id": "alice", "properties": map[string]any{"act": map[string]any{"sub": "agent:demo"}}},
+		"subject":  map[string]any{"type": "user", "id": subject, "properties": map[string]any{"act": map[string]any{"sub": "agent:demo"}}},
 		"action":   map[string]any{"name": "tools/call"},
 		"resource": map[string]any{"type": "mcp_tool", "id": tool, "properties": map[string]any{"arguments": args}},
 	}
@@ -371,4 +375,22 @@ func TestOffWithoutToken(t *testing.T) {
 	body := click("UBOB", slackapp.ActionApprove, "req_x")
 	now := time.Now().Unix()
 	require.Equal(t, 404, e.post(t, now, sign(secret, now, body), body))
+}
+
+// TestNoSelfApprovalInSlack: a request made for bob, a treasury approver,
+// is not sent to bob, and his (signed) Approve on it is refused with the
+// reason; only carol is asked.
+func TestNoSelfApprovalInSlack(t *testing.T) {
+	e := start(t)
+	id := e.Submit(t, callFor("bob", "wire_transfer", map[string]any{"to": "acct-991", "amount": 50000}))
+	posted := e.slack.wait(t, 1, "chat.postMessage", nil)
+	require.Equal(t, "UCAROL", posted[0].Form["channel"])
+	require.Equal(t, 200, e.press(t, "UBOB", slackapp.ActionApprove, id))
+	eph := e.slack.Calls("chat.postEphemeral", ephemeralTo("UBOB"))
+	require.Len(t, eph, 1)
+	require.Contains(t, eph[0].Form["text"], "Your decision was not recorded: user:bob cannot decide a request made on their behalf or through them")
+	votes, events := e.recorded(t, id)
+	require.Empty(t, votes)
+	require.Empty(t, events)
+	require.Len(t, e.slack.Calls("chat.postMessage", to("UBOB")), 0, "bob is not asked to decide his own request")
 }
