@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"unicode/utf8"
 
@@ -25,6 +26,15 @@ type Config struct {
 	// APIURL replaces Slack's Web API base URL (tests); it ends in "/".
 	APIURL string
 }
+
+// LogValue keeps the secrets out of logs, should c be logged.
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(slog.Bool("token_set", c.Token != ""), slog.Bool("signing_secret_set", c.SigningSecret != ""),
+		slog.String("api_url", c.APIURL))
+}
+
+// String keeps the secrets out of anything that formats c.
+func (c Config) String() string { return "slackapp.Config{token and signing secret redacted, APIURL: " + c.APIURL + "}" }
 
 // Client returns the Web API client c configures.
 func (c Config) Client() *slack.Client {
