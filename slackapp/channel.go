@@ -34,7 +34,9 @@ func (c Config) LogValue() slog.Value {
 }
 
 // String keeps the secrets out of anything that formats c.
-func (c Config) String() string { return "slackapp.Config{token and signing secret redacted, APIURL: " + c.APIURL + "}" }
+func (c Config) String() string {
+	return "slackapp.Config{token and signing secret redacted, APIURL: " + c.APIURL + "}"
+}
 
 // Client returns the Web API client c configures.
 func (c Config) Client() *slack.Client {
