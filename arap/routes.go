@@ -40,6 +40,10 @@ func (s *Server) routes() http.Handler {
 		r.Method(http.MethodGet, "/dev/mail.json", s.d.DevMail)
 	}
 
+	// The Slack app's buttons: authenticated by Slack's request signature
+	// (404 while Slack is not configured).
+	r.Post("/slack/interactivity", s.slackInteractivity)
+
 	// Public metadata.
 	r.Get(authzen.WellKnownPath, s.discovery)
 	r.Get(authzen.PathJWKS, s.jwks)

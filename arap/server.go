@@ -69,6 +69,13 @@ type Deps struct {
 	// DevMail, set by `arapd dev` only, lists the dev mail sink's messages
 	// at /dev/mail and /dev/mail.json; elsewhere those paths are 404.
 	DevMail http.Handler
+	// Slack, when set, answers the Slack app's interactivity endpoint.
+	Slack SlackApp
+}
+
+// SlackApp handles a Slack interactivity request (slackapp.App).
+type SlackApp interface {
+	Interact(ctx context.Context, header http.Header, body []byte) error
 }
 
 // People finds directory users by name.

@@ -34,6 +34,7 @@ import (
 	"github.com/omcp/arap/notify"
 	"github.com/omcp/arap/requests"
 	"github.com/omcp/arap/signing"
+	"github.com/omcp/arap/slackapp"
 	"github.com/omcp/arap/webui"
 )
 
@@ -66,6 +67,9 @@ type Config struct {
 	// Mail, if set, turns on e-mail notifications through this SMTP
 	// server; without it nobody is notified.
 	Mail *notify.EmailConfig
+	// Slack, if set (with a token), turns on the Slack app: direct messages
+	// to deciders and the interactivity endpoint of their buttons.
+	Slack *slackapp.Config
 	// DevMail, `arapd dev` only, serves the dev mail sink at /dev/mail.
 	DevMail http.Handler
 	// RateLimitClock, if set, is the rate limits' clock (tests pin it, so
@@ -171,6 +175,13 @@ func (b *Backend) build(ctx context.Context) error {
 		}
 		channels = append(channels, email)
 	}
+	if cfg.Slack != nil {
+		sl, err := slackapp.NewChannel(*cfg.Slack)
+		if err != nil {
+			return fmt.Errorf("backend: %w", err)
+		}
+		channels = append(channels, sl)
+	}
 	if b.notify, err = notify.NewService(notify.Config{
 		DB: pool, Jobs: inserter, Directory: b.people, Channels: channels,
 		// requests is built next, with notify as its Events.
@@ -228,9 +239,16 @@ func (b *Backend) build(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var slackApp arap.SlackApp
+	if cfg.Slack != nil {
+		if slackApp, err = slackapp.NewApp(*cfg.Slack, pool, b.requests, b.people, cfg.Log); err != nil {
+			return fmt.Errorf("backend: %w", err)
+		}
+	}
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
 		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people, DevMail: cfg.DevMail,
+		Slack: slackApp,
 	})
 	if err != nil {
 		return err

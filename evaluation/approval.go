@@ -24,10 +24,11 @@ const (
 	ChannelWeb      = "web"       // a person signed in to the approver web UI
 	ChannelAPI      = "api"       // an API client deciding as itself (decision API)
 	ChannelOnBehalf = "on_behalf" // an API client deciding for a named person (decision API, on_behalf_of)
+	ChannelSlack    = "slack"     // a person pressing Approve or Deny in the Slack app's message
 )
 
 // AllChannels lists every channel, the default of approval.channels.
-var AllChannels = []string{ChannelWeb, ChannelAPI, ChannelOnBehalf}
+var AllChannels = []string{ChannelWeb, ChannelAPI, ChannelOnBehalf, ChannelSlack}
 
 // Resolver kinds a person or API client can be (clients.Kind*).
 var resolverKinds = []string{"human", "automation", "agent", "itsm"}

@@ -328,7 +328,7 @@ rules:
 	var perr *evaluation.Error
 	require.ErrorAs(t, err, &perr)
 	msg := err.Error()
-	require.Contains(t, msg, `p.yaml:10: rule "typo": approval.channels: unknown channel "slak" (known: web, api, on_behalf)`)
+	require.Contains(t, msg, `p.yaml:10: rule "typo": approval.channels: unknown channel "slak" (known: web, api, on_behalf, slack)`)
 	require.Contains(t, msg, `p.yaml:11: rule "typo": approval.channels: "web" is listed twice`)
 	require.Contains(t, msg, `p.yaml:16: rule "none": approval.channels is empty`)
 	require.Len(t, perr.Problems, 3)

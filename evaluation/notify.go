@@ -13,11 +13,12 @@ import (
 // channels of approval.channels: those say how a decision may arrive.)
 const (
 	NotifyEmail   = "email"   // the deciders and the requester, at their directory addresses
+	NotifySlack   = "slack"   // the same people, in Slack, found by their directory addresses
 	NotifyWebhook = "webhook" // the operator's named webhook targets in notify.webhooks (ITSM)
 )
 
 // NotifyChannels lists every notification channel.
-var NotifyChannels = []string{NotifyEmail, NotifyWebhook}
+var NotifyChannels = []string{NotifyEmail, NotifySlack, NotifyWebhook}
 
 // WebhookNameRE is what a webhook target's name looks like.
 var WebhookNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
@@ -37,10 +38,11 @@ type NotifyPolicy struct {
 	// group) belong here, parsed by notifySpec below.
 }
 
-// Uses reports whether channel is used; a nil policy uses e-mail only.
+// Uses reports whether channel is used; without a list, every channel
+// that reaches people (e-mail, Slack: whichever the backend has) is.
 func (n *NotifyPolicy) Uses(channel string) bool {
 	if n == nil || n.Channels == nil {
-		return channel == NotifyEmail
+		return channel != NotifyWebhook
 	}
 	return slices.Contains(n.Channels, channel)
 }

@@ -79,7 +79,7 @@ rules:
 	var perr *evaluation.Error
 	require.ErrorAs(t, err, &perr)
 	msg := err.Error()
-	require.Contains(t, msg, `p.yaml:10: rule "typo": notify.channels: unknown channel "pager" (known: email, webhook)`)
+	require.Contains(t, msg, `p.yaml:10: rule "typo": notify.channels: unknown channel "pager" (known: email, slack, webhook)`)
 	require.Contains(t, msg, `p.yaml:11: rule "typo": notify.channels: "email" is listed twice`)
 	require.Contains(t, msg, `p.yaml:17: rule "no_target": notify.channels has webhook, but notify.webhooks names no target`)
 	require.Contains(t, msg, `p.yaml:24: rule "stray_target": notify.webhooks: "Bad/Name" is not a webhook target name`)

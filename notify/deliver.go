@@ -97,7 +97,12 @@ func (s *Service) Deliver(ctx context.Context, a DeliverArgs, last bool) error {
 		}
 		m.To = address
 		sctx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)
-		sendErr = ch.Send(sctx, m)
+		var ref string
+		if u, ok := ch.(Updater); ok {
+			ref, sendErr = s.postOrUpdate(sctx, tx, u, e, a, m)
+		} else {
+			sendErr = ch.Send(sctx, m)
+		}
 		cancel()
 		fault.Point("notify.after-send")
 		now := s.cfg.Now()
@@ -109,9 +114,10 @@ func (s *Service) Deliver(ctx context.Context, a DeliverArgs, last bool) error {
 			}
 		}
 		if _, err := tx.Exec(ctx, `UPDATE arap.notification_deliveries SET status = $4, attempts = attempts + 1,
-			last_error = nullif($5, ''), updated_at = $6::timestamptz, sent_at = CASE WHEN $4 = 'sent' THEN $6::timestamptz END
+			last_error = nullif($5, ''), updated_at = $6::timestamptz, sent_at = CASE WHEN $4 = 'sent' THEN $6::timestamptz END,
+			ref = coalesce(nullif($7, ''), ref)
 			WHERE event_id = $1 AND recipient = $2 AND channel = $3 AND status = 'pending'`,
-			a.EventID, a.Recipient, a.Channel, status, errText, now); err != nil {
+			a.EventID, a.Recipient, a.Channel, status, errText, now, ref); err != nil {
 			return fmt.Errorf("notify: record delivery: %w", err)
 		}
 		notifications.WithLabelValues(a.Channel, outcome).Inc()
@@ -131,6 +137,25 @@ func (s *Service) Deliver(ctx context.Context, a DeliverArgs, last bool) error {
 		return fmt.Errorf("notify: send %s to %s: %w", a.Channel, a.Recipient, sendErr)
 	}
 	return nil
+}
+
+// postOrUpdate sends m through an Updater: it updates the message an
+// earlier delivery about the same request posted to the same recipient on
+// the same channel, or posts one when there is none (the first event, or a
+// recipient told only now, such as the requester of the outcome). It
+// returns the message's reference.
+func (s *Service) postOrUpdate(ctx context.Context, tx pgx.Tx, u Updater, e *event, a DeliverArgs, m Message) (string, error) {
+	var ref string
+	err := tx.QueryRow(ctx, `SELECT d.ref FROM arap.notification_deliveries d JOIN arap.notification_events e ON e.id = d.event_id
+		WHERE e.request_id = $1 AND d.recipient = $2 AND d.channel = $3 AND d.ref IS NOT NULL
+		ORDER BY d.created_at, e.created_at LIMIT 1`, e.RequestID, a.Recipient, a.Channel).Scan(&ref)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return u.Post(ctx, m)
+	}
+	if err != nil {
+		return "", fmt.Errorf("find the message to update: %w", err)
+	}
+	return ref, u.Update(ctx, ref, m)
 }
 
 var _ requests.Events = (*Service)(nil)

@@ -60,7 +60,9 @@ func (s *Service) message(e *event, r *requests.Request, role string) Message {
 	if err := htmlMessage.Execute(&html, c); err != nil {
 		panic(err)
 	}
-	return Message{Subject: subject, Text: text.String(), HTML: html.String()}
+	return Message{Subject: subject, Text: text.String(), HTML: html.String(),
+		Kind: e.Kind, Lead: c.Lead, Link: c.Link, Summary: sum, Notes: c.Notes, Request: r,
+		AskDecision: role == RoleDecider && r.Status == requests.Pending}
 }
 
 // indent renders a value for plain text, markers in place; a multi-line

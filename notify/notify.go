@@ -15,6 +15,7 @@ import (
 
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/internal/randid"
+	"github.com/omcp/arap/internal/summary"
 	"github.com/omcp/arap/requests"
 )
 
@@ -28,6 +29,18 @@ type Message struct {
 	// channels that speak to machines.
 	ID      string
 	Payload []byte
+
+	// The parts of the message, for channels that lay it out themselves
+	// (Slack): the same summary, event line and link as Text and HTML.
+	Kind    requests.EventKind
+	Lead    string
+	Link    string
+	Summary summary.Summary
+	Notes   summary.Notes
+	// Request is the request as the message was built; AskDecision says
+	// the recipient is asked to decide it (a decider, while it is pending).
+	Request     *requests.Request
+	AskDecision bool
 }
 
 // Channel is a way to reach a person.
@@ -38,6 +51,16 @@ type Channel interface {
 	Address(u *directory.User) string
 	// Send delivers m once.
 	Send(ctx context.Context, m Message) error
+}
+
+// Updater is a Channel whose messages can be changed after they are sent
+// (Slack): the first event about a request to a recipient posts a message,
+// and later events about that request update it.
+type Updater interface {
+	// Post sends m and returns a reference to the message it posted.
+	Post(ctx context.Context, m Message) (ref string, err error)
+	// Update replaces the message ref with m.
+	Update(ctx context.Context, ref string, m Message) error
 }
 
 // Requests is what notify reads of requests.

@@ -74,6 +74,15 @@ func OnBehalf(person Voter, clientID, clientName, clientKind string) Voter {
 	return person
 }
 
+// InSlack is person (a UserVoter, built from the directory entry whose
+// e-mail address the Slack workspace confirmed) deciding through the Slack
+// app: the vote is the person's, with the person's eligibility, separation
+// of duties and quorum, through channel slack.
+func InSlack(person Voter) Voter {
+	person.Channel = evaluation.ChannelSlack
+	return person
+}
+
 // ClientVoter is an API client deciding through the decision API. It is
 // known by its name and id ("client:<name>" names it too).
 func ClientVoter(id, name, kind string) Voter {
@@ -104,7 +113,7 @@ type Vote struct {
 	Reason        string     `json:"reason,omitempty"`
 	ApprovedUntil *time.Time `json:"approved_until,omitempty"`
 	At            time.Time  `json:"at"`
-	// Channel is the way the vote came (web, api, on_behalf); empty for the
+	// Channel is the way the vote came (web, api, on_behalf, slack); empty for the
 	// rule's own resolvers. Via is the client that recorded a person's vote.
 	Channel string `json:"channel,omitempty"`
 	Via     *Via   `json:"via,omitempty"`
@@ -201,6 +210,8 @@ func channelName(c string) string {
 		return "an API client deciding as itself (api)"
 	case evaluation.ChannelOnBehalf:
 		return "an API client deciding for a person (on_behalf)"
+	case evaluation.ChannelSlack:
+		return "the Slack app (slack)"
 	case "":
 		return "an unnamed channel"
 	}

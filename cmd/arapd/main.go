@@ -33,6 +33,7 @@ import (
 	"github.com/omcp/arap/mcp/fixtures"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
+	"github.com/omcp/arap/slackapp"
 )
 
 const usage = `usage: arapd <command> [flags]
@@ -149,6 +150,9 @@ func serve(args []string) error {
 	smtpUser := fs.String("smtp-username", env("ARAP_SMTP_USERNAME", ""), "SMTP user name (ARAP_SMTP_USERNAME); the password is read from ARAP_SMTP_PASSWORD or --smtp-password-file")
 	smtpPasswordFile := fs.String("smtp-password-file", env("ARAP_SMTP_PASSWORD_FILE", ""), "file holding the SMTP password (ARAP_SMTP_PASSWORD_FILE)")
 	mailFrom := fs.String("mail-from", env("ARAP_MAIL_FROM", ""), "sender address of notifications (ARAP_MAIL_FROM)")
+	slackTokenFile := fs.String("slack-token-file", env("ARAP_SLACK_TOKEN_FILE", ""), "file holding the Slack bot token (ARAP_SLACK_TOKEN_FILE, or the token itself in ARAP_SLACK_TOKEN); Slack is off without it")
+	slackSecretFile := fs.String("slack-signing-secret-file", env("ARAP_SLACK_SIGNING_SECRET_FILE", ""), "file holding the Slack app's signing secret (ARAP_SLACK_SIGNING_SECRET_FILE, or ARAP_SLACK_SIGNING_SECRET); without it the Approve and Deny buttons are refused")
+	slackAPI := fs.String("slack-api-url", env("ARAP_SLACK_API_URL", ""), "Slack Web API base URL, for tests (ARAP_SLACK_API_URL; default https://slack.com/api/)")
 	_ = fs.Parse(args)
 	log := logger(*level)
 	key, err := masterKey(*keyFile)
@@ -159,10 +163,14 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
+	slackConf, err := slackConfig(*slackTokenFile, *slackSecretFile, *slackAPI)
+	if err != nil {
+		return err
+	}
 	ctx, reload := signals()
 	b, err := backend.New(ctx, backend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, PolicyFile: *policy, MasterKey: key, Migrate: *doMigrate, Log: log,
-		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate}, Mail: mail,
+		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate}, Mail: mail, Slack: slackConf,
 	})
 	if err != nil {
 		return err
@@ -199,6 +207,40 @@ func mailConfig(smtpURL, user, passwordFile, from string) (*notify.EmailConfig, 
 		return nil, err
 	}
 	return c, nil
+}
+
+// slackConfig is the Slack app's configuration, or nil (Slack off) without
+// a token. Secrets come from the environment or files, never flags.
+func slackConfig(tokenFile, secretFile, apiURL string) (*slackapp.Config, error) {
+	read := func(what, envName, file string) (string, error) {
+		v := os.Getenv(envName)
+		if file != "" {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return "", fmt.Errorf("%s: %w", what, err)
+			}
+			v = string(b)
+		}
+		return strings.TrimSpace(v), nil
+	}
+	token, err := read("Slack token", "ARAP_SLACK_TOKEN", tokenFile)
+	if err != nil {
+		return nil, err
+	}
+	secret, err := read("Slack signing secret", "ARAP_SLACK_SIGNING_SECRET", secretFile)
+	if err != nil {
+		return nil, err
+	}
+	if token == "" {
+		if secret != "" || apiURL != "" {
+			return nil, errors.New("a Slack signing secret or API URL is set but no token (ARAP_SLACK_TOKEN or --slack-token-file)")
+		}
+		return nil, nil
+	}
+	if apiURL != "" && !strings.HasSuffix(apiURL, "/") {
+		apiURL += "/"
+	}
+	return &slackapp.Config{Token: token, SigningSecret: secret, APIURL: apiURL}, nil
 }
 
 func masterKey(file string) ([]byte, error) { return masterKeyFrom("ARAP_MASTER_KEY", file) }

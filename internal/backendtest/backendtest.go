@@ -22,6 +22,7 @@ import (
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/notify"
+	"github.com/omcp/arap/slackapp"
 )
 
 // Env is a running backend.
@@ -52,6 +53,8 @@ type Options struct {
 	Now func() time.Time
 	// Mail turns on e-mail notifications.
 	Mail *notify.EmailConfig
+	// Slack turns on the Slack app.
+	Slack *slackapp.Config
 }
 
 // fixedClock is ten seconds into a minute in 2030.
@@ -85,7 +88,7 @@ func Start(t testing.TB, o Options) *Env {
 	front := httptest.NewUnstartedServer(nil)
 	b, err := backend.New(ctx, backend.Config{
 		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
-		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now, Mail: o.Mail,
+		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now, Mail: o.Mail, Slack: o.Slack,
 	})
 	if err != nil {
 		t.Fatal(err)
