@@ -216,6 +216,7 @@ func (b *Backend) build(ctx context.Context) error {
 		Queues: map[string]river.QueueConfig{
 			river.QueueDefault:        {MaxWorkers: cfg.Workers},
 			requests.QueueMaintenance: {MaxWorkers: requests.MaintenanceWorkers},
+			notify.Queue:              {MaxWorkers: notify.Workers},
 		},
 		PeriodicJobs: append(b.requests.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: requests.QueueMaintenance})),
 		JobTimeout:   cfg.JobTimeout,

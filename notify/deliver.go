@@ -26,7 +26,7 @@ func (DeliverArgs) Kind() string { return "notify.deliver" }
 // InsertOpts makes one job per (event, recipient, channel), River's unique
 // key matching the deliveries' primary key.
 func (DeliverArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
+	return river.InsertOpts{Queue: Queue, UniqueOpts: river.UniqueOpts{ByArgs: true}}
 }
 
 // DeliverWorker runs DeliverArgs.
@@ -57,8 +57,21 @@ func (s *Service) Deliver(ctx context.Context, a DeliverArgs, last bool) error {
 	if !ok {
 		return fmt.Errorf("notify: channel %q is not configured on this replica", a.Channel)
 	}
+	// The event and its request are read before the transaction (see
+	// Fanout); the delivery's own row is what the transaction locks.
+	e, _, err := loadEvent(ctx, s.cfg.DB, a.EventID, false)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // purged
+	}
+	if err != nil {
+		return fmt.Errorf("notify: load event %s: %w", a.EventID, err)
+	}
+	r, err := s.cfg.Requests.Load(ctx, e.RequestID)
+	if err != nil {
+		return err
+	}
 	var sendErr error
-	err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
 		var address, role, status string
 		var attempts int
 		err := tx.QueryRow(ctx, `SELECT address, role, status, attempts FROM arap.notification_deliveries
@@ -80,14 +93,6 @@ func (s *Service) Deliver(ctx context.Context, a DeliverArgs, last bool) error {
 		}
 		if status != "pending" {
 			return nil
-		}
-		e, _, err := loadEvent(ctx, tx, a.EventID, false)
-		if err != nil {
-			return fmt.Errorf("notify: load event %s: %w", a.EventID, err)
-		}
-		r, err := s.cfg.Requests.Load(ctx, e.RequestID)
-		if err != nil {
-			return err
 		}
 		var m Message
 		if role == RoleWebhook {

@@ -27,7 +27,7 @@ type event struct {
 	CreatedAt                              time.Time
 }
 
-func loadEvent(ctx context.Context, q pgx.Tx, id string, lock bool) (*event, bool, error) {
+func loadEvent(ctx context.Context, q querier, id string, lock bool) (*event, bool, error) {
 	var e event
 	var fanned bool
 	sql := `SELECT id, request_id, kind, voter, decision, status, created_at, fanned_out_at IS NOT NULL FROM arap.notification_events WHERE id = $1`
@@ -39,6 +39,11 @@ func loadEvent(ctx context.Context, q pgx.Tx, id string, lock bool) (*event, boo
 		return nil, false, err
 	}
 	return &e, fanned, nil
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // recipient is one person to tell, and why.
@@ -121,29 +126,37 @@ func (w *FanoutWorker) Work(ctx context.Context, job *river.Job[FanoutArgs]) err
 	return w.Service.Fanout(ctx, job.Args.EventID)
 }
 
-// Fanout is FanoutWorker's work.
+// Fanout is FanoutWorker's work. What it reads (the event, the request,
+// the directory) it reads before its transaction: a worker holding a
+// connection while it waits for a second one starves the pool when many
+// run at once.
 func (s *Service) Fanout(ctx context.Context, eventID string) error {
+	e, fanned, err := loadEvent(ctx, s.cfg.DB, eventID, false)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // purged
+	}
+	if err != nil {
+		return fmt.Errorf("notify: load event %s: %w", eventID, err)
+	}
+	if fanned {
+		return nil
+	}
+	r, err := s.cfg.Requests.Load(ctx, e.RequestID)
+	if requests.ErrorCode(err) != "" {
+		return nil // the request is gone: nobody to tell about it
+	}
+	if err != nil {
+		return err
+	}
+	rcpts, err := s.recipients(ctx, e, r)
+	if err != nil {
+		return err
+	}
 	return pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
-		e, fanned, err := loadEvent(ctx, tx, eventID, true)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // purged
-		}
-		if err != nil {
+		if _, fanned, err := loadEvent(ctx, tx, eventID, true); errors.Is(err, pgx.ErrNoRows) || (err == nil && fanned) {
+			return nil // purged, or fanned out meanwhile
+		} else if err != nil {
 			return fmt.Errorf("notify: load event %s: %w", eventID, err)
-		}
-		if fanned {
-			return nil
-		}
-		r, err := s.cfg.Requests.Load(ctx, e.RequestID)
-		if requests.ErrorCode(err) != "" {
-			return nil // the request is gone: nobody to tell about it
-		}
-		if err != nil {
-			return err
-		}
-		rcpts, err := s.recipients(ctx, e, r)
-		if err != nil {
-			return err
 		}
 		// The rule's notify section, stored with the request, picks the
 		// channels (e-mail only without one, as before notify sections).

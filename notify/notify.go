@@ -147,8 +147,17 @@ func (FanoutArgs) Kind() string { return "notify.fanout" }
 
 // InsertOpts makes one fan-out job per event.
 func (FanoutArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
+	return river.InsertOpts{Queue: Queue, UniqueOpts: river.UniqueOpts{ByArgs: true}}
 }
+
+// Queue is the River queue of notifications, and Workers its workers per
+// replica: a burst of events (a sweep expiring thousands of requests) waits
+// its turn there instead of taking the connections and workers that
+// callbacks, resolvers and the expiry sweep need.
+const (
+	Queue   = "notify"
+	Workers = 4
+)
 
 // RecordTx writes events to the outbox with their fan-out jobs, inside tx
 // (the change's transaction). It implements requests.Events.
