@@ -250,7 +250,10 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 			return time.Time{}, g.deny(ctx, a, "The approval cannot be used yet; the tool did not run.")
 		}
 		if !g.now().Before(approval.ApprovedUntil) {
-			return time.Time{}, g.deny(ctx, a, "The approval expired before it could be used; the tool did not run.")
+			// It expired while the answer came back: look once more, and
+			// the PDP, which then sees it expired, says what follows (a new
+			// request, or a denial), whatever the timing of this answer.
+			return g.backoff(a, 0), nil // expired while answered
 		}
 		after := 0 * time.Second
 		if n, ok := d.Context[authzen.CtxRetryAfter].(float64); ok && n > 0 {

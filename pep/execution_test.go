@@ -324,6 +324,46 @@ func TestTTLExtendedWhenLaterDeadlineLearned(t *testing.T) {
 		require.Zero(t, p.ledger(t, id))
 		require.Equal(t, tasks.TTLUntil(created, until.Add(retention)), *d.TTLMs, "readable while the approval may still be used, plus retention")
 	})
+
+	// The PDP answers "retry" (grant pending) while the approval is valid,
+	// and the answer arrives once it is not: the gate does not end the task
+	// on its own clock; it asks the PDP again, which sees the approval
+	// expired and says what follows (a new request, or a denial).
+	t.Run("retry answered after the approval expired", func(t *testing.T) {
+		t.Parallel()
+		policy := strings.Replace(string(dev.SeedPolicy()), `    approval:
+      quorum: 1
+      groups: [treasury]   # bob, carol in the web UI
+      kinds: [itsm]        # or an ITSM system through the decision API
+      approved_for: 1h
+`, `    approval:
+      quorum: 1
+      groups: [treasury]
+      kinds: [itsm]
+      approved_for: 3h
+      grant_delay: 2h
+`, 1)
+		require.Contains(t, policy, "grant_delay: 2h")
+		p := newPEP(t, pepOptions{policy: []byte(policy)})
+		id := p.transfer(t, 50016)
+		req := p.request(t, id)
+		p.approve(t, req, time.Time{})
+		until := p.approval(t, req).ApprovedUntil
+		var reevaluated atomic.Int32
+		p.onBackend(func(r *http.Request, body []byte) {
+			if reevaluation(r, body) {
+				reevaluated.Add(1)
+				p.offset.Store(int64(time.Until(until) + time.Minute))
+			}
+		})
+		p.advance(t, id)
+		p.onBackend(nil)
+		p.offset.Store(0)
+		require.EqualValues(t, 1, reevaluated.Load())
+		d := p.get(t, id)
+		require.Equal(t, tasks.Working, d.Status, "not ended on the gate's own clock: %s", d.StatusMessage)
+		require.Zero(t, p.ledger(t, id))
+	})
 }
 
 // TestExecuteTwiceOnStaleSnapshot: a runner acts on the task as it read it
