@@ -56,9 +56,10 @@ func cancel(ctx context.Context, r *run) error {
 			return err
 		}
 		// Watch past the moment the grant provisions (the whole window, so
-		// a run it lets through is seen here, not by a later check).
+		// a run it lets through is seen here, not by a later check), and
+		// long enough after it for a server under load to have run it.
 		var ran, reopened string
-		deadline := time.Now().Add(time.Duration(r.p.Provisioning.After) + r.settle())
+		deadline := time.Now().Add(time.Duration(r.p.Provisioning.After) + 3*r.settle())
 		for time.Now().Before(deadline) && ran == "" {
 			g, err := r.get(ctx, r.c, pt.TaskID)
 			if err != nil {
