@@ -55,17 +55,27 @@ type ExpireDueWorker struct {
 // ended (a row that no longer reads, a callback that cannot be recorded)
 // stops only itself, not every expiry behind it.
 func (w *ExpireDueWorker) Work(ctx context.Context, _ *river.Job[ExpireDueArgs]) error {
+	if err := drain(ctx, ExpireBatch, w.Service.ExpireDue); err != nil && ctx.Err() == nil {
+		w.Service.cfg.Log.Error("expiry batch failed; expiring one by one", "error", err)
+		return w.Service.expireEach(ctx, ExpireBatch)
+	}
+	return nil
+}
+
+// drain runs step a batch at a time until a batch comes back short, ctx
+// ends or a step fails: the shape of every sweep (expiry, escalation,
+// reminders).
+func drain(ctx context.Context, batch int, step func(context.Context, int) (int, error)) error {
 	for ctx.Err() == nil {
-		n, err := w.Service.ExpireDue(ctx, ExpireBatch)
+		n, err := step(ctx, batch)
 		if err != nil {
-			w.Service.cfg.Log.Error("expiry batch failed; expiring one by one", "error", err)
-			return w.Service.expireEach(ctx, ExpireBatch)
+			return err
 		}
-		if n < ExpireBatch {
+		if n < batch {
 			return nil
 		}
 	}
-	return nil
+	return ctx.Err()
 }
 
 // ExpireDue expires up to limit pending requests whose deadline has passed,

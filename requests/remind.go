@@ -50,25 +50,10 @@ type RemindDueWorker struct {
 // short. Escalation goes first so that a reminder due at the same moment
 // already counts the escalation group among its recipients.
 func (w *RemindDueWorker) Work(ctx context.Context, _ *river.Job[RemindDueArgs]) error {
-	for ctx.Err() == nil {
-		n, err := w.Service.EscalateDue(ctx, RemindBatch)
-		if err != nil {
-			return err
-		}
-		if n < RemindBatch {
-			break
-		}
+	if err := drain(ctx, RemindBatch, w.Service.EscalateDue); err != nil {
+		return err
 	}
-	for ctx.Err() == nil {
-		n, err := w.Service.RemindDue(ctx, RemindBatch)
-		if err != nil {
-			return err
-		}
-		if n < RemindBatch {
-			return nil
-		}
-	}
-	return ctx.Err()
+	return drain(ctx, RemindBatch, w.Service.RemindDue)
 }
 
 // RemindDue records a reminder for up to limit pending requests whose
