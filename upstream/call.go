@@ -199,6 +199,11 @@ func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, o *CallO
 	if o.Log != nil || o.Progress != nil {
 		callCtx = context.WithValue(callCtx, relayKey{}, rel)
 	}
+	if ctx.Err() != nil { // AfterFunc cancels in its own goroutine: not yet, maybe
+		stop()
+		cancel()
+		return fail(NotSent, "the request was abandoned before it was sent", ctx.Err())
+	}
 	err := do(callCtx, sess, meta)
 	if err == nil {
 		if stop() {
