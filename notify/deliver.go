@@ -67,6 +67,9 @@ func (s *Service) Deliver(ctx context.Context, a DeliverArgs, last bool) error {
 		return fmt.Errorf("notify: load event %s: %w", a.EventID, err)
 	}
 	r, err := s.cfg.Requests.Load(ctx, e.RequestID)
+	if requests.ErrorCode(err) != "" {
+		return nil // the request is gone, as Fanout treats it: nothing to tell
+	}
 	if err != nil {
 		return err
 	}
