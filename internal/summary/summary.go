@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -127,23 +128,26 @@ func Fields(m map[string]any) []Field {
 	return out
 }
 
-// Number writes v with thousands separators (two decimals if fractional).
+// Number writes v exactly as the call carries it (the shortest decimal
+// that is v), with thousands separators in its integer part: never rounded,
+// so what an approver reads is what runs.
 func Number(v float64) string {
-	if v != float64(int64(v)) {
-		return fmt.Sprintf("%.2f", v)
+	s := strconv.FormatFloat(v, 'f', -1, 64)
+	sign := ""
+	if strings.HasPrefix(s, "-") {
+		sign, s = "-", s[1:]
 	}
-	s := fmt.Sprint(int64(v))
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
+	whole, frac, fractional := strings.Cut(s, ".")
 	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
+	b.WriteString(sign)
+	for i, c := range whole {
+		if i > 0 && (len(whole)-i)%3 == 0 {
 			b.WriteByte(',')
 		}
 		b.WriteRune(c)
 	}
-	if neg {
-		return "-" + b.String()
+	if fractional {
+		b.WriteString("." + frac)
 	}
 	return b.String()
 }
