@@ -102,6 +102,7 @@ func (s *Service) Deliver(ctx context.Context, a DeliverArgs, last bool) error {
 			m = Message{ID: e.ID + "." + a.Recipient, Payload: s.payload(e, r)}
 		} else {
 			m = s.message(e, r, role)
+			m.ID = e.ID + "." + a.Recipient // the same on a re-send: a receiver can drop the repeat
 		}
 		m.To = address
 		sctx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)

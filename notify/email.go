@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/wneessen/go-mail"
@@ -119,7 +120,11 @@ func (e *Email) Send(ctx context.Context, m Message) error {
 	}
 	msg.Subject(m.Subject)
 	msg.SetDate()
-	msg.SetMessageID()
+	if _, domain, ok := strings.Cut(e.from, "@"); ok && m.ID != "" {
+		msg.SetMessageIDWithValue(m.ID + "@" + strings.TrimSuffix(domain, ">"))
+	} else {
+		msg.SetMessageID()
+	}
 	msg.SetGenHeader(mail.Header("Auto-Submitted"), "auto-generated")
 	msg.SetBodyString(mail.TypeTextPlain, m.Text)
 	msg.AddAlternativeString(mail.TypeTextHTML, m.HTML)

@@ -126,6 +126,11 @@ func TestCreatedTellsEachEligibleApprover(t *testing.T) {
 			require.Contains(t, m.HTML, want)
 		}
 		require.Equal(t, "arap@example.com", m.Header.Get("From")[1:len(m.Header.Get("From"))-1])
+		var event string
+		require.NoError(t, env.Pool.QueryRow(context.Background(), `SELECT id FROM arap.notification_events WHERE request_id = $1 AND kind = 'created'`, id).Scan(&event))
+		name, _, _ := strings.Cut(m.To[0], "@")
+		require.Equal(t, "<"+event+"."+name+"@example.com>", m.Header.Get("Message-Id"),
+			"the delivery's own id, the same on a re-send, so a receiver can drop the repeat")
 	}
 	requireNoSecrets(t, env.Pool, id, got)
 	// One delivery per recipient and channel, each sent once.
