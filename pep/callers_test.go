@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/authzen"
@@ -57,12 +58,12 @@ func startedGate(t *testing.T, db *pgxpool.Pool) *pep.Gate {
 func remembers(t *testing.T, g *pep.Gate, token string) {
 	t.Helper()
 	ctx := context.Background()
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		_, err := g.Callers().Authenticate(ctx, token)
-		require.NoError(t, err)
+		require.NoError(c, err) // CollectT: a failure here ends this tick, not the test's goroutine
 		_, _, n := g.CallerMemory()
-		return n > 0
-	}, 10*time.Second, 10*time.Millisecond, "the gate never remembered the caller")
+		assert.Positive(c, n, "the gate never remembered the caller")
+	}, 10*time.Second, 10*time.Millisecond)
 }
 
 // TestRevokedCallerRefusedByEveryReplica: a caller's token revoked by
