@@ -154,6 +154,13 @@ func (s *Service) Deliver(ctx context.Context, a DeliverArgs, last bool) error {
 // recipient told only now, such as the requester of the outcome). It
 // returns the message's reference.
 func (s *Service) postOrUpdate(ctx context.Context, tx pgx.Tx, u Updater, e *event, a DeliverArgs, m Message) (string, error) {
+	// One poster at a time per (request, recipient, channel): two events'
+	// deliveries racing would otherwise both find no message and both post.
+	// The lock lasts until the first one's reference is committed.
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
+		"notify "+e.RequestID+" "+a.Recipient+" "+a.Channel); err != nil {
+		return "", fmt.Errorf("notify: lock the message: %w", err)
+	}
 	var ref string
 	err := tx.QueryRow(ctx, `SELECT d.ref FROM arap.notification_deliveries d JOIN arap.notification_events e ON e.id = d.event_id
 		WHERE e.request_id = $1 AND d.recipient = $2 AND d.channel = $3 AND d.ref IS NOT NULL
