@@ -145,7 +145,7 @@ func TestAuditVerifyFindsARehashedTamperedVote(t *testing.T) {
 		"another signature": {`data = jsonb_set(data, '{assertion,signature}', to_jsonb(overlay(data#>>'{assertion,signature}'
 			placing CASE WHEN substr(data#>>'{assertion,signature}', 20, 1) = 'A' THEN 'B' ELSE 'A' END from 20 for 1)))`,
 			"signature does not verify"},
-		"no signature": {`data = data - 'assertion'`, "carries no signature"},
+		"no signature":  {`data = data - 'assertion'`, "carries no signature"},
 		"another voter": {`actor = 'user:carol'`, "registered to user:bob, not to the voter"},
 	} {
 		t.Run(name, func(t *testing.T) {
