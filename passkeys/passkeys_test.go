@@ -37,6 +37,7 @@ func TestChallenge(t *testing.T) {
 	} {
 		require.NotEqual(t, c, other, name)
 	}
+	require.NotEqual(t, passkeys.Challenge("r", "b", "approve", nil), passkeys.Challenge("r", "b", "deny", nil), "the decision alone")
 	require.Equal(t, passkeys.Challenge("r", "b", "deny", nil), passkeys.Challenge("r", "b", "deny", &until), "a deny signs no window")
 	// Another time zone is the same instant, the same challenge.
 	require.Equal(t, c, passkeys.Challenge("req_01", "sha256:abc", "approve", new(until.In(time.FixedZone("x", 3600)))))
