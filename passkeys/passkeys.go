@@ -208,13 +208,24 @@ func newCeremonyID() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
+// registrationCeremony is what a registration in progress keeps.
+type registrationCeremony struct {
+	Create webauthn.SessionData `json:"create"`
+	// StepUp is the challenge one of the user's passkeys must sign before
+	// another is added, when they have one: a session alone (a stolen
+	// cookie) cannot enrol the thief's key.
+	StepUp []byte `json:"step_up,omitempty"`
+}
+
 // BeginRegistration starts registering a passkey for user in the web UI
-// session whose cookie hashes to session. It returns the ceremony id and
-// the options for navigator.credentials.create ({"publicKey": ...}).
-func (s *Service) BeginRegistration(ctx context.Context, session []byte, user string) (string, json.RawMessage, error) {
+// session whose cookie hashes to session. It returns the ceremony id, the
+// options for navigator.credentials.create ({"publicKey": ...}), and, when
+// the user has passkeys already, the options for navigator.credentials.get
+// with which one of them must approve the new one (else nil).
+func (s *Service) BeginRegistration(ctx context.Context, session []byte, user string) (id string, create, stepUp json.RawMessage, err error) {
 	existing, err := s.List(ctx, user)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	creation, data, err := s.wa.BeginRegistration(&waUser{name: user},
 		webauthn.WithAuthenticatorSelection(protocol.AuthenticatorSelection{
@@ -222,19 +233,32 @@ func (s *Service) BeginRegistration(ctx context.Context, session []byte, user st
 		}),
 		webauthn.WithExclusions(descriptors(existing)))
 	if err != nil {
-		return "", nil, fmt.Errorf("passkeys: begin registration: %w", err)
+		return "", nil, nil, fmt.Errorf("passkeys: begin registration: %w", err)
 	}
-	sd, err := json.Marshal(data)
+	cer := registrationCeremony{Create: *data}
+	if len(existing) > 0 {
+		cer.StepUp = make([]byte, 32)
+		_, _ = rand.Read(cer.StepUp)
+		assertion, _, err := s.wa.BeginLogin(&waUser{name: user, creds: credentials(existing)},
+			webauthn.WithChallenge(cer.StepUp), webauthn.WithUserVerification(protocol.VerificationRequired))
+		if err != nil {
+			return "", nil, nil, fmt.Errorf("passkeys: begin registration: %w", err)
+		}
+		if stepUp, err = json.Marshal(assertion); err != nil {
+			return "", nil, nil, err
+		}
+	}
+	sd, err := json.Marshal(cer)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
-	id := newCeremonyID()
+	id = newCeremonyID()
 	if _, err := s.db.Exec(ctx, `INSERT INTO arap.passkey_ceremonies (id, session_hash, user_name, kind, session_data, expires_at)
 		VALUES ($1, $2, $3, 'register', $4, $5)`, id, session, user, sd, s.now().Add(CeremonyTTL)); err != nil {
-		return "", nil, fmt.Errorf("passkeys: begin registration: %w", err)
+		return "", nil, nil, fmt.Errorf("passkeys: begin registration: %w", err)
 	}
-	opts, err := json.Marshal(creation)
-	return id, opts, err
+	create, err = json.Marshal(creation)
+	return id, create, stepUp, err
 }
 
 // take removes and returns the ceremony id of kind for session and user, if
@@ -255,9 +279,11 @@ func take(ctx context.Context, tx pgx.Tx, now time.Time, id string, session []by
 }
 
 // FinishRegistration completes ceremony id with the browser's response
-// (the PublicKeyCredential as JSON) and stores the passkey under name,
-// recording it, with its public key, in the audit system chain.
-func (s *Service) FinishRegistration(ctx context.Context, session []byte, user, id, name string, response []byte) (*Passkey, error) {
+// (the PublicKeyCredential as JSON) and, when the ceremony asked for one,
+// the assertion by one of the user's passkeys over its step-up challenge;
+// it stores the passkey under name, recording it, with its public key, in
+// the audit system chain.
+func (s *Service) FinishRegistration(ctx context.Context, session []byte, user, id, name string, response []byte, stepUp *Assertion) (*Passkey, error) {
 	name = strings.TrimSpace(name)
 	if name == "" {
 		name = "passkey"
@@ -276,11 +302,22 @@ func (s *Service) FinishRegistration(ctx context.Context, session []byte, user, 
 		if err != nil {
 			return err
 		}
-		var data webauthn.SessionData
-		if err := json.Unmarshal(sd, &data); err != nil {
+		var cer registrationCeremony
+		if err := json.Unmarshal(sd, &cer); err != nil {
 			return fmt.Errorf("passkeys: ceremony data: %w", err)
 		}
-		cred, err := s.wa.CreateCredential(&waUser{name: user}, data, parsed)
+		if cer.StepUp != nil {
+			if stepUp == nil {
+				return fmt.Errorf("%w: you have a passkey already; adding another needs one of yours to approve it", ErrInvalid)
+			}
+			if _, err := s.Verify(ctx, tx, user, cer.StepUp, stepUp); err != nil {
+				if errors.Is(err, ErrAssertion) {
+					return fmt.Errorf("%w: adding a passkey needs one of yours to approve it: %v", ErrInvalid, err)
+				}
+				return err
+			}
+		}
+		cred, err := s.wa.CreateCredential(&waUser{name: user}, cer.Create, parsed)
 		if err != nil {
 			return fmt.Errorf("%w: the registration does not verify: %v", ErrInvalid, describe(err))
 		}
@@ -322,14 +359,37 @@ type registration struct {
 	Origin       string                    `json:"origin"`
 }
 
-// Remove deletes user's passkey credentialID (base64url), recording it in
-// the audit system chain.
+// ErrLastPasskey: a person's last passkey is removed by an operator
+// (arapctl passkeys remove), not from their session: otherwise a stolen
+// session could remove it and enrol the thief's key as the first one.
+var ErrLastPasskey = errors.New("your last passkey can be removed only by an administrator (arapctl passkeys remove); register another one first if you are replacing it")
+
+// Remove deletes user's passkey credentialID (base64url) at the user's
+// request, unless it is their last one, recording it in the audit system
+// chain.
 func (s *Service) Remove(ctx context.Context, user, credentialID string) error {
+	return remove(ctx, s.db, s.now(), user, credentialID, "user:"+user, false)
+}
+
+// RemoveByOperator deletes user's passkey credentialID (base64url), even
+// their last one (a lost key), as actor, recording it in the audit system
+// chain.
+func RemoveByOperator(ctx context.Context, db *pgxpool.Pool, user, credentialID, actor string) error {
+	return remove(ctx, db, time.Now(), user, credentialID, actor, true)
+}
+
+func remove(ctx context.Context, db *pgxpool.Pool, now time.Time, user, credentialID, actor string, last bool) error {
 	raw, err := base64.RawURLEncoding.DecodeString(credentialID)
 	if err != nil {
 		return fmt.Errorf("%w: no such passkey", ErrInvalid)
 	}
-	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		// The user's passkeys are locked, so two removals cannot each
+		// leave the other as the last one.
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM arap.passkeys WHERE user_name = $1 FOR UPDATE) p`, user).Scan(&n); err != nil {
+			return fmt.Errorf("passkeys: remove: %w", err)
+		}
 		tag, err := tx.Exec(ctx, `DELETE FROM arap.passkeys WHERE credential_id = $1 AND user_name = $2`, raw, user)
 		if err != nil {
 			return fmt.Errorf("passkeys: remove: %w", err)
@@ -337,7 +397,10 @@ func (s *Service) Remove(ctx context.Context, user, credentialID string) error {
 		if tag.RowsAffected() == 0 {
 			return fmt.Errorf("%w: no such passkey", ErrInvalid)
 		}
-		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: EventRemoved, Actor: "user:" + user, At: s.now(),
+		if n == 1 && !last {
+			return ErrLastPasskey
+		}
+		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: EventRemoved, Actor: actor, At: now,
 			Data: map[string]any{"user": user, "credential_id": credentialID}})
 	})
 }

@@ -2,6 +2,7 @@ package passkeys_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"testing"
@@ -82,10 +83,11 @@ var session = []byte("session-of-bob")
 func (f *fixture) register(t *testing.T, user string) *passkeytest.Authenticator {
 	t.Helper()
 	ctx := context.Background()
-	id, opts, err := f.svc.BeginRegistration(ctx, session, user)
+	id, opts, stepUp, err := f.svc.BeginRegistration(ctx, session, user)
 	require.NoError(t, err)
+	require.Nil(t, stepUp, "the first passkey needs no other's approval")
 	a := passkeytest.New("localhost", "http://localhost:8480")
-	_, err = f.svc.FinishRegistration(ctx, session, user, id, "laptop", a.Register(opts))
+	_, err = f.svc.FinishRegistration(ctx, session, user, id, "laptop", a.Register(opts), nil)
 	require.NoError(t, err)
 	return a
 }
@@ -114,17 +116,38 @@ func TestRegistration(t *testing.T) {
 	require.Equal(t, "http://localhost:8480", reg["origin"])
 	require.NotEmpty(t, reg["public_key"])
 
-	id, opts, err := f.svc.BeginRegistration(ctx, session, "bob")
+	// A second passkey: one of bob's must approve it (step-up), so that
+	// a session alone cannot enrol another key.
+	id, opts, stepUp, err := f.svc.BeginRegistration(ctx, session, "bob")
 	require.NoError(t, err)
 	var o map[string]map[string]any
 	require.NoError(t, json.Unmarshal(opts, &o))
 	require.Len(t, o["publicKey"]["excludeCredentials"], 1, "the registered passkey is excluded")
-	b := passkeytest.New("localhost", "http://localhost:8480")
-	_, err = f.svc.FinishRegistration(ctx, []byte("another session"), "bob", id, "x", b.Register(opts))
-	require.ErrorIs(t, err, passkeys.ErrCeremony)
-	_, err = f.svc.FinishRegistration(ctx, session, "bob", id, "x", b.Register(opts))
+	var su struct {
+		PublicKey struct {
+			Challenge string `json:"challenge"`
+		} `json:"publicKey"`
+	}
+	require.NoError(t, json.Unmarshal(stepUp, &su))
+	stepUpChallenge, err := base64.RawURLEncoding.DecodeString(su.PublicKey.Challenge)
 	require.NoError(t, err)
-	_, err = f.svc.FinishRegistration(ctx, session, "bob", id, "x", b.Register(opts))
+	b := passkeytest.New("localhost", "http://localhost:8480")
+	_, err = f.svc.FinishRegistration(ctx, []byte("another session"), "bob", id, "x", b.Register(opts), a.Sign(stepUpChallenge))
+	require.ErrorIs(t, err, passkeys.ErrCeremony)
+	for name, approval := range map[string]*passkeys.Assertion{
+		"no approval":                  nil,
+		"the new key approving itself": b.Sign(stepUpChallenge),
+		"another challenge":            a.Sign([]byte("another challenge, 32 bytes long")),
+	} {
+		id, opts, _, err := f.svc.BeginRegistration(ctx, session, "bob")
+		require.NoError(t, err)
+		_, err = f.svc.FinishRegistration(ctx, session, "bob", id, "x", b.Register(opts), approval)
+		require.ErrorIs(t, err, passkeys.ErrInvalid, name)
+		require.ErrorContains(t, err, "one of yours to approve it", name)
+	}
+	_, err = f.svc.FinishRegistration(ctx, session, "bob", id, "x", b.Register(opts), a.Sign(stepUpChallenge))
+	require.NoError(t, err)
+	_, err = f.svc.FinishRegistration(ctx, session, "bob", id, "x", b.Register(opts), a.Sign(stepUpChallenge))
 	require.ErrorIs(t, err, passkeys.ErrCeremony, "single use")
 
 	require.NoError(t, f.svc.Remove(ctx, "bob", list[0].ID()))
@@ -134,6 +157,12 @@ func TestRegistration(t *testing.T) {
 	events, err = audit.Chain(ctx, f.db, audit.SystemChain)
 	require.NoError(t, err)
 	require.Equal(t, passkeys.EventRemoved, events[len(events)-1].Kind)
+	// The last one goes only by an operator (a lost key).
+	require.ErrorIs(t, f.svc.Remove(ctx, "bob", list[0].ID()), passkeys.ErrLastPasskey)
+	require.NoError(t, passkeys.RemoveByOperator(ctx, f.db, "bob", list[0].ID(), "operator:test"))
+	list, err = f.svc.List(ctx, "bob")
+	require.NoError(t, err)
+	require.Empty(t, list)
 }
 
 // TestVerify: an assertion verifies only by the user's own registered key,

@@ -32,10 +32,10 @@ func setupPasskeys(t *testing.T) *passkeyFixture {
 		Issuer: issuer, RequestsURL: requestsURL, Now: f.clock.Now, Passkeys: pk})
 	require.NoError(t, err)
 	ctx := context.Background()
-	id, opts, err := pk.BeginRegistration(ctx, []byte("s"), "bob")
+	id, opts, _, err := pk.BeginRegistration(ctx, []byte("s"), "bob")
 	require.NoError(t, err)
 	a := passkeytest.New("localhost", "http://localhost:8480")
-	_, err = pk.FinishRegistration(ctx, []byte("s"), "bob", id, "laptop", a.Register(opts))
+	_, err = pk.FinishRegistration(ctx, []byte("s"), "bob", id, "laptop", a.Register(opts), nil)
 	require.NoError(t, err)
 	return &passkeyFixture{fixture: f, svc: svc, pk: pk, bob: a}
 }

@@ -111,12 +111,12 @@ func (u *UI) beginRegistration(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	id, opts, err := u.d.Passkeys.BeginRegistration(r.Context(), sessionHash(r), s.user.Name)
+	id, create, stepUp, err := u.d.Passkeys.BeginRegistration(r.Context(), sessionHash(r), s.user.Name)
 	if err != nil {
 		u.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"ceremony": id, "options": opts})
+	writeJSON(w, http.StatusOK, map[string]any{"ceremony": id, "options": create, "step_up": stepUp})
 }
 
 // finishRegistration stores the passkey the browser created.
@@ -125,8 +125,16 @@ func (u *UI) finishRegistration(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	var stepUp *passkeys.Assertion
+	if raw := r.PostFormValue("step_up"); raw != "" {
+		stepUp = new(passkeys.Assertion)
+		if len(raw) > maxAssertion || json.Unmarshal([]byte(raw), stepUp) != nil {
+			jsonError(w, http.StatusBadRequest, "The passkey was not registered: the approval by your existing passkey cannot be read.")
+			return
+		}
+	}
 	_, err := u.d.Passkeys.FinishRegistration(r.Context(), sessionHash(r), s.user.Name, r.PostFormValue("ceremony"),
-		r.PostFormValue("name"), []byte(r.PostFormValue("credential")))
+		r.PostFormValue("name"), []byte(r.PostFormValue("credential")), stepUp)
 	switch {
 	case errors.Is(err, passkeys.ErrInvalid), errors.Is(err, passkeys.ErrCeremony):
 		jsonError(w, http.StatusBadRequest, "The passkey was not registered: "+err.Error())
@@ -151,6 +159,10 @@ func (u *UI) removePasskey(w http.ResponseWriter, r *http.Request) {
 	err := u.d.Passkeys.Remove(r.Context(), s.user.Name, r.PostFormValue("id"))
 	if errors.Is(err, passkeys.ErrInvalid) {
 		http.Error(w, "no such passkey", http.StatusNotFound)
+		return
+	}
+	if errors.Is(err, passkeys.ErrLastPasskey) {
+		http.Error(w, "Not removed: "+err.Error()+".", http.StatusConflict)
 		return
 	}
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -106,6 +107,43 @@ func TestPasskeySignedDecision(t *testing.T) {
 	p = b.post("/ui/requests/"+id+"/decide", form)
 	require.Equal(t, 400, p.status, "a ceremony is used once")
 	require.Contains(t, p.body, "expired or was already used")
+
+	// Another passkey needs one of bob's to approve it: his session alone
+	// (a stolen cookie) cannot enrol a key.
+	other := passkeytest.New("localhost", "http://localhost:"+u.Port())
+	status, out = b.postJSON("/ui/passkeys/register", url.Values{"csrf": {token}})
+	require.Equal(t, 200, status, "%v", out)
+	require.NotNil(t, out["step_up"], "a step-up is asked for")
+	opts, _ = json.Marshal(out["options"])
+	status, out = b.postJSON("/ui/passkeys/register/finish", url.Values{"csrf": {token}, "ceremony": {out["ceremony"].(string)},
+		"name": {"thief's key"}, "credential": {string(other.Register(opts))}})
+	require.Equal(t, 400, status)
+	require.Contains(t, out["error"], "adding another needs one of yours to approve it")
+	status, out = b.postJSON("/ui/passkeys/register", url.Values{"csrf": {token}})
+	require.Equal(t, 200, status, "%v", out)
+	opts, _ = json.Marshal(out["options"])
+	var su struct {
+		PublicKey struct {
+			Challenge string `json:"challenge"`
+		} `json:"publicKey"`
+	}
+	raw, _ := json.Marshal(out["step_up"])
+	require.NoError(t, json.Unmarshal(raw, &su))
+	challenge, err := base64URL(su.PublicKey.Challenge)
+	require.NoError(t, err)
+	approval, _ := json.Marshal(key.Sign(challenge))
+	status, out = b.postJSON("/ui/passkeys/register/finish", url.Values{"csrf": {token}, "ceremony": {out["ceremony"].(string)},
+		"name": {"second key"}, "credential": {string(other.Register(opts))}, "step_up": {string(approval)}})
+	require.Equal(t, 200, status, "%v", out)
+	require.Contains(t, b.get("/ui/passkeys").body, "second key")
+
+	// The last passkey is not removed from a session.
+	ids := regexp.MustCompile(`name="id" value="([^"]+)"`).FindAllStringSubmatch(b.get("/ui/passkeys").body, -1)
+	require.Len(t, ids, 2)
+	require.Equal(t, http.StatusSeeOther, b.post("/ui/passkeys/remove", url.Values{"csrf": {token}, "id": {ids[0][1]}}).status)
+	p = b.post("/ui/passkeys/remove", url.Values{"csrf": {token}, "id": {ids[1][1]}})
+	require.Equal(t, http.StatusConflict, p.status)
+	require.Contains(t, p.body, "can be removed only by an administrator")
 }
 
 func base64URL(s string) ([]byte, error) { return base64.RawURLEncoding.DecodeString(s) }

@@ -37,6 +37,7 @@ var commands = []*command{
 	{"keys rotate", "[--verify-window 192h] [--master-key-file FILE]", "new signing key; the old one keeps verifying for --verify-window", 0, keysRotate},
 	{"keys list", "", "signing keys and their state", 0, keysList},
 	{"passkeys list", "[--user NAME]", "approvers' registered passkeys: credential ids and public key fingerprints, to pin", 0, passkeysList},
+	{"passkeys remove", "CREDENTIAL-ID --user NAME", "remove a person's passkey, even their last one (a lost key); recorded in the audit trail", 1, passkeysRemove},
 	{"audit verify", "[--pep]", "check every hash chain of the audit trail, and every passkey-signed decision against its registered key", 0, auditVerify},
 	{"audit export", "[--pep] [--out FILE]", "write the audit trail as JSON lines", 0, auditExport},
 	{"users create", "--name NAME [--display-name N] [--email E] [--password-stdin]", "create an approver or requester", 0, usersCreate},

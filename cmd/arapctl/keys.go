@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"text/tabwriter"
@@ -82,5 +83,21 @@ func passkeysList(fs *flag.FlagSet) action {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.User, p.Name, p.CreatedAt.UTC().Format(time.RFC3339), p.ID(), p.Fingerprint())
 		}
 		return tw.Flush()
+	})
+}
+
+// passkeysRemove removes a person's passkey, even their last one (a lost
+// key); people remove their others in the web UI.
+func passkeysRemove(fs *flag.FlagSet) action {
+	user := fs.String("user", "", "whose passkey (required)")
+	return withDatabase(fs, func(ctx context.Context, db *pgxpool.Pool, s streams, args []string) error {
+		if *user == "" {
+			return errors.New("--user is required")
+		}
+		if err := passkeys.RemoveByOperator(ctx, db, *user, args[0], operator()); err != nil {
+			return err
+		}
+		fmt.Fprintf(s.out, "removed passkey %s of %s\n", args[0], *user)
+		return nil
 	})
 }

@@ -58,6 +58,12 @@
   function register(form) {
     var csrf = form.elements.csrf.value;
     post(form.dataset.register, { csrf: csrf }).then(function (res) {
+      // With a passkey already, one of them approves the new one first.
+      var approved = res.step_up ? get(res.step_up).then(JSON.stringify) : Promise.resolve("");
+      return approved.then(function (stepUp) { return create(res, stepUp); });
+    }).then(function (done) { window.location.assign(done.next); }, failed);
+
+    function create(res, stepUp) {
       var pk = res.options.publicKey;
       pk.challenge = unb64u(pk.challenge);
       pk.user.id = unb64u(pk.user.id);
@@ -73,27 +79,35 @@
           clientExtensionResults: cred.getClientExtensionResults()
         };
         return post(form.dataset.register + "/finish", {
-          csrf: csrf, ceremony: res.ceremony, name: form.elements.name.value, credential: JSON.stringify(credential)
+          csrf: csrf, ceremony: res.ceremony, name: form.elements.name.value, credential: JSON.stringify(credential), step_up: stepUp
         });
       });
-    }).then(function (done) { window.location.assign(done.next); }, failed);
+    }
+  }
+
+  // get asks the authenticator to sign the options' challenge and returns
+  // the assertion as the server stores it.
+  function get(options) {
+    var pk = options.publicKey;
+    pk.challenge = unb64u(pk.challenge);
+    (pk.allowCredentials || []).forEach(function (c) { c.id = unb64u(c.id); });
+    return navigator.credentials.get({ publicKey: pk }).then(function (a) {
+      var assertion = {
+        credential_id: b64u(a.rawId),
+        authenticator_data: b64u(a.response.authenticatorData),
+        client_data_json: b64u(a.response.clientDataJSON),
+        signature: b64u(a.response.signature)
+      };
+      if (a.response.userHandle) assertion.user_handle = b64u(a.response.userHandle);
+      return assertion;
+    });
   }
 
   function decide(form, decision) {
     var csrf = form.elements.csrf.value;
     var reason = form.elements.reason ? form.elements.reason.value : "";
     post(form.dataset.passkey, { csrf: csrf, decision: decision }).then(function (res) {
-      var pk = res.options.publicKey;
-      pk.challenge = unb64u(pk.challenge);
-      (pk.allowCredentials || []).forEach(function (c) { c.id = unb64u(c.id); });
-      return navigator.credentials.get({ publicKey: pk }).then(function (a) {
-        var assertion = {
-          credential_id: b64u(a.rawId),
-          authenticator_data: b64u(a.response.authenticatorData),
-          client_data_json: b64u(a.response.clientDataJSON),
-          signature: b64u(a.response.signature)
-        };
-        if (a.response.userHandle) assertion.user_handle = b64u(a.response.userHandle);
+      return get(res.options).then(function (assertion) {
         var out = document.createElement("form");
         out.method = "post";
         out.action = form.action;
