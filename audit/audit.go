@@ -230,6 +230,13 @@ func Chain(ctx context.Context, q Querier, chain string) ([]Record, error) {
 	return out, err
 }
 
+// Kinds calls fn with every event of the given kinds, chain by chain in
+// order (for checks over the log, such as the passkey signatures of
+// decisions).
+func Kinds(ctx context.Context, q Querier, kinds []string, fn func(Record) error) error {
+	return scan(ctx, q, `WHERE kind = ANY($1) ORDER BY chain, seq`, []any{kinds}, fn)
+}
+
 func scan(ctx context.Context, q Querier, where string, args []any, fn func(Record) error) error {
 	rows, err := q.Query(ctx, `SELECT id, chain, seq, at, kind, actor, data::text, prev_hash, hash FROM arap.audit_events `+where, args...)
 	if err != nil {

@@ -115,6 +115,11 @@ const (
 	// ProblemChannelNotAllowed: the rule does not take decisions through the
 	// channel this one came by (approval.channels).
 	ProblemChannelNotAllowed = "channel_not_allowed"
+	// ProblemSignatureRequired: the rule requires a decision signed with the
+	// approver's passkey (approval.require_passkey), and this one is not
+	// (it came through a channel that cannot carry a signature, or carries
+	// none, or one that does not verify).
+	ProblemSignatureRequired = "signature_required"
 	// ProblemUnknownPerson: on_behalf_of names no active directory user.
 	ProblemUnknownPerson = "unknown_person"
 	ProblemInternal      = "internal_error"

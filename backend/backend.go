@@ -32,6 +32,7 @@ import (
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
+	"github.com/omcp/arap/passkeys"
 	"github.com/omcp/arap/requests"
 	"github.com/omcp/arap/signing"
 	"github.com/omcp/arap/slackapp"
@@ -191,10 +192,21 @@ func (b *Backend) build(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	// Passkeys need the UI at a domain name (the WebAuthn relying party id
+	// is the public URL's host); without one, rules requiring a signed
+	// decision cannot be decided, and the UI says why.
+	var signer requests.PasskeyVerifier
+	keysOfPeople, passkeysOff := passkeys.New(passkeys.Config{DB: pool, PublicURL: public, Now: cfg.Now})
+	if passkeysOff != nil {
+		cfg.Log.Warn("passkeys unavailable: rules with approval.require_passkey cannot be decided", "error", passkeysOff)
+	} else {
+		signer = keysOfPeople
+	}
 	if b.requests, err = requests.NewService(requests.Config{
 		DB: pool, Jobs: inserter, Keys: b.keys, Policy: b.engine, Issuer: public, RequestsURL: requestsURL,
 		Retention: cfg.RequestRetention, Log: cfg.Log,
 		CheckCallback: b.callbacks.CheckCallback, OnTerminal: b.callbacks.OnTerminal, Events: b.notify,
+		Passkeys: signer,
 	}); err != nil {
 		return err
 	}
@@ -233,10 +245,16 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 
 	origin, _ := url.Parse(public)
-	ui, err := webui.New(webui.Deps{
+	uiDeps := webui.Deps{
 		DB: pool, Requests: b.requests, Directory: b.people, Counters: counters,
 		Secure: origin.Scheme == "https", Now: cfg.Now, Log: cfg.Log,
-	})
+	}
+	if passkeysOff != nil {
+		uiDeps.PasskeysUnavailable = passkeysOff.Error()
+	} else {
+		uiDeps.Passkeys = keysOfPeople
+	}
+	ui, err := webui.New(uiDeps)
 	if err != nil {
 		return err
 	}

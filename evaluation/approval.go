@@ -80,6 +80,10 @@ type ApprovalPolicy struct {
 	// (context is an ARAP extension point, so such members are kept, not
 	// refused).
 	DeclaredContext []string `json:"declared_context,omitempty"`
+	// RequirePasskey: every person's decision must be signed with their
+	// registered passkey (package passkeys), in the web UI; other channels
+	// cannot carry a signature and are refused.
+	RequirePasskey bool `json:"require_passkey,omitempty"`
 	// Notify is the rule's notify section (nil without one). It lives here
 	// because this is what is stored with each request.
 	Notify *NotifyPolicy `json:"notify,omitempty"`
@@ -121,11 +125,12 @@ type approvalSpec struct {
 	RemindEvery    Duration       `yaml:"remind_every"`
 	EscalateAfter  Duration       `yaml:"escalate_after"`
 	EscalateTo     lineString     `yaml:"escalate_to"`
+	RequirePasskey bool           `yaml:"require_passkey"`
 	Line           int            `yaml:"-"`
 }
 
 var approvalKeys = []string{"quorum", "groups", "users", "clients", "kinds", "channels", "require_humans", "machines_may",
-	"approved_for", "max_approved_for", "grant_delay", "resolvers", "remind_every", "escalate_after", "escalate_to"}
+	"approved_for", "max_approved_for", "grant_delay", "resolvers", "remind_every", "escalate_after", "escalate_to", "require_passkey"}
 
 // MinRemindEvery is the shortest reminder interval: reminders go to people,
 // and more often than this would be noise, not a nudge.
@@ -233,6 +238,13 @@ func compileApproval(env *cel.Env, s approvalSpec, add func(line int, format str
 		add(s.Line, "approval.approved_for (%s) exceeds max_approved_for (%s)", a.ApprovedFor, a.MaxApprovedFor)
 	}
 	a.RemindEvery, a.EscalateAfter, a.EscalateTo = s.RemindEvery.Duration, s.EscalateAfter.Duration, s.EscalateTo.Value
+	a.RequirePasskey = s.RequirePasskey
+	if a.RequirePasskey && len(a.Groups)+len(a.Users) == 0 {
+		add(s.Line, "approval.require_passkey: only people sign with passkeys, and the rule names none (groups or users)")
+	}
+	if a.RequirePasskey && len(a.Channels) > 0 && !slices.Contains(a.Channels, ChannelWeb) {
+		add(s.Line, "approval.require_passkey: signed decisions are made in the web UI, which approval.channels leaves out")
+	}
 	if a.RemindEvery != 0 && a.RemindEvery < MinRemindEvery {
 		add(s.RemindEvery.Line, "approval.remind_every (%s) is shorter than %s", a.RemindEvery, MinRemindEvery)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/fault"
 	"github.com/omcp/arap/internal/randid"
+	"github.com/omcp/arap/passkeys"
 	"github.com/omcp/arap/signing"
 )
 
@@ -99,8 +100,20 @@ type Decision struct {
 	Approve bool
 	Reason  string
 	// ApprovedUntil, optional, asks for a different approval lifetime; it may
-	// not exceed what the approval policy allows.
+	// not exceed what the approval policy allows. A signed approval carries
+	// the window it signed (whole seconds).
 	ApprovedUntil *time.Time
+	// Assertion is the approver's passkey signature over this decision
+	// (passkeys.Challenge of the request, its binding_hash, the decision and
+	// ApprovedUntil), required on a rule with approval.require_passkey.
+	Assertion *passkeys.Assertion
+}
+
+// PasskeyVerifier verifies a passkey assertion by user over challenge,
+// inside the transaction that records the vote (and advances the key's
+// signature counter there); a failure wraps passkeys.ErrAssertion.
+type PasskeyVerifier interface {
+	Verify(ctx context.Context, tx pgx.Tx, user string, challenge []byte, a *passkeys.Assertion) ([]byte, error)
 }
 
 // Vote is a recorded decision.
@@ -167,6 +180,12 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 		if d.Approve {
 			until = d.ApprovedUntil
 		}
+		var signed *passkeys.Assertion
+		if p.RequirePasskey && !v.Resolver {
+			if signed, err = s.checkSignature(ctx, tx, v, r, decision, until, d.Assertion); err != nil {
+				return err
+			}
+		}
 		var via Via
 		if v.Via != nil {
 			via = *v.Via
@@ -188,6 +207,9 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 		data := map[string]any{"voter_kind": v.Kind, "reason": d.Reason, "approved_until": until}
 		if v.Channel != "" {
 			data["channel"] = v.Channel
+		}
+		if signed != nil {
+			data["assertion"] = signed
 		}
 		if v.Via != nil {
 			// Both who decided (Actor, the person) and who carried it.
@@ -236,6 +258,34 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 	}
 	fault.Point("requests.after-decision-commit")
 	return out, nil
+}
+
+// checkSignature verifies a's signature of this very vote: the challenge
+// is recomputed from the locked request's own id and binding_hash and the
+// decision and window about to be recorded, so an assertion made for
+// another request, call, decision or window does not verify.
+func (s *Service) checkSignature(ctx context.Context, tx pgx.Tx, v Voter, r *Request, decision string, until *time.Time, a *passkeys.Assertion) (*passkeys.Assertion, error) {
+	if v.Channel != evaluation.ChannelWeb || !v.human() {
+		// Eligible refused these already; kept so the rule holds here alone.
+		return nil, refuse(authzen.ProblemSignatureRequired, "rule %s requires a decision signed with the approver's passkey in the web UI", r.Rule)
+	}
+	if a == nil {
+		return nil, refuse(authzen.ProblemSignatureRequired, "rule %s requires a decision signed with your passkey, and this one is not signed", r.Rule)
+	}
+	if s.cfg.Passkeys == nil {
+		return nil, refuse(authzen.ProblemSignatureRequired, "rule %s requires a decision signed with a passkey, and passkeys are not available on this server", r.Rule)
+	}
+	if decision == evaluation.DecisionApprove && (until == nil || !until.Equal(until.Truncate(time.Second))) {
+		return nil, refuse(authzen.ProblemInvalidRequest, "a signed approval carries the approval window it signed, in whole seconds")
+	}
+	challenge := passkeys.Challenge(r.ID, r.BindingHash, decision, until)
+	if _, err := s.cfg.Passkeys.Verify(ctx, tx, v.Name, challenge, a); err != nil {
+		if errors.Is(err, passkeys.ErrAssertion) {
+			return nil, refuse(authzen.ProblemSignatureRequired, "rule %s requires a decision signed with your passkey: %v", r.Rule, err)
+		}
+		return nil, err
+	}
+	return a, nil
 }
 
 // approveTx issues the approval: its record (superseding earlier approvals of

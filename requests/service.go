@@ -74,8 +74,11 @@ type Config struct {
 	// notify) inside the transaction of each change, so an event exists if
 	// and only if its change does.
 	Events Events
-	Now    func() time.Time
-	Log    *slog.Logger
+	// Passkeys verifies the assertions of signed decisions (package
+	// passkeys); without it, rules requiring one cannot be decided by people.
+	Passkeys PasskeyVerifier
+	Now      func() time.Time
+	Log      *slog.Logger
 }
 
 // Service is the Access Request Service.

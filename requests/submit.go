@@ -380,6 +380,9 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 				"client_id": caller.ID, "rule": r.Rule, "evaluation_id": r.EvaluationID, "binding_hash": r.BindingHash,
 				"subject": r.Subject.Str("id"), "resource": r.Resource.Str("type") + ":" + r.Resource.Str("id"),
 				"action": r.Action.Str("name"), "expires_at": r.ExpiresAt, "idempotency_key_used": key != "",
+				// So that audit verify knows, from the log alone, that
+				// every person's vote must be signed.
+				"require_passkey": r.ApprovalPolicy.RequirePasskey,
 			}}); err != nil {
 			return err
 		}

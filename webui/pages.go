@@ -131,6 +131,13 @@ func (u *UI) showRequest(w http.ResponseWriter, r *http.Request, id string, stat
 	if it.MayDecide {
 		data.Approving = u.approving(req, votes)
 	}
+	if req.ApprovalPolicy.RequirePasskey {
+		if data.Passkey, err = u.passkeyState(r, s.user.Name); err != nil {
+			u.fail(w, r, err)
+			return
+		}
+		data.Passkey.Required = true
+	}
 	u.render(w, r, "request", status, page{Title: titleOf(it), User: s.user, CSRF: s.csrf, Refresh: problem == "", Data: data, Error: problem})
 }
 
@@ -139,6 +146,7 @@ func (u *UI) showRequest(w http.ResponseWriter, r *http.Request, id string, stat
 type requestData struct {
 	Item
 	Approving approving
+	Passkey   passkeyState
 }
 
 func titleOf(it Item) string {
@@ -163,14 +171,19 @@ func (u *UI) decide(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reason := strings.TrimSpace(r.PostFormValue("reason"))
-	_, err := u.d.Requests.Decide(r.Context(), u.voter(s), id, requests.Decision{Approve: decision == "approve", Reason: reason})
+	d := requests.Decision{Approve: decision == "approve", Reason: reason}
+	if problem := u.signedDecision(r, s, id, decision, &d); problem != "" {
+		u.showRequest(w, r, id, http.StatusBadRequest, "Your decision was not recorded: "+problem+".")
+		return
+	}
+	_, err := u.d.Requests.Decide(r.Context(), u.voter(s), id, d)
 	var re *requests.Error
 	if errors.As(err, &re) {
 		status := http.StatusConflict
 		switch re.Code {
 		case authzen.ProblemInvalidRequest:
 			status = http.StatusBadRequest
-		case authzen.ProblemChannelNotAllowed:
+		case authzen.ProblemChannelNotAllowed, authzen.ProblemSignatureRequired:
 			status = http.StatusForbidden
 		}
 		u.showRequest(w, r, id, status, "Your decision was not recorded: "+re.Detail+".")

@@ -32,6 +32,7 @@ import (
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/internal/summary"
+	"github.com/omcp/arap/passkeys"
 	"github.com/omcp/arap/requests"
 )
 
@@ -49,6 +50,10 @@ type Deps struct {
 	// Counters count the sign-in attempts per address (arap.rate_counters),
 	// for all replicas together.
 	Counters *ratelimit.Counters
+	// Passkeys registers approvers' passkeys and runs the signing of
+	// decisions (nil when unavailable; PasskeysUnavailable says why).
+	Passkeys            *passkeys.Service
+	PasskeysUnavailable string
 	// Secure marks cookies Secure (the public URL is https).
 	Secure bool
 	Now    func() time.Time
@@ -79,7 +84,7 @@ func New(d Deps) (*UI, error) {
 	if u.logins, err = d.Counters.NewLimiter("ui-login", LoginsPerMinute, time.Minute); err != nil {
 		return nil, err
 	}
-	for _, page := range []string{"login", "queue", "request", "history"} {
+	for _, page := range []string{"login", "queue", "request", "history", "passkeys"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("webui: template %s: %w", page, err)
@@ -111,6 +116,11 @@ func (u *UI) routes() http.Handler {
 		r.Get("/ui/history", u.history)
 		r.Get("/ui/requests/{id}", u.request)
 		r.Post("/ui/requests/{id}/decide", u.decide)
+		r.Post("/ui/requests/{id}/challenge", u.challenge)
+		r.Get("/ui/passkeys", u.passkeysPage)
+		r.Post("/ui/passkeys/register", u.beginRegistration)
+		r.Post("/ui/passkeys/register/finish", u.finishRegistration)
+		r.Post("/ui/passkeys/remove", u.removePasskey)
 		r.Post("/ui/logout", u.logout)
 	})
 	r.Get("/ui", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusFound) })

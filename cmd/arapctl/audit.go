@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/passkeys"
 	"github.com/omcp/arap/pep"
 )
 
@@ -26,7 +28,21 @@ func auditVerify(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		return report(s, "audit", rep.OK(), rep.Chains, rep.Events, rep.Breaks)
+		chainsErr := report(s, "audit", rep.OK(), rep.Chains, rep.Events, rep.Breaks)
+		// The signatures are checked even when a chain is broken: a broken
+		// chain does not make a forged decision any less forged.
+		signed, err := passkeys.VerifyAudit(ctx, db)
+		if err != nil {
+			return err
+		}
+		if signed.OK() {
+			fmt.Fprintf(s.out, "signed decisions: %d, all verify\n", signed.Signed)
+			return chainsErr
+		}
+		for _, f := range signed.Failures {
+			fmt.Fprintln(s.out, "SIGNATURE:", f.String())
+		}
+		return errors.Join(chainsErr, fmt.Errorf("audit: %d signed decisions do not verify", len(signed.Failures)))
 	})
 }
 

@@ -36,7 +36,9 @@ var commands = []*command{
 	{"webhooks delete", "NAME", "delete a webhook target; its pending deliveries fail until one of that name exists again", 1, webhooksDelete},
 	{"keys rotate", "[--verify-window 192h] [--master-key-file FILE]", "new signing key; the old one keeps verifying for --verify-window", 0, keysRotate},
 	{"keys list", "", "signing keys and their state", 0, keysList},
-	{"audit verify", "[--pep]", "check every hash chain of the audit trail", 0, auditVerify},
+	{"passkeys list", "[--user NAME]", "approvers' registered passkeys: credential ids and public key fingerprints, to pin", 0, passkeysList},
+	{"passkeys remove", "CREDENTIAL-ID --user NAME", "remove a person's passkey, even their last one (a lost key); recorded in the audit trail", 1, passkeysRemove},
+	{"audit verify", "[--pep]", "check every hash chain of the audit trail, and every passkey-signed decision against its registered key", 0, auditVerify},
 	{"audit export", "[--pep] [--out FILE]", "write the audit trail as JSON lines", 0, auditExport},
 	{"users create", "--name NAME [--display-name N] [--email E] [--password-stdin]", "create an approver or requester", 0, usersCreate},
 	{"users list", "", "list users with their groups", 0, usersList},
@@ -210,7 +212,7 @@ func overview() string {
 		note   string
 		groups []string
 	}{
-		{noteDatabase, []string{"clients", "webhooks", "keys", "audit", "users", "groups", "attributes", "callers"}},
+		{noteDatabase, []string{"clients", "webhooks", "keys", "passkeys", "audit", "users", "groups", "attributes", "callers"}},
 		{noteAPI, []string{"requests", "approvals", "deliveries"}},
 		{noteMCP, []string{"mcp"}},
 	}

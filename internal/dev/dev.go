@@ -29,6 +29,7 @@ import (
 	"github.com/omcp/arap/internal/mailsink"
 	"github.com/omcp/arap/internal/pgembed"
 	"github.com/omcp/arap/notify"
+	"github.com/omcp/arap/passkeys"
 	"github.com/omcp/arap/pep"
 )
 
@@ -383,6 +384,17 @@ func Seed(ctx context.Context, store *clients.Store, people *directory.Store, cb
 	return nil
 }
 
+// passkeyHint says where the UI takes passkeys when the dev URL is an IP
+// address, which cannot be a WebAuthn relying party id: the same listener
+// as localhost.
+func passkeyHint(url string) string {
+	_, origin, err := passkeys.RelyingParty(url)
+	if err != nil || origin == url {
+		return ""
+	}
+	return "\n    passkeys (rules with approval.require_passkey) work at " + origin + "/ui/ (an IP address cannot be a WebAuthn relying party id)"
+}
+
 func printBanner(w io.Writer, url, mcpURL, policy, dataDir, dbURL string) {
 	file := filepath.Join(dataDir, DatabaseURLFile)
 	dbHint := "(in " + file + "; arapctl run in this directory uses it)"
@@ -393,7 +405,7 @@ func printBanner(w io.Writer, url, mcpURL, policy, dataDir, dbURL string) {
 arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
 
   Approver web UI                %[1]s/ui/
-    sign in as bob or carol (treasury), dave or erin (platform); password %[11]s
+    sign in as bob or carol (treasury), dave or erin (platform); password %[11]s%[15]s
   Backend (AuthZEN PDP + ARAP)  %[1]s
   Notifications (mail sink)      %[1]s/dev/mail
   MCP endpoint                   %[8]s
@@ -424,5 +436,6 @@ arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
        bin/arapctl mcp call read_customer_record --arg customer_id=c-42 --input business_justification='Renewal review for ACME'
 
 Started %[7]s. Ctrl-C stops.
-`, url, policy, dataDir, PEPToken, ResolverToken, ITSMToken, time.Now().Format(time.RFC3339), mcpURL, AgentToken, Agent2Token, Password, BobAgentToken, dbURL, dbHint)
+`, url, policy, dataDir, PEPToken, ResolverToken, ITSMToken, time.Now().Format(time.RFC3339), mcpURL, AgentToken, Agent2Token, Password, BobAgentToken, dbURL, dbHint,
+		passkeyHint(url))
 }

@@ -1,0 +1,37 @@
+package evaluation_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/evaluation"
+)
+
+// TestRequirePasskey: approval.require_passkey is parsed into the approval
+// policy (which each request copies), off by default, and refused where no
+// person could sign (no people named, or no web channel).
+func TestRequirePasskey(t *testing.T) {
+	rule := func(approval string) string {
+		return "version: 1\nrules:\n  - name: r\n    match: {action: read}\n    effect: request\n    approval:\n" + approval
+	}
+	p, err := evaluation.Parse("p.yaml", []byte(rule("      groups: [treasury]\n      require_passkey: true\n")))
+	require.NoError(t, err)
+	r, ok := p.Rule("r")
+	require.True(t, ok)
+	require.True(t, r.Approval.RequirePasskey)
+
+	p, err = evaluation.Parse("p.yaml", []byte(rule("      groups: [treasury]\n")))
+	require.NoError(t, err)
+	r, _ = p.Rule("r")
+	require.False(t, r.Approval.RequirePasskey, "off unless the rule asks")
+
+	for _, c := range []struct{ approval, want string }{
+		{"      kinds: [itsm]\n      require_passkey: true\n", `p.yaml:7: rule "r": approval.require_passkey: only people sign with passkeys`},
+		{"      groups: [treasury]\n      channels: [slack]\n      require_passkey: true\n", `p.yaml:7: rule "r": approval.require_passkey: signed decisions are made in the web UI`},
+		{"      groups: [treasury]\n      require_passkey: maybe\n", `p.yaml:`},
+	} {
+		_, err := evaluation.Parse("p.yaml", []byte(rule(c.approval)))
+		require.ErrorContains(t, err, c.want, c.approval)
+	}
+}
