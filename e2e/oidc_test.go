@@ -18,14 +18,16 @@ import (
 
 // TestBrowserOIDCSignIn: `arapd serve` with local passwords off and an
 // OpenID provider (a real one, the zitadel op package, in this test process
-// on loopback). Chromium signs in through the login page's button and the
+// on loopback, on another site). Chromium signs in through the login page's button and the
 // provider's login form, comes back signed in as the user the provider's
 // verified claims made, and sees the queue: the treasury request is there
 // because the provider's groups claim made her a treasury member.
 func TestBrowserOIDCSignIn(t *testing.T) {
 	t.Parallel()
 	ctx := newBrowser(t)
-	op := oidctest.Start(t)
+	// The provider on another site (localhost) than arap (127.0.0.1), as in
+	// production: its redirects back are cross-site navigations.
+	op := oidctest.StartOn(t, "localhost")
 	op.Put(oidctest.User{ID: "idp-42", Username: "tess", Password: "op-password", GivenName: "Tess", FamilyName: "Ury",
 		Email: "tess@corp.example", EmailVerified: true, Groups: []string{"treasury"}})
 

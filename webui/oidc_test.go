@@ -184,9 +184,19 @@ func TestOIDCSignInProvisionsAndSyncs(t *testing.T) {
 	require.Contains(t, b3.get("/ui/").body, `data-request="`+id+`"`)
 
 	// A flow is used once: replaying the callback is refused.
+	// A flow is used once: replaying the callback, even with the flow
+	// cookie put back, is refused.
 	b4 := newBrowser(t, e.URL)
 	_, cb := e.ssoLogin(b4, "tess", "op-password")
+	var flow []*http.Cookie
+	for _, c := range b4.c.Jar.Cookies(mustURL(t, cb)) {
+		if c.Name == "arap_oidc_flow" {
+			flow = append(flow, c)
+		}
+	}
+	require.Len(t, flow, 1)
 	signedIn(t, b4.abs("GET", cb, nil))
+	b4.c.Jar.SetCookies(mustURL(t, e.URL+"/ui/oidc/"), flow)
 	refused(t, b4.abs("GET", cb, nil), 400, "was already used")
 }
 

@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"html/template"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -71,12 +72,19 @@ type OP struct {
 	store     *store
 }
 
-// Start runs a provider until the test ends.
-func Start(t testing.TB) *OP {
+// Start runs a provider on 127.0.0.1 until the test ends.
+func Start(t testing.TB) *OP { return StartOn(t, "127.0.0.1") }
+
+// StartOn is Start with the issuer URL naming host (which must resolve to
+// 127.0.0.1): "localhost" puts the provider on another site than a relying
+// party at 127.0.0.1, as in production, so that browsers apply their
+// cross-site cookie rules to the redirects between them.
+func StartOn(t testing.TB, host string) *OP {
 	t.Helper()
 	o := &OP{users: map[string]*User{}}
 	srv := httptest.NewUnstartedServer(nil)
-	o.Issuer = "http://" + srv.Listener.Addr().String()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	o.Issuer = "http://" + net.JoinHostPort(host, port)
 	client := storage.WebClient(ClientID, ClientSecret, "http://unused.invalid/")
 	o.store = &store{Storage: storage.NewStorageWithClients(userStore{o}, map[string]*storage.Client{ClientID: client}), op: o}
 	var key [32]byte
