@@ -152,9 +152,11 @@ func (u *UI) oidcCallback(w http.ResponseWriter, r *http.Request) {
 		u.loginFailed(w, r, http.StatusUnauthorized, "Sign-in refused: "+ce.Check+".", next)
 		return
 	}
+	var notice string
 	if id.Email != "" && !id.EmailVerified {
 		// Nobody proved the address: it is neither stored nor used.
 		u.d.Log.Warn("the provider did not verify the e-mail address of a user; it is not used", "issuer", id.Issuer, "subject", id.Subject)
+		notice = "Your identity provider has not verified your e-mail address, so arap does not use it: no e-mail notifications reach you, and requests naming that address are not recognised as yours, until the provider verifies it."
 	}
 	preferred := id.PreferredUsername
 	if preferred == "" && id.EmailVerified {
@@ -186,12 +188,16 @@ func (u *UI) oidcCallback(w http.ResponseWriter, r *http.Request) {
 	// would not send the SameSite=Strict session cookie on the next
 	// request; a navigation started by this page of ours does.
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	_ = continuePage.Execute(w, next)
+	// With a notice, the page waits for the person to read it.
+	_ = continuePage.Execute(w, struct{ Next, Notice string }{next, notice})
 }
 
 var continuePage = template.Must(template.New("continue").Parse(`<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="0; url={{.}}"><title>Signed in</title></head>
-<body><p>Signed in. <a id="continue" href="{{.}}">Continue</a></p></body></html>
+<html lang="en"><head><meta charset="utf-8">{{if not .Notice}}<meta http-equiv="refresh" content="0; url={{.Next}}">{{end}}<title>Signed in</title>
+<link rel="stylesheet" href="/ui/assets/app.css"></head>
+<body><main id="main"><section class="card narrow"><h1>Signed in</h1>
+{{if .Notice}}<p class="error" role="alert" id="notice">{{.Notice}}</p>{{end}}
+<p><a class="button primary" id="continue" href="{{.Next}}">Continue</a></p></section></main></body></html>
 `))
 
 // clip bounds a provider-supplied string before it is logged.

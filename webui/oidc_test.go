@@ -255,7 +255,12 @@ func TestOIDCUnverifiedEmailNotUsed(t *testing.T) {
 	// Claims alice's address, unverified.
 	e.op.Put(oidctest.User{ID: "u-1", Username: "mallet", Password: "op-password", Email: "alice@example.com", EmailVerified: false})
 	b := newBrowser(t, e.URL)
-	signedIn(t, e.ssoSignIn(b, "mallet", "op-password"))
+	p := e.ssoSignIn(b, "mallet", "op-password")
+	require.Equal(t, 200, p.status, p.body)
+	require.Contains(t, p.body, "Your identity provider has not verified your e-mail address, so arap does not use it")
+	require.NotContains(t, p.body, "http-equiv", "the page waits for the notice to be read")
+	require.Contains(t, p.body, `id="continue" href="/ui/"`)
+	require.Equal(t, 200, b.get("/ui/").status, "signed in")
 	u, err := e.Backend.Directory().User(context.Background(), "mallet")
 	require.NoError(t, err)
 	require.Empty(t, u.Email, "an unverified address is not stored, so not used for eligibility or notifications")
