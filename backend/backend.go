@@ -36,6 +36,7 @@ import (
 	"github.com/omcp/arap/requests"
 	"github.com/omcp/arap/signing"
 	"github.com/omcp/arap/slackapp"
+	"github.com/omcp/arap/sso"
 	"github.com/omcp/arap/webui"
 )
 
@@ -71,6 +72,14 @@ type Config struct {
 	// Slack, if set (with a token), turns on the Slack app: direct messages
 	// to deciders and the interactivity endpoint of their buttons.
 	Slack *slackapp.Config
+	// OIDC, if set, lets approvers sign in to the web UI through this
+	// OpenID provider; its RedirectURL is derived from the public URL
+	// (<public-url>/ui/oidc/callback). The provider is discovered at start:
+	// a misconfigured one stops the backend from starting.
+	OIDC *sso.Config
+	// NoLocalPasswords turns password sign-in to the web UI off (OIDC is
+	// then required).
+	NoLocalPasswords bool
 	// DevMail, `arapd dev` only, serves the dev mail sink at /dev/mail.
 	DevMail http.Handler
 	// RateLimitClock, if set, is the rate limits' clock (tests pin it, so
@@ -245,8 +254,17 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 
 	origin, _ := url.Parse(public)
+	var rp *sso.RP
+	if cfg.OIDC != nil {
+		c := *cfg.OIDC
+		c.RedirectURL = public + "/ui/oidc/callback"
+		if rp, err = sso.New(ctx, c); err != nil {
+			return fmt.Errorf("backend: %w", err)
+		}
+	}
 	uiDeps := webui.Deps{
 		DB: pool, Requests: b.requests, Directory: b.people, Counters: counters,
+		SSO: rp, DisablePasswords: cfg.NoLocalPasswords,
 		Secure: origin.Scheme == "https", Now: cfg.Now, Log: cfg.Log,
 	}
 	if passkeysOff != nil {

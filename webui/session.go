@@ -61,23 +61,33 @@ func (u *UI) signIn(ctx context.Context, r *http.Request, name, password string)
 		}
 		return "", "", err
 	}
-	id := randomToken()
+	var id string
 	if err := pgx.BeginFunc(ctx, u.d.DB, func(tx pgx.Tx) error {
 		if device, err = u.succeeded(ctx, tx, r, a); err != nil {
 			return err
 		}
-		// Sessions that ended are swept here rather than by a job: sign-ins
-		// are rare and the table stays small.
-		if _, err := tx.Exec(ctx, `DELETE FROM arap.ui_sessions WHERE expires_at < $1`, u.now()); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO arap.ui_sessions (id_hash, user_name, csrf, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)`,
-			hashID(id), user.Name, randomToken(), u.now(), u.now().Add(sessionTTL))
+		id, err = u.openSession(ctx, tx, user.Name, "", "")
 		return err
 	}); err != nil {
 		return "", "", err
 	}
 	return id, device, nil
+}
+
+// openSession stores a new session of user and returns its id. A session
+// opened through an OpenID provider keeps the provider's issuer and the
+// subject (both empty for a password sign-in).
+func (u *UI) openSession(ctx context.Context, tx pgx.Tx, user, issuer, subject string) (string, error) {
+	// Sessions that ended are swept here rather than by a job: sign-ins
+	// are rare and the table stays small.
+	if _, err := tx.Exec(ctx, `DELETE FROM arap.ui_sessions WHERE expires_at < $1`, u.now()); err != nil {
+		return "", err
+	}
+	id := randomToken()
+	_, err := tx.Exec(ctx, `INSERT INTO arap.ui_sessions (id_hash, user_name, csrf, created_at, expires_at, oidc_issuer, oidc_subject)
+		VALUES ($1, $2, $3, $4, $5, nullif($6, ''), nullif($7, ''))`,
+		hashID(id), user, randomToken(), u.now(), u.now().Add(sessionTTL), issuer, subject)
+	return id, err
 }
 
 // wrongPasswordError is a failed attempt after which the client must wait.

@@ -34,6 +34,7 @@ import (
 	"github.com/omcp/arap/internal/summary"
 	"github.com/omcp/arap/passkeys"
 	"github.com/omcp/arap/requests"
+	"github.com/omcp/arap/sso"
 )
 
 //go:embed templates/*.html
@@ -54,6 +55,11 @@ type Deps struct {
 	// decisions (nil when unavailable; PasskeysUnavailable says why).
 	Passkeys            *passkeys.Service
 	PasskeysUnavailable string
+	// SSO, if set, signs approvers in through an OpenID provider (oidc.go).
+	SSO *sso.RP
+	// DisablePasswords turns local password sign-in off (SSO is then
+	// required).
+	DisablePasswords bool
 	// Secure marks cookies Secure (the public URL is https).
 	Secure bool
 	Now    func() time.Time
@@ -72,6 +78,9 @@ type UI struct {
 func New(d Deps) (*UI, error) {
 	if d.DB == nil || d.Requests == nil || d.Directory == nil || d.Counters == nil {
 		return nil, errors.New("webui: DB, Requests, Directory and Counters are required")
+	}
+	if d.DisablePasswords && d.SSO == nil {
+		return nil, errors.New("webui: with local passwords off, an OpenID provider is required, or nobody can sign in")
 	}
 	if d.Now == nil {
 		d.Now = time.Now
@@ -110,6 +119,8 @@ func (u *UI) routes() http.Handler {
 	r.Handle("/ui/assets/*", http.StripPrefix("/ui/assets/", http.FileServer(http.FS(assets))))
 	r.Get("/ui/login", u.loginPage)
 	r.With(u.logins.Middleware(ratelimit.ClientIP, tooManyLogins, u.fail)).Post("/ui/login", u.login)
+	r.With(u.logins.Middleware(ratelimit.ClientIP, tooManyLogins, u.fail)).Get("/ui/login/oidc", u.oidcStart)
+	r.Get("/ui/oidc/callback", u.oidcCallback)
 	r.Group(func(r chi.Router) {
 		r.Use(u.requireSession)
 		r.Get("/ui/", u.queue)
@@ -208,7 +219,7 @@ func (u *UI) loginPage(w http.ResponseWriter, r *http.Request) {
 	}
 	token := randomToken()
 	http.SetCookie(w, u.cookie(loginCSRFKey, token, 600))
-	u.render(w, r, "login", http.StatusOK, page{Title: "Sign in", CSRF: token, Data: map[string]string{"Next": safeNext(r.URL.Query().Get("next"))}})
+	u.render(w, r, "login", http.StatusOK, page{Title: "Sign in", CSRF: token, Data: u.loginData(r.URL.Query().Get("next"), "")})
 }
 
 // safeNext keeps redirects inside the UI.
@@ -220,6 +231,10 @@ func safeNext(n string) string {
 }
 
 func (u *UI) login(w http.ResponseWriter, r *http.Request) {
+	if u.d.DisablePasswords {
+		u.passwordsOff(w, r)
+		return
+	}
 	c, err := r.Cookie(loginCSRFKey)
 	if err != nil || !u.checkCSRF(r, c.Value) {
 		http.Error(w, "the form has expired or did not come from this site; reload the page and sign in again", http.StatusForbidden)
@@ -252,7 +267,7 @@ func (u *UI) login(w http.ResponseWriter, r *http.Request) {
 			name = "" // not echoed into the form
 		}
 		u.render(w, r, "login", status, page{Title: "Sign in", CSRF: token, Error: msg,
-			Data: map[string]string{"Next": safeNext(r.PostFormValue("next")), "Username": name}})
+			Data: u.loginData(r.PostFormValue("next"), name)})
 		return
 	}
 	http.SetCookie(w, u.cookie(loginCSRFKey, "", -1))

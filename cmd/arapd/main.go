@@ -34,6 +34,7 @@ import (
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
 	"github.com/omcp/arap/slackapp"
+	"github.com/omcp/arap/sso"
 )
 
 const usage = `usage: arapd <command> [flags]
@@ -153,6 +154,13 @@ func serve(args []string) error {
 	slackTokenFile := fs.String("slack-token-file", env("ARAP_SLACK_TOKEN_FILE", ""), "file holding the Slack bot token (ARAP_SLACK_TOKEN_FILE, or the token itself in ARAP_SLACK_TOKEN); Slack is off without it")
 	slackSecretFile := fs.String("slack-signing-secret-file", env("ARAP_SLACK_SIGNING_SECRET_FILE", ""), "file holding the Slack app's signing secret (ARAP_SLACK_SIGNING_SECRET_FILE, or ARAP_SLACK_SIGNING_SECRET); without it the Approve and Deny buttons are refused")
 	slackAPI := fs.String("slack-api-url", env("ARAP_SLACK_API_URL", ""), "Slack Web API base URL, for tests (ARAP_SLACK_API_URL; default https://slack.com/api/)")
+	oidcIssuer := fs.String("oidc-issuer", env("ARAP_OIDC_ISSUER", ""), "OpenID provider's issuer URL for approver sign-in to the web UI (ARAP_OIDC_ISSUER; off without it); the redirect URL to register is <public-url>/ui/oidc/callback")
+	oidcClient := fs.String("oidc-client-id", env("ARAP_OIDC_CLIENT_ID", ""), "client id at the OpenID provider (ARAP_OIDC_CLIENT_ID)")
+	oidcSecretFile := fs.String("oidc-client-secret-file", env("ARAP_OIDC_CLIENT_SECRET_FILE", ""), "file holding the client secret (ARAP_OIDC_CLIENT_SECRET_FILE, or the secret itself in ARAP_OIDC_CLIENT_SECRET)")
+	oidcGroups := fs.String("oidc-groups-claim", env("ARAP_OIDC_GROUPS_CLAIM", ""), "ID token claim listing the user's groups; its values naming directory groups become the user's memberships at every sign-in (ARAP_OIDC_GROUPS_CLAIM; off without it)")
+	oidcScopes := fs.String("oidc-scopes", env("ARAP_OIDC_SCOPES", "openid email profile"), "scopes requested, space-separated (ARAP_OIDC_SCOPES)")
+	oidcName := fs.String("oidc-name", env("ARAP_OIDC_NAME", ""), "the provider's name on the sign-in button (ARAP_OIDC_NAME)")
+	localPasswords := fs.Bool("local-passwords", envBool("ARAP_LOCAL_PASSWORDS", true), "allow sign-in to the web UI with local passwords (ARAP_LOCAL_PASSWORDS); false needs --oidc-issuer")
 	_ = fs.Parse(args)
 	log := logger(*level)
 	key, err := masterKey(*keyFile)
@@ -167,10 +175,20 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
+	if v := os.Getenv("ARAP_LOCAL_PASSWORDS"); v != "" {
+		if _, err := strconv.ParseBool(v); err != nil {
+			return fmt.Errorf("ARAP_LOCAL_PASSWORDS=%q: want true or false", v)
+		}
+	}
+	oidcConf, err := oidcConfig(*oidcIssuer, *oidcClient, *oidcSecretFile, *oidcGroups, *oidcScopes, *oidcName)
+	if err != nil {
+		return err
+	}
 	ctx, reload := signals()
 	b, err := backend.New(ctx, backend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, PolicyFile: *policy, MasterKey: key, Migrate: *doMigrate, Log: log,
 		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate}, Mail: mail, Slack: slackConf,
+		OIDC: oidcConf, NoLocalPasswords: !*localPasswords,
 	})
 	if err != nil {
 		return err
@@ -241,6 +259,36 @@ func slackConfig(tokenFile, secretFile, apiURL string) (*slackapp.Config, error)
 		apiURL += "/"
 	}
 	return &slackapp.Config{Token: token, SigningSecret: secret, APIURL: apiURL}, nil
+}
+
+// oidcConfig is the OpenID provider's configuration, or nil (sign-in with
+// local passwords only) without an issuer. The secret comes from the
+// environment or a file, never a flag.
+func oidcConfig(issuer, clientID, secretFile, groupsClaim, scopes, name string) (*sso.Config, error) {
+	secret := os.Getenv("ARAP_OIDC_CLIENT_SECRET")
+	if secretFile != "" {
+		b, err := os.ReadFile(secretFile)
+		if err != nil {
+			return nil, fmt.Errorf("OIDC client secret: %w", err)
+		}
+		secret = strings.TrimSpace(string(b))
+	}
+	if issuer == "" {
+		if clientID != "" || secret != "" || groupsClaim != "" || name != "" {
+			return nil, errors.New("--oidc-client-id, the client secret, --oidc-groups-claim and --oidc-name need --oidc-issuer (ARAP_OIDC_ISSUER)")
+		}
+		return nil, nil
+	}
+	return &sso.Config{Issuer: issuer, ClientID: clientID, ClientSecret: secret, GroupsClaim: groupsClaim, Scopes: strings.Fields(scopes), Name: name}, nil
+}
+
+func envBool(name string, def bool) bool {
+	if v := os.Getenv(name); v != "" {
+		if b, err := strconv.ParseBool(v); err == nil {
+			return b
+		}
+	}
+	return def
 }
 
 func masterKey(file string) ([]byte, error) { return masterKeyFrom("ARAP_MASTER_KEY", file) }

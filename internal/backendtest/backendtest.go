@@ -23,6 +23,7 @@ import (
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/notify"
 	"github.com/omcp/arap/slackapp"
+	"github.com/omcp/arap/sso"
 )
 
 // Env is a running backend.
@@ -55,6 +56,10 @@ type Options struct {
 	Mail *notify.EmailConfig
 	// Slack turns on the Slack app.
 	Slack *slackapp.Config
+	// OIDC turns on sign-in through an OpenID provider.
+	OIDC *sso.Config
+	// NoLocalPasswords turns password sign-in off.
+	NoLocalPasswords bool
 }
 
 // fixedClock is ten seconds into a minute in 2030.
@@ -89,6 +94,7 @@ func Start(t testing.TB, o Options) *Env {
 	b, err := backend.New(ctx, backend.Config{
 		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
 		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now, Mail: o.Mail, Slack: o.Slack,
+		OIDC: o.OIDC, NoLocalPasswords: o.NoLocalPasswords,
 	})
 	if err != nil {
 		t.Fatal(err)
