@@ -116,8 +116,19 @@ func (u *UI) beginRegistration(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, err)
 		return
 	}
+	if stepUp == nil && u.now().Sub(s.signedInAt) > FirstPasskeyWithin {
+		// No passkey of theirs can approve this one, so the sign-in must:
+		// a session cookie stolen later cannot enrol the thief's key.
+		jsonError(w, http.StatusForbidden, "To register your first passkey, sign out and sign in again: the sign-in must be less than "+
+			wait(FirstPasskeyWithin)+" old.")
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"ceremony": id, "options": create, "step_up": stepUp})
 }
+
+// FirstPasskeyWithin is how recent a sign-in must be to register a
+// person's first passkey (later ones are approved by an earlier one).
+const FirstPasskeyWithin = 10 * time.Minute
 
 // finishRegistration stores the passkey the browser created.
 func (u *UI) finishRegistration(w http.ResponseWriter, r *http.Request) {

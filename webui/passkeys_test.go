@@ -147,3 +147,26 @@ func TestPasskeySignedDecision(t *testing.T) {
 }
 
 func base64URL(s string) ([]byte, error) { return base64.RawURLEncoding.DecodeString(s) }
+
+// TestFirstPasskeyNeedsAFreshSignIn: a person with no passkey yet registers
+// one only from a sign-in under FirstPasskeyWithin old, so a session cookie
+// stolen later cannot enrol the thief's key.
+func TestFirstPasskeyNeedsAFreshSignIn(t *testing.T) {
+	t.Parallel()
+	env := backendtest.Start(t, backendtest.Options{Policy: passkeyPolicy(t)})
+	b := newBrowser(t, env.URL)
+	require.Equal(t, http.StatusSeeOther, b.signIn("bob", dev.Password).status)
+	token := csrf(t, b.get("/ui/passkeys"))
+	_, err := env.Pool.Exec(t.Context(), `UPDATE arap.ui_sessions SET created_at = created_at - interval '11 minutes' WHERE user_name = 'bob'`)
+	require.NoError(t, err)
+	status, out := b.postJSON("/ui/passkeys/register", url.Values{"csrf": {token}})
+	require.Equal(t, http.StatusForbidden, status, "%v", out)
+	require.Contains(t, out["error"], "sign out and sign in again")
+
+	b = newBrowser(t, env.URL)
+	require.Equal(t, http.StatusSeeOther, b.signIn("bob", dev.Password).status)
+	token = csrf(t, b.get("/ui/passkeys"))
+	status, out = b.postJSON("/ui/passkeys/register", url.Values{"csrf": {token}})
+	require.Equal(t, http.StatusOK, status, "%v", out)
+	require.NotEmpty(t, out["options"])
+}

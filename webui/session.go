@@ -23,8 +23,9 @@ const (
 )
 
 type session struct {
-	user *directory.User
-	csrf string
+	user       *directory.User
+	csrf       string
+	signedInAt time.Time
 }
 
 func randomToken() string {
@@ -106,9 +107,9 @@ func (u *UI) current(r *http.Request) *session {
 		return nil
 	}
 	var name, csrf string
-	var expires time.Time
-	err = u.d.DB.QueryRow(r.Context(), `SELECT user_name, csrf, expires_at FROM arap.ui_sessions WHERE id_hash = $1`, hashID(c.Value)).
-		Scan(&name, &csrf, &expires)
+	var created, expires time.Time
+	err = u.d.DB.QueryRow(r.Context(), `SELECT user_name, csrf, created_at, expires_at FROM arap.ui_sessions WHERE id_hash = $1`, hashID(c.Value)).
+		Scan(&name, &csrf, &created, &expires)
 	if err != nil || u.now().After(expires) {
 		return nil
 	}
@@ -116,7 +117,7 @@ func (u *UI) current(r *http.Request) *session {
 	if err != nil || user.DisabledAt != nil {
 		return nil
 	}
-	return &session{user: user, csrf: csrf}
+	return &session{user: user, csrf: csrf, signedInAt: created}
 }
 
 func (u *UI) signOut(r *http.Request) {
