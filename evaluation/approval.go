@@ -89,8 +89,13 @@ type ApprovalPolicy struct {
 	Notify *NotifyPolicy `json:"notify,omitempty"`
 }
 
-// AllowsChannel reports whether decisions may come through channel.
+// AllowsChannel reports whether decisions may come through channel: one
+// the rule lists, and only the web UI when decisions must be signed with a
+// passkey (no other channel can carry a signature).
 func (a ApprovalPolicy) AllowsChannel(channel string) bool {
+	if a.RequirePasskey && channel != ChannelWeb {
+		return false
+	}
 	return len(a.Channels) == 0 || slices.Contains(a.Channels, channel)
 }
 

@@ -35,3 +35,19 @@ func TestRequirePasskey(t *testing.T) {
 		require.ErrorContains(t, err, c.want, c.approval)
 	}
 }
+
+// TestPasskeyRuleTakesOnlyTheWeb: a rule requiring a passkey allows no
+// channel but the web UI, whatever its channels list says, so neither the
+// decision API nor Slack (which then shows no Approve/Deny) offers a way
+// to decide it.
+func TestPasskeyRuleTakesOnlyTheWeb(t *testing.T) {
+	p := evaluation.ApprovalPolicy{RequirePasskey: true}
+	require.True(t, p.AllowsChannel(evaluation.ChannelWeb))
+	for _, c := range []string{evaluation.ChannelAPI, evaluation.ChannelOnBehalf, evaluation.ChannelSlack} {
+		require.False(t, p.AllowsChannel(c), c)
+	}
+	p.Channels = evaluation.AllChannels
+	require.False(t, p.AllowsChannel(evaluation.ChannelSlack))
+	p.RequirePasskey = false
+	require.True(t, p.AllowsChannel(evaluation.ChannelSlack))
+}

@@ -91,13 +91,13 @@ func Qualified(v Voter, r *Request) error {
 			return refuse(authzen.ProblemIneligibleApprover, "client:%s submitted this request and cannot carry a decision on it", v.Via.Client)
 		}
 	}
-	if !v.Resolver && !r.ApprovalPolicy.AllowsChannel(v.Channel) {
-		return refuse(authzen.ProblemChannelNotAllowed, "rule %s takes decisions only through %s, not %s", r.Rule,
-			strings.Join(channelNames(r.ApprovalPolicy.Channels), " or "), channelName(v.Channel))
-	}
 	if !v.Resolver && r.ApprovalPolicy.RequirePasskey && v.Channel != evaluation.ChannelWeb {
 		return refuse(authzen.ProblemSignatureRequired, "rule %s requires a decision signed with the approver's passkey in the web UI; %s cannot carry one",
 			r.Rule, channelName(v.Channel))
+	}
+	if !v.Resolver && !r.ApprovalPolicy.AllowsChannel(v.Channel) {
+		return refuse(authzen.ProblemChannelNotAllowed, "rule %s takes decisions only through %s, not %s", r.Rule,
+			strings.Join(channelNames(r.ApprovalPolicy.Channels), " or "), channelName(v.Channel))
 	}
 	return nil
 }
