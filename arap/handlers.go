@@ -140,7 +140,7 @@ func (s *Server) evaluateBatch(w http.ResponseWriter, r *http.Request) {
 	resp := authzen.EvaluationsResponse{Evaluations: make([]authzen.Decision, len(outs))}
 	for i, o := range outs {
 		s.decided(o)
-		resp.Evaluations[i] = s.wire(o.Decision)
+		resp.Evaluations[i] = s.wire(o.BatchItem())
 	}
 	writeJSON(w, http.StatusOK, resp)
 }
