@@ -72,3 +72,35 @@ func TestAuthZENInteropTodo(t *testing.T) {
 		require.Equal(t, stringify(c.Expected), stringify(data.Evaluations), fmt.Sprintf("batch case %d: %s", i, c.Request))
 	}
 }
+
+// TestDirectorySubjectAttributesOverHTTP: the backend registers the
+// directory as the subject attribute source "directory"; a policy reads a
+// subject's groups from it.
+func TestDirectorySubjectAttributesOverHTTP(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{Policy: []byte(`version: 1
+subject_attributes: {source: directory}
+definitions:
+  treasurer: "'treasury' in subject_attributes.?groups.orValue([])"
+rules:
+  - name: ledger
+    match: {actions: [read_ledger, export_ledger]}
+    when: treasurer
+    effect: allow
+`)})
+	pep := api{t: t, base: env.URL, token: dev.PEPToken}
+	ask := func(who, action string) map[string]any {
+		return map[string]any{"subject": map[string]any{"type": "user", "id": who}, "action": map[string]any{"name": action},
+			"resource": map[string]any{"type": "ledger", "id": "main"}}
+	}
+	for _, tc := range []struct {
+		who, action string
+		allow       bool
+	}{{"bob", "read_ledger", true}, {"carol", "export_ledger", true}, {"alice", "read_ledger", false}, {"bob", "delete_ledger", false}, {"nobody", "read_ledger", false}} {
+		r := pep.do("POST", "/access/v1/evaluation", ask(tc.who, tc.action))
+		require.Equal(t, 200, r.status, "%s", r.body)
+		require.Equal(t, tc.allow, r.json(t)["decision"], "%s %s", tc.who, tc.action)
+	}
+	r := pep.do("POST", "/access/v1/evaluations", map[string]any{"evaluations": []any{ask("bob", "read_ledger"), ask("alice", "read_ledger")}})
+	require.Equal(t, 200, r.status, "%s", r.body)
+	require.JSONEq(t, `{"evaluations":[{"decision":true},{"decision":false}]}`, string(r.body))
+}
