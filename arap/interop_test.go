@@ -71,6 +71,16 @@ func TestAuthZENInteropTodo(t *testing.T) {
 		require.NoError(t, json.Unmarshal(r.body, &data))
 		require.Equal(t, stringify(c.Expected), stringify(data.Evaluations), fmt.Sprintf("batch case %d: %s", i, c.Request))
 	}
+	// The cases' subjects are all in the directory; an identity it does not
+	// list is denied everything, as is a listed one under another type.
+	for _, subject := range []map[string]any{{"type": "user", "id": "squanchy@the-citadel.com"}, {"type": "agent", "id": "rick@the-citadel.com"}} {
+		for _, action := range []string{"can_read_user", "can_read_todos", "can_create_todo", "can_update_todo", "can_delete_todo"} {
+			r := pep.do("POST", "/access/v1/evaluation", map[string]any{"subject": subject, "action": map[string]any{"name": action},
+				"resource": map[string]any{"type": "todo", "id": "1", "properties": map[string]any{"ownerID": subject["id"]}}})
+			require.Equal(t, 200, r.status, "%s", r.body)
+			require.Equal(t, false, r.json(t)["decision"], "%v %s", subject, action)
+		}
+	}
 }
 
 // TestDirectorySubjectAttributesOverHTTP: the backend registers the
