@@ -119,7 +119,9 @@ func (e *Engine) usable(p *Policy) error {
 // Policy returns the policy in force.
 func (e *Engine) Policy() *Policy { return e.policy.Load() }
 
-// SetPolicy replaces the policy in force.
+// SetPolicy replaces the policy in force. Unlike New and Reload it does not
+// check that a subject_attributes source is registered; if it is not, every
+// evaluation that reads subject_attributes denies (policy_error).
 func (e *Engine) SetPolicy(p *Policy) { e.policy.Store(p) }
 
 // Reload re-reads the policy file. On error the current policy stays.
