@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -71,7 +72,10 @@ func decodeJSON(body []byte, v any) error {
 	if err := json.Unmarshal(body, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return errors.New(te.Field + ": expected " + te.Type.String())
+			if te.Field == "" {
+				return errors.New("the body must be a JSON object, not " + jsonKind(te.Value))
+			}
+			return errors.New(te.Field + ": expected " + jsonTypeName(te.Type) + ", got " + jsonKind(te.Value))
 		}
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
@@ -80,6 +84,38 @@ func decodeJSON(body []byte, v any) error {
 		return err
 	}
 	return nil
+}
+
+// jsonTypeName names the JSON type a Go type decodes from, for messages
+// that speak the client's language rather than ours.
+func jsonTypeName(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Map, reflect.Struct:
+		return "a JSON object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8,
+		reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Pointer:
+		return jsonTypeName(t.Elem())
+	}
+	return t.String()
+}
+
+// jsonKind names what encoding/json found ("string", "array", "number 5").
+func jsonKind(v string) string {
+	switch v {
+	case "object":
+		return "an object"
+	case "array":
+		return "an array"
+	}
+	return v
 }
 
 func (s *Server) evaluate(w http.ResponseWriter, r *http.Request) {
@@ -140,7 +176,7 @@ func (s *Server) evaluateBatch(w http.ResponseWriter, r *http.Request) {
 	resp := authzen.EvaluationsResponse{Evaluations: make([]authzen.Decision, len(outs))}
 	for i, o := range outs {
 		s.decided(o)
-		resp.Evaluations[i] = s.wire(o.Decision)
+		resp.Evaluations[i] = s.wire(o.BatchItem())
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

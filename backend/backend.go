@@ -154,8 +154,11 @@ func (b *Backend) build(ctx context.Context) error {
 		PolicyFile: cfg.PolicyFile, Keys: b.keys, Issuer: public, RequestsURL: requestsURL,
 		SchemaURL:  func(tpl string) string { return public + authzen.PathSchemas + "/" + url.PathEscape(tpl) },
 		Attributes: b.attrs,
-		Approvals:  &requests.ApprovalStore{DB: pool, Now: time.Now},
-		Log:        cfg.Log,
+		// The directory's users and groups, for policies that say
+		// subject_attributes: {source: directory}.
+		SubjectSources: map[string]evaluation.SubjectSource{"directory": attributes.Directory{People: b.people}},
+		Approvals:      &requests.ApprovalStore{DB: pool, Now: time.Now},
+		Log:            cfg.Log,
 	}); err != nil {
 		return err
 	}

@@ -196,6 +196,42 @@ func (s *Store) User(ctx context.Context, name string) (*User, error) {
 	return u, nil
 }
 
+// Find returns the active user a claimed identifier names: their user
+// name or e-mail address, compared case-insensitively (identity.Name) and
+// read as written, never with a type prefix removed. ErrNotFound when no
+// active user has that identity.
+func (s *Store) Find(ctx context.Context, claimed string) (*User, error) {
+	// Names are stored lower case and e-mail addresses lowercased, so the
+	// index finds the candidates; identity.Is then decides.
+	rows, err := s.db.Query(ctx, selectUser+` WHERE (u.name = lower($1) OR u.email = lower($1)) AND u.disabled_at IS NULL
+		GROUP BY u.name ORDER BY u.name LIMIT 2`, claimed)
+	if err != nil {
+		return nil, fmt.Errorf("directory: find %q: %w", claimed, err)
+	}
+	defer rows.Close()
+	var found []*User
+	for rows.Next() {
+		u, err := scanUser(rows)
+		if err != nil {
+			return nil, fmt.Errorf("directory: find %q: %w", claimed, err)
+		}
+		if u.Name == strings.ToLower(claimed) || u.Email == strings.ToLower(claimed) {
+			if identity.Any(u.Identities(), claimed) {
+				found = append(found, u)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("directory: find %q: %w", claimed, err)
+	}
+	if len(found) != 1 {
+		// None, or one user's name is another's address: naming nobody is
+		// safer than guessing which one is meant.
+		return nil, ErrNotFound
+	}
+	return found[0], nil
+}
+
 // Users lists every user.
 func (s *Store) Users(ctx context.Context) ([]*User, error) {
 	rows, err := s.db.Query(ctx, selectUser+` GROUP BY u.name ORDER BY u.name`)

@@ -61,6 +61,8 @@ func ValidateBatch(b authzen.EvaluationsRequest) []string {
 func (e *Engine) EvaluateBatch(ctx context.Context, callerID string, b authzen.EvaluationsRequest) ([]Outcome, error) {
 	items := Items(b)
 	out := make([]Outcome, 0, len(items))
+	// Items about the same subject share one subject lookup.
+	ctx = withLookupCache(ctx)
 	for _, it := range items {
 		o, err := e.Evaluate(ctx, callerID, it)
 		if err != nil {
@@ -79,4 +81,24 @@ func (e *Engine) EvaluateBatch(ctx context.Context, callerID string, b authzen.E
 		}
 	}
 	return out, nil
+}
+
+// BatchItem is how a batch (POST /access/v1/evaluations) answers one
+// outcome. A plain decision, an allow or a deny that is neither requestable
+// nor the answer to a presented approval, is {"decision": b} alone: AuthZEN
+// batch callers (the working group's interop harness among them) compare
+// items exactly, and a plain decision's evaluation_id and reason name
+// nothing stored and ask nothing of the PEP. A requestable denial keeps its
+// whole context (access_request, evaluation_id, evaluated_at, reason), which
+// ARAP needs to submit a request, and so does a re-evaluation's answer
+// (reason, next_action), which tells the PEP what to do next. The single
+// endpoint keeps the diagnostic context on every decision.
+func (o Outcome) BatchItem() authzen.Decision {
+	if o.Reeval {
+		return o.Decision
+	}
+	if _, requestable := o.Decision.Context[authzen.CtxAccessRequest]; requestable {
+		return o.Decision
+	}
+	return authzen.Decision{Decision: o.Decision.Decision}
 }

@@ -3,6 +3,9 @@ package evaluation_test
 import (
 	"context"
 	"testing"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/evaluation"
 )
 
 // BenchmarkEvaluateRequestable is the PDP's cost for a requestable denial:
@@ -15,6 +18,31 @@ func BenchmarkEvaluateRequestable(b *testing.B) {
 	for b.Loop() {
 		out, err := e.Evaluate(ctx, "client-1", req)
 		if err != nil || out.Decision.Decision {
+			b.Fatalf("%v %v", out, err)
+		}
+	}
+}
+
+// BenchmarkEvaluateTodo is the cost of a decision that reads subject
+// attributes (from the Todo example's file source) through definitions:
+// an editor updating their own todo, the longest path of that policy.
+func BenchmarkEvaluateTodo(b *testing.B) {
+	p, err := evaluation.LoadFile("../docs/examples/todo/policy.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	e, _ := setup(b)
+	e.SetPolicy(p)
+	ctx := context.Background()
+	req := authzen.EvaluationRequest{
+		Subject:  authzen.Object{"type": "user", "id": "morty@the-citadel.com"},
+		Action:   authzen.Object{"name": "can_update_todo"},
+		Resource: authzen.Object{"type": "todo", "id": "1", "properties": map[string]any{"ownerID": "morty@the-citadel.com"}},
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		out, err := e.Evaluate(ctx, "client-1", req)
+		if err != nil || !out.Decision.Decision {
 			b.Fatalf("%v %v", out, err)
 		}
 	}

@@ -19,11 +19,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/interpreter"
 	"github.com/oklog/ulid/v2"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -49,6 +52,10 @@ type Options struct {
 	SchemaURL func(template string) string
 	// Attributes supplies attributes.<key> to conditions; none when nil.
 	Attributes AttributeSource
+	// SubjectSources are the subject attribute sources a policy may name in
+	// subject_attributes.source (e.g. "directory"); a file source needs no
+	// registration.
+	SubjectSources map[string]SubjectSource
 	// Approvals resolves approval ids at re-evaluation; without it every
 	// presented approval is unverifiable.
 	Approvals Approvals
@@ -89,14 +96,32 @@ func New(opts Options) (*Engine, error) {
 			return nil, err
 		}
 	}
+	if err := e.usable(p); err != nil {
+		return nil, err
+	}
 	e.policy.Store(p)
 	return e, nil
+}
+
+// usable checks what a policy needs from the deployment.
+func (e *Engine) usable(p *Policy) error {
+	if sa := p.SubjectAttributes; sa != nil && sa.file == nil && e.opts.SubjectSources[sa.Source] == nil {
+		names := make([]string, 0, len(e.opts.SubjectSources))
+		for n := range e.opts.SubjectSources {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		return fmt.Errorf("policy %s: subject_attributes.source %q is not a source of this deployment (it has: %s)", p.Source, sa.Source, strings.Join(names, ", "))
+	}
+	return nil
 }
 
 // Policy returns the policy in force.
 func (e *Engine) Policy() *Policy { return e.policy.Load() }
 
-// SetPolicy replaces the policy in force.
+// SetPolicy replaces the policy in force. Unlike New and Reload it does not
+// check that a subject_attributes source is registered; if it is not, every
+// evaluation that reads subject_attributes denies (policy_error).
 func (e *Engine) SetPolicy(p *Policy) { e.policy.Store(p) }
 
 // Reload re-reads the policy file. On error the current policy stays.
@@ -106,6 +131,9 @@ func (e *Engine) Reload() error {
 	}
 	p, err := LoadFile(e.opts.PolicyFile)
 	if err != nil {
+		return err
+	}
+	if err := e.usable(p); err != nil {
 		return err
 	}
 	e.policy.Store(p)
@@ -183,9 +211,10 @@ func (e *Engine) Evaluate(ctx context.Context, callerID string, req authzen.Eval
 	return out, nil
 }
 
-// Vars are the inputs of policy conditions: the request, the time, the
-// attributes and which windows are open.
-func (e *Engine) Vars(ctx context.Context, p *Policy, req authzen.EvaluationRequest, now time.Time) (map[string]any, error) {
+// activation builds the inputs of policy conditions: the request, the
+// time, the attributes, which windows are open, and, when a condition
+// reads them, the subject's attributes and the definitions.
+func (e *Engine) activation(ctx context.Context, p *Policy, req authzen.EvaluationRequest, now time.Time) (*activation, error) {
 	ctxObj := map[string]any{}
 	for k, v := range req.Context {
 		if k != authzen.CtxApproval { // an input to the decision, never to conditions
@@ -203,20 +232,70 @@ func (e *Engine) Vars(ctx context.Context, p *Policy, req authzen.EvaluationRequ
 	for name, w := range p.Windows {
 		windows[name] = w.Open(now)
 	}
-	return map[string]any{
-		"subject":    map[string]any(req.Subject),
-		"resource":   map[string]any(req.Resource),
-		"action":     map[string]any(req.Action),
-		"context":    ctxObj,
-		"now":        now,
-		"attributes": attrs,
-		"windows":    windows,
-	}, nil
+	return &activation{ctx: ctx, e: e, p: p, vars: map[string]any{
+		varSubject:    map[string]any(req.Subject),
+		varResource:   map[string]any(req.Resource),
+		varAction:     map[string]any(req.Action),
+		varContext:    ctxObj,
+		varNow:        now,
+		varAttributes: attrs,
+		varWindows:    windows,
+	}}, nil
 }
+
+// activation resolves condition variables for one evaluation. The subject
+// lookup and the definitions are lazy: computed the first time a condition
+// reads them, then kept for the rest of the evaluation, so rules that do not
+// read them cost nothing and rules that do share one lookup.
+type activation struct {
+	ctx  context.Context
+	e    *Engine
+	p    *Policy
+	vars map[string]any
+	memo map[string]any
+}
+
+// ResolveName implements interpreter.Activation.
+func (a *activation) ResolveName(name string) (any, bool) {
+	if v, ok := a.vars[name]; ok {
+		return v, true
+	}
+	if v, ok := a.memo[name]; ok {
+		return v, true
+	}
+	var v any
+	switch d := a.p.Definitions[name]; {
+	case name == varSubjectAttributes && a.p.SubjectAttributes != nil:
+		attrs, err := a.e.subjectAttributes(a.ctx, a.p.SubjectAttributes, a.vars[varSubject].(map[string]any))
+		if err != nil {
+			v = types.WrapErr(err)
+		} else {
+			v = attrs
+		}
+	case d != nil:
+		// Definitions are acyclic (checked at load), so this recursion ends.
+		val, _, err := d.program.Eval(a)
+		if err != nil {
+			v = types.WrapErr(fmt.Errorf("definition %q: %w", name, err))
+		} else {
+			v = val
+		}
+	default:
+		return nil, false
+	}
+	if a.memo == nil {
+		a.memo = map[string]any{}
+	}
+	a.memo[name] = v
+	return v, true
+}
+
+// Parent implements interpreter.Activation.
+func (a *activation) Parent() interpreter.Activation { return nil }
 
 // match returns the first rule that applies, or nil.
 func (e *Engine) match(ctx context.Context, p *Policy, req authzen.EvaluationRequest, now time.Time) (*Rule, error) {
-	vars, err := e.Vars(ctx, p, req, now)
+	vars, err := e.activation(ctx, p, req, now)
 	if err != nil {
 		return nil, err
 	}
@@ -244,6 +323,7 @@ func (e *Engine) match(ctx context.Context, p *Policy, req authzen.EvaluationReq
 
 func (m Match) matches(req authzen.EvaluationRequest) bool {
 	return (m.Action == "" || m.Action == req.Action.Str("name")) &&
+		(m.Actions == nil || slices.Contains(m.Actions, req.Action.Str("name"))) &&
 		(m.ResourceType == "" || m.ResourceType == req.Resource.Str("type")) &&
 		(m.ResourceID == "" || m.ResourceID == req.Resource.Str("id")) &&
 		(m.SubjectType == "" || m.SubjectType == req.Subject.Str("type"))

@@ -29,7 +29,12 @@ type Policy struct {
 	Defaults Defaults
 	Rules    []*Rule
 	Windows  map[string]*Window
-	byName   map[string]*Rule
+	// Definitions are the named CEL expressions conditions may read.
+	Definitions map[string]*Definition
+	// SubjectAttributes says where subject_attributes comes from; nil when
+	// the policy does not use it.
+	SubjectAttributes *SubjectAttributes
+	byName            map[string]*Rule
 }
 
 // Rule returns the named rule.
@@ -71,10 +76,13 @@ type Rule struct {
 
 // Match is a cheap pre-filter on exact values; empty fields match anything.
 type Match struct {
-	Action       string `yaml:"action"`
-	ResourceType string `yaml:"resource_type"`
-	ResourceID   string `yaml:"resource_id"`
-	SubjectType  string `yaml:"subject_type"`
+	Action string `yaml:"action"`
+	// Actions matches any of several action names (a rule covering several
+	// actions); it excludes Action.
+	Actions      []string `yaml:"actions"`
+	ResourceType string   `yaml:"resource_type"`
+	ResourceID   string   `yaml:"resource_id"`
+	SubjectType  string   `yaml:"subject_type"`
 }
 
 // Expr is a CEL expression with the line it came from.
@@ -109,10 +117,12 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 }
 
 type fileSpec struct {
-	Version  int                   `yaml:"version"`
-	Defaults Defaults              `yaml:"defaults"`
-	Windows  map[string]windowSpec `yaml:"windows"`
-	Rules    []ruleSpec            `yaml:"rules"`
+	Version           int                    `yaml:"version"`
+	Defaults          Defaults               `yaml:"defaults"`
+	Windows           map[string]windowSpec  `yaml:"windows"`
+	SubjectAttributes *subjectAttributesSpec `yaml:"subject_attributes"`
+	Definitions       map[string]Expr        `yaml:"definitions"`
+	Rules             []ruleSpec             `yaml:"rules"`
 }
 
 type ruleSpec struct {
@@ -158,7 +168,7 @@ func (r *ruleSpec) UnmarshalYAML(n *yaml.Node) error {
 var (
 	ruleKeys = []string{"name", "description", "match", "when", "effect", "reason", "template", "display",
 		"context_members", "denial_ttl", "request_ttl", "request_schema", "approval", "notify"}
-	matchKeys = []string{"action", "resource_type", "resource_id", "subject_type"}
+	matchKeys = []string{"action", "actions", "resource_type", "resource_id", "subject_type"}
 )
 
 func checkKeys(n *yaml.Node, known []string, what string) error {
@@ -224,10 +234,12 @@ func Parse(source string, doc []byte) (*Policy, error) {
 	if p.Defaults.RequestTTL.Duration == 0 {
 		p.Defaults.RequestTTL.Duration = 24 * time.Hour
 	}
-	env, err := newCELEnv()
+	p.SubjectAttributes = compileSubjectAttributes(source, spec.SubjectAttributes, add)
+	env, err := newCELEnv(spec.SubjectAttributes != nil)
 	if err != nil {
 		return nil, err
 	}
+	env, p.Definitions = compileDefinitions(env, spec.Definitions, add)
 	for _, rs := range spec.Rules {
 		r, problems := compileRule(env, p.Defaults, rs)
 		perr.Problems = append(perr.Problems, problems...)
@@ -310,7 +322,20 @@ func compileRule(env *cel.Env, d Defaults, rs ruleSpec) (*Rule, []Problem) {
 			add(rs.Line, "context_members may not include %q: it is protocol machinery, not an authorization input", m)
 		}
 	}
-	if r.Match == (Match{}) && r.When.Src == "" {
+	if r.Match.Action != "" && r.Match.Actions != nil {
+		add(rs.Line, "match: give action or actions, not both")
+	}
+	if r.Match.Actions != nil {
+		if len(r.Match.Actions) == 0 {
+			add(rs.Line, "match.actions is empty; list the action names the rule covers")
+		}
+		for _, a := range r.Match.Actions {
+			if a == "" {
+				add(rs.Line, "match.actions has an empty action name")
+			}
+		}
+	}
+	if r.Match.empty() && r.When.Src == "" {
 		add(rs.Line, "needs match or when (a rule that matches everything should say when: \"true\")")
 	}
 	if r.When.Src != "" {
@@ -402,17 +427,15 @@ func jsonCompatible(v any) any {
 
 const celCostLimit = 100000
 
-func newCELEnv() (*cel.Env, error) {
-	return cel.NewEnv(append(functions(),
-		cel.Variable("subject", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("resource", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("action", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("context", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("now", cel.TimestampType),
-		cel.Variable("attributes", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("windows", cel.MapType(cel.StringType, cel.BoolType)),
+func newCELEnv(subjectAttributes bool) (*cel.Env, error) {
+	opts := append(functions(), celVars(subjectAttributes)...)
+	return cel.NewEnv(append(opts,
 		cel.CrossTypeNumericComparisons(true),
 		cel.OptionalTypes(),
 		ext.Strings(),
 	)...)
+}
+
+func (m Match) empty() bool {
+	return m.Action == "" && m.Actions == nil && m.ResourceType == "" && m.ResourceID == "" && m.SubjectType == ""
 }

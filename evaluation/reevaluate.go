@@ -218,7 +218,7 @@ func (e *Engine) verifyApproval(ctx context.Context, callerID string, raw any, n
 // condition holds, or nil.
 func (e *Engine) Resolve(ctx context.Context, rule *Rule, req authzen.EvaluationRequest, now time.Time) (*Resolver, error) {
 	p := e.policy.Load()
-	vars, err := e.Vars(ctx, p, req, now)
+	vars, err := e.activation(ctx, p, req, now)
 	if err != nil {
 		return nil, err
 	}

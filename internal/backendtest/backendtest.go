@@ -39,7 +39,10 @@ type Env struct {
 type Options struct {
 	// Policy is the policy document; the dev seed policy when empty.
 	Policy []byte
-	Limits arap.Limits
+	// PolicyFile, when set, is used in place of Policy, so that files it
+	// names relative to itself (a subject_attributes file) are found.
+	PolicyFile string
+	Limits     arap.Limits
 	// RequestRetention overrides how long ended requests stay readable.
 	RequestRetention time.Duration
 	// CallbackSchedule overrides the callback retry schedule.
@@ -80,9 +83,12 @@ func Start(t testing.TB, o Options) *Env {
 	if policy == nil {
 		policy = dev.SeedPolicy()
 	}
-	file := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(file, policy, 0o600); err != nil {
-		t.Fatal(err)
+	file := o.PolicyFile
+	if file == "" {
+		file = filepath.Join(t.TempDir(), "policy.yaml")
+		if err := os.WriteFile(file, policy, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	clock := o.RateLimitClock
 	if clock == nil {
