@@ -145,13 +145,13 @@ func TestProblemErrors(t *testing.T) {
 }
 
 // TestWaitWokenByCallbackThenReevaluate: a submission with a callback to a
-// Callbacks handler; Wait polls only once an hour, so only the verified
-// callback can end it in time; the approved status carries the approval,
+// Callbacks handler; Wait's pauses never end by themselves, so only the
+// verified callback can end it; the approved status carries the approval,
 // and Reevaluate with it is the allow.
 func TestWaitWokenByCallbackThenReevaluate(t *testing.T) {
 	t.Parallel()
 	_, pep, itsm := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cbs, err := arapclient.NewCallbacks(dev.PEPWebhookSecret)
 	require.NoError(t, err)
@@ -166,13 +166,21 @@ func TestWaitWokenByCallbackThenReevaluate(t *testing.T) {
 	tr, err := pep.Submit(ctx, ar, arapclient.SubmitOptions{Callback: &authzen.Callback{Endpoint: srv.URL + "/arap", State: "s1"}})
 	require.NoError(t, err)
 
+	// The wait's pauses never end by themselves: only a callback ends one.
+	// The decision comes once the wait has read the pending status.
+	paused := make(chan struct{}, 10)
+	opts := arapclient.WithTimer(arapclient.WaitOptions{Callbacks: cbs}, func(time.Duration) <-chan time.Time {
+		paused <- struct{}{}
+		return nil
+	})
 	waited := make(chan authzen.TaskResponse, 1)
 	errs := make(chan error, 1)
 	go func() {
-		got, err := pep.Wait(ctx, tr.Task, arapclient.WaitOptions{Callbacks: cbs, Interval: time.Hour, MaxInterval: time.Hour})
+		got, err := pep.Wait(ctx, tr.Task, opts)
 		errs <- err
 		waited <- got
 	}()
+	<-paused
 	_, err = itsm.Decide(ctx, tr.Task.ID, arapclient.Decision{Decision: arapclient.DecisionApprove, Reason: "CHG-7"})
 	require.NoError(t, err)
 	require.NoError(t, <-errs, "woken by the callback before the deadline")
