@@ -10,6 +10,10 @@
 // asks again with the approval (Reevaluate): only that answer's allow lets
 // the action run. A task handle never authorizes anything by itself.
 //
+// Search and SearchAll ask the AuthZEN search APIs which subjects,
+// resources or actions are allowed now (what needs an approval first is not
+// among the results), page by page.
+//
 // Resolvers (ITSM systems, supervising agents, risk engines) use the
 // decision API: Requests, Request, Decide, Revoke.
 //
