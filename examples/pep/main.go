@@ -1,4 +1,4 @@
-// Command pep is a policy enforcement point in forty lines: before alice's
+// Command pep is a whole policy enforcement point in one page: before alice's
 // transfer runs it asks arap, asks for approval when the policy allows
 // asking, waits for the decision, and runs only on the final allow.
 package main
