@@ -46,6 +46,9 @@ func (s *Server) discovery(w http.ResponseWriter, _ *http.Request) {
 		AccessEvaluationEndpoint:  s.url(authzen.PathEvaluation),
 		AccessEvaluationsEndpoint: s.url(authzen.PathEvaluations),
 		AccessRequestEndpoint:     s.url(authzen.PathRequests),
+		SearchSubjectEndpoint:     s.url(authzen.PathSearchSubject),
+		SearchResourceEndpoint:    s.url(authzen.PathSearchResource),
+		SearchActionEndpoint:      s.url(authzen.PathSearchAction),
 		JWKSURI:                   s.url(authzen.PathJWKS),
 		Capabilities:              []string{authzen.CapabilityAccessRequest},
 	})

@@ -48,11 +48,14 @@ func (s *Server) routes() http.Handler {
 	r.Get(authzen.WellKnownPath, s.discovery)
 	r.Get(authzen.PathJWKS, s.jwks)
 
-	// AuthZEN evaluation (errors in AuthZEN's plain form).
+	// AuthZEN evaluation and search (errors in AuthZEN's plain form).
 	r.Group(func(r chi.Router) {
 		r.Use(plainErrors, s.authenticate, s.rateLimit, s.require(clients.ScopeEvaluate))
 		r.Post(authzen.PathEvaluation, s.evaluate)
 		r.Post(authzen.PathEvaluations, s.evaluateBatch)
+		r.Post(authzen.PathSearchSubject, s.searchSubject)
+		r.Post(authzen.PathSearchResource, s.searchResource)
+		r.Post(authzen.PathSearchAction, s.searchAction)
 	})
 
 	// ARAP (errors as problem+json).

@@ -156,3 +156,15 @@ const (
 	ClaimApprovedUntil         = "approved_until"
 	ClaimRequestID             = "request_id"
 )
+
+// Search APIs (AuthZEN 1.0 section 8): default paths, and the kinds of
+// search, each naming the member it enumerates.
+const (
+	PathSearchSubject  = "/access/v1/search/subject"
+	PathSearchResource = "/access/v1/search/resource"
+	PathSearchAction   = "/access/v1/search/action"
+
+	SearchSubject  = "subject"
+	SearchResource = "resource"
+	SearchAction   = "action"
+)

@@ -75,6 +75,9 @@ type Metadata struct {
 	AccessEvaluationEndpoint  string   `json:"access_evaluation_endpoint"`
 	AccessEvaluationsEndpoint string   `json:"access_evaluations_endpoint,omitempty"`
 	AccessRequestEndpoint     string   `json:"access_request_endpoint,omitempty"`
+	SearchSubjectEndpoint     string   `json:"search_subject_endpoint,omitempty"`
+	SearchResourceEndpoint    string   `json:"search_resource_endpoint,omitempty"`
+	SearchActionEndpoint      string   `json:"search_action_endpoint,omitempty"`
 	JWKSURI                   string   `json:"jwks_uri,omitempty"`
 	Capabilities              []string `json:"capabilities,omitempty"`
 }

@@ -29,7 +29,7 @@ var backendDomain = []string{
 // shared are the module's packages both sides may link: leaves that hold no
 // backend state or logic and import no backend package.
 var shared = []string{
-	"authzen", "identity", "migrations", "webhook",
+	"arapclient", "authzen", "identity", "migrations", "webhook",
 	"internal/chain", "internal/clean", "internal/fault", "internal/host", "internal/logs", "internal/ratelimit",
 	"internal/schemamsg", "internal/seal", "internal/visible", "internal/yamlfile",
 }

@@ -19,7 +19,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/riverqueue/river"
 
-	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp/tasks"
@@ -146,7 +146,7 @@ func (f *Frontend) build(ctx context.Context) error {
 		}
 	}
 	if f.gate, err = pep.NewGate(pep.Config{
-		DB: pool, Backend: &authzen.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
+		DB: pool, Backend: &arapclient.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
 		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, Sources: sources, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
 		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Metrics: cfg.Metrics, Log: cfg.Log,
 	}); err != nil {

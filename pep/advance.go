@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/mcp/tasks"
 )
@@ -76,7 +77,7 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 	}
 	tr, retryAfter, err := g.cfg.Backend.Status(ctx, *a.StatusURL)
 	if err != nil {
-		if authzen.IsProblem(err, authzen.ProblemUnknownTask) || authzen.IsProblem(err, authzen.ProblemTaskExpired) {
+		if arapclient.IsProblem(err, authzen.ProblemUnknownTask) || arapclient.IsProblem(err, authzen.ProblemTaskExpired) {
 			return time.Time{}, g.deny(ctx, a, "The approval request is no longer known to the approval service; the tool did not run.")
 		}
 		if a.Deadline != nil && g.now().After(a.Deadline.Add(time.Minute)) {

@@ -6,10 +6,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 )
 
-// How the gate talks to the backend beyond single calls of authzen.Client:
+// How the gate talks to the backend beyond single calls of arapclient.Client:
 // which failures are answers, which are worth a second try, and what is
 // best effort.
 
@@ -41,13 +42,13 @@ func retryTransient(ctx context.Context, op func() error) error {
 // refused reports whether err is the backend's definite answer: a 4xx
 // problem other than 429.
 func refused(err error) bool {
-	var pe *authzen.ProblemError
+	var pe *arapclient.ProblemError
 	return errors.As(err, &pe) && pe.Status >= 400 && pe.Status < 500 && pe.Status != 429
 }
 
 // cancelBackend cancels a backend request, best effort (it expires anyway).
 func (g *Gate) cancelBackend(ctx context.Context, cancelURL string) {
-	if _, err := g.cfg.Backend.Cancel(ctx, cancelURL, "mcp_task_cancelled"); err != nil && !authzen.IsProblem(err, authzen.ProblemInvalidTaskState) {
+	if _, err := g.cfg.Backend.Cancel(ctx, cancelURL, "mcp_task_cancelled"); err != nil && !arapclient.IsProblem(err, authzen.ProblemInvalidTaskState) {
 		g.cfg.Log.Warn("backend cancel failed", "error", err.Error())
 	}
 }

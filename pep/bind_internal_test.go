@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/migrations"
@@ -31,7 +32,7 @@ func TestSecondBinderLeavesTheRequestAlone(t *testing.T) {
 	db := dbtest.New(t)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := NewGate(Config{DB: db, Backend: &authzen.Client{BaseURL: backend.URL}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: DemoTools()})
+	g, err := NewGate(Config{DB: db, Backend: &arapclient.Client{BaseURL: backend.URL}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: DemoTools()})
 	require.NoError(t, err)
 	task := func(id string) {
 		_, err = db.Exec(ctx, `INSERT INTO pep.tasks (id, principal, kind, status, created_at, updated_at, poll_interval_ms)

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
@@ -24,7 +24,7 @@ func TestCallerIdentitiesAreCanonical(t *testing.T) {
 	db := dbtest.New(t)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
 		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -44,7 +44,7 @@ func startedGate(t *testing.T, db *pgxpool.Pool) *pep.Gate {
 	t.Helper()
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
 		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	require.NoError(t, g.Start(context.Background()))
@@ -121,7 +121,7 @@ func TestCallersWithoutListenerReadTheTable(t *testing.T) {
 	ctx := context.Background()
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
 		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	require.NoError(t, g.Callers().Create(ctx, "agent-1", "token-agent-1-0123", pep.Principal{SubjectID: "bob", ActorID: "agent:demo"}))

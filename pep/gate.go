@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/schemamsg"
@@ -30,7 +31,7 @@ type JobInserter interface {
 // Config configures a Gate.
 type Config struct {
 	DB      *pgxpool.Pool
-	Backend *authzen.Client
+	Backend *arapclient.Client
 	// MasterKey (32 bytes) seals tool arguments and submission bodies.
 	MasterKey []byte
 	// CallbackURL is where the backend is asked to call back (this server's

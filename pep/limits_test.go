@@ -14,7 +14,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
@@ -36,7 +36,7 @@ func gatedServer(t *testing.T, maxPending, perMinute int) *gated {
 	db := dbtest.New(t)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: env.URL, Token: dev.PEPToken},
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: env.URL, Token: dev.PEPToken},
 		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools(), MaxPending: maxPending, SubmitsPerMinute: perMinute})
 	require.NoError(t, err)
 	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))

@@ -223,7 +223,7 @@ func (g *Gate) loadIntent(ctx context.Context, key string) (*intent, error) {
 func (g *Gate) submit(ctx context.Context, in *intent) (authzen.TaskResponse, error) {
 	var tr authzen.TaskResponse
 	err := retryTransient(ctx, func() (err error) {
-		tr, err = g.cfg.Backend.Submit(ctx, in.SubmitURL, in.Key, in.Body)
+		tr, err = g.cfg.Backend.SubmitBody(ctx, in.SubmitURL, in.Key, in.Body)
 		return err
 	})
 	if err != nil && !refused(err) {

@@ -18,7 +18,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/migrations"
@@ -250,7 +250,7 @@ func frontEnd(t *testing.T, url, secret string, perMinute int) string {
 	db := connect(t, url)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
 		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	// A fixed clock for the budget, so that no window ends mid-test.
@@ -274,7 +274,7 @@ func TestFrontEndReplicasShareLimitsAndReplayMemory(t *testing.T) {
 	setup := connect(t, url)
 	jobs, err := river.NewClient(riverpgxv5.New(setup), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := pep.NewGate(pep.Config{DB: setup, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
+	g, err := pep.NewGate(pep.Config{DB: setup, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 )
 
@@ -28,7 +29,7 @@ func TestRetryTransient(t *testing.T) {
 		_, _ = w.Write([]byte(`{"decision":true}`))
 	}))
 	t.Cleanup(srv.Close)
-	backend := &authzen.Client{BaseURL: srv.URL, HTTP: srv.Client()}
+	backend := &arapclient.Client{BaseURL: srv.URL, HTTP: srv.Client()}
 	evaluate := func() (authzen.Decision, error) {
 		var d authzen.Decision
 		err := retryTransient(context.Background(), func() (err error) {

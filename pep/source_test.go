@@ -17,7 +17,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp/tasks"
@@ -415,6 +415,6 @@ func TestNameCollisionRefusedAtStartup(t *testing.T) {
 }
 
 func newGate(db *pgxpool.Pool, jobs *river.Client[pgx.Tx], sources ...pep.ToolSource) (*pep.Gate, error) {
-	return pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Jobs: jobs,
+	return pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Jobs: jobs,
 		Tools: pep.DemoTools(), Sources: sources})
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
@@ -78,7 +79,7 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 		}
 	}
 	p.gate, err = pep.NewGate(pep.Config{DB: p.db, MasterKey: make([]byte, 32), Jobs: jobs, Tools: tools, Sources: o.sources,
-		Backend:   &authzen.Client{BaseURL: p.env.URL, Token: dev.PEPToken, HTTP: &http.Client{Transport: hooked{p}, Timeout: time.Minute}},
+		Backend:   &arapclient.Client{BaseURL: p.env.URL, Token: dev.PEPToken, HTTP: &http.Client{Transport: hooked{p}, Timeout: time.Minute}},
 		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout, Log: o.log,
 		Now: func() time.Time { return time.Now().Add(time.Duration(p.offset.Load())) }})
 	require.NoError(t, err)
@@ -177,7 +178,7 @@ func (p *stack) approve(t *testing.T, id string, until time.Time) {
 // approval.
 func (p *stack) approval(t *testing.T, id string) *authzen.Approval {
 	t.Helper()
-	c := &authzen.Client{BaseURL: p.env.URL, Token: dev.PEPToken}
+	c := &arapclient.Client{BaseURL: p.env.URL, Token: dev.PEPToken}
 	tr, _, err := c.Status(context.Background(), p.env.URL+authzen.PathRequests+"/"+id)
 	require.NoError(t, err)
 	require.Equal(t, authzen.StatusApproved, tr.Task.Status)

@@ -39,6 +39,8 @@ const Alg = "ES256"
 const (
 	TypeBinding  = "binding+jwt"
 	TypeApproval = "approval+jwt"
+	// TypePage is a search page token (arap/search.go): where a search goes on.
+	TypePage = "page+jwt"
 )
 
 // DefaultVerifyWindow is how long a retired key keeps verifying. It covers the

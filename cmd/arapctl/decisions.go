@@ -2,64 +2,20 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode/utf16"
 
-	"github.com/omcp/arap/arap"
-	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/visible"
 )
-
-// apiClient calls the decision API.
-type apiClient struct {
-	base, token string
-	http        *http.Client
-}
-
-func (c apiClient) call(method, path string, body any, out any) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, c.base+path, rd)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode >= 300 {
-		var p authzen.Problem
-		if json.Unmarshal(raw, &p) == nil && p.Detail != "" {
-			return fmt.Errorf("%s (%d %s)", p.Detail, resp.StatusCode, strings.TrimPrefix(strings.TrimPrefix(p.Type, authzen.ProblemPrefix), authzen.LocalProblemPrefix))
-		}
-		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(raw)))
-	}
-	return json.Unmarshal(raw, out)
-}
 
 // api is the decision API flags of a command, --url and --token.
 type api struct{ base, token *string }
@@ -71,15 +27,15 @@ func apiFlags(fs *flag.FlagSet) api {
 	}
 }
 
-func (a api) client() (apiClient, error) {
+func (a api) client() (*arapclient.Client, error) {
 	token := *a.token
 	if token == "" {
 		token = os.Getenv("ARAP_TOKEN")
 	}
 	if token == "" {
-		return apiClient{}, usageError{msg: "a token is required: --token or ARAP_TOKEN"}
+		return nil, usageError{msg: "a token is required: --token or ARAP_TOKEN"}
 	}
-	return apiClient{base: strings.TrimRight(*a.base, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
+	return &arapclient.Client{BaseURL: strings.TrimRight(*a.base, "/"), Token: token}, nil
 }
 
 func requestsList(fs *flag.FlagSet) action {
@@ -93,16 +49,8 @@ func requestsList(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		q := url.Values{}
-		if *status != "" {
-			q.Set("status", *status)
-		}
-		if *rule != "" {
-			q.Set("rule", *rule)
-		}
-		q.Set("limit", fmt.Sprint(*limit))
-		var page arap.ListResponse
-		if err := c.call("GET", "/v1/requests?"+q.Encode(), nil, &page); err != nil {
+		page, err := c.Requests(context.Background(), arapclient.ListOptions{Status: *status, Rule: *rule, Limit: *limit})
+		if err != nil {
 			return err
 		}
 		if *asJSON {
@@ -134,8 +82,8 @@ func requestsShow(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		var v arap.RequestView
-		if err := c.call("GET", "/v1/requests/"+url.PathEscape(pos[0]), nil, &v); err != nil {
+		v, err := c.Request(context.Background(), pos[0])
+		if err != nil {
 			return err
 		}
 		if *asJSON {
@@ -163,7 +111,7 @@ func decide(fs *flag.FlagSet, decision string) action {
 		until = fs.String("until", "", "approved_until (RFC 3339), within what the policy allows")
 	}
 	return func(s streams, pos []string) error {
-		body := arap.DecisionBody{Decision: decision, Reason: *reason}
+		body := arapclient.Decision{Decision: decision, Reason: *reason}
 		if *person != "" {
 			body.OnBehalfOf = person
 		}
@@ -178,8 +126,8 @@ func decide(fs *flag.FlagSet, decision string) action {
 		if err != nil {
 			return err
 		}
-		var v arap.RequestView
-		if err := c.call("POST", "/v1/requests/"+url.PathEscape(pos[0])+"/decisions", body, &v); err != nil {
+		v, err := c.Decide(context.Background(), pos[0], body)
+		if err != nil {
 			return err
 		}
 		fmt.Fprintf(s.out, "%s: %s (approvals %d/%d)\n", v.ID, v.Status, v.Progress.Approvals, v.Progress.Quorum)
@@ -195,11 +143,11 @@ func approvalsRevoke(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		var res map[string]any
-		if err := c.call("POST", "/v1/approvals/"+url.PathEscape(pos[0])+"/revoke", arap.RevokeBody{Reason: *reason}, &res); err != nil {
+		res, err := c.Revoke(context.Background(), pos[0], *reason)
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(s.out, "approval %s of request %s: %s\n", res["id"], res["request_id"], res["status"])
+		fmt.Fprintf(s.out, "approval %s of request %s: %s\n", res.ID, res.RequestID, res.Status)
 		return nil
 	}
 }
@@ -212,16 +160,16 @@ func deliveriesList(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		var resp arap.DeliveriesResponse
-		if err := c.call("GET", "/v1/requests/"+url.PathEscape(pos[0])+"/deliveries", nil, &resp); err != nil {
+		deliveries, err := c.Deliveries(context.Background(), pos[0])
+		if err != nil {
 			return err
 		}
 		if *asJSON {
-			return json.NewEncoder(s.out).Encode(resp)
+			return json.NewEncoder(s.out).Encode(map[string]any{"deliveries": deliveries})
 		}
 		tw := tabwriter.NewWriter(s.out, 0, 2, 2, ' ', 0)
 		fmt.Fprintln(tw, "DELIVERY\tEVENT\tSTATUS\tENDPOINT\tATTEMPT\tAT\tHTTP\tLATENCY\tERROR")
-		for _, d := range resp.Deliveries {
+		for _, d := range deliveries {
 			if len(d.Attempts) == 0 {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t\t\t\t\n", d.ID, d.Event, d.Status, d.Endpoint)
 			}
@@ -245,8 +193,7 @@ func deliveriesRedeliver(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		var res map[string]any
-		if err := c.call("POST", "/v1/requests/"+url.PathEscape(pos[0])+"/deliveries/"+url.PathEscape(pos[1])+"/redeliver", nil, &res); err != nil {
+		if err := c.Redeliver(context.Background(), pos[0], pos[1]); err != nil {
 			return err
 		}
 		fmt.Fprintf(s.out, "delivery %s: redelivering\n", pos[1])
@@ -262,7 +209,7 @@ func mark(s string) string { return visible.Marked(s, false) }
 // showRequest prints a request for a person: a warning listing the hidden
 // and look-alike characters, then the request as indented JSON whose
 // strings and member names carry markers in their place.
-func showRequest(out io.Writer, v arap.RequestView) error {
+func showRequest(out io.Writer, v arapclient.RequestView) error {
 	if len(v.HiddenCharacters) > 0 {
 		fmt.Fprintln(out, "WARNING: this request contains hidden or look-alike characters, shown below as <U+XXXX> markers:")
 		for _, h := range v.HiddenCharacters {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"net/http"
 	"os"
 	"regexp"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
@@ -245,23 +245,22 @@ func submitWire(t *testing.T, base string) string {
 		"action":   map[string]any{"name": "tools/call"},
 		"resource": map[string]any{"type": "mcp_tool", "id": "wire_transfer", "properties": map[string]any{"arguments": map[string]any{"to": "acct-991", "amount": 50000}}},
 	}
-	c := apiClient{base: base, token: dev.PEPToken, http: http.DefaultClient}
-	var d authzen.Decision
-	require.NoError(t, c.call("POST", "/access/v1/evaluation", call, &d))
-	var hint authzen.AccessRequestHint
-	require.NoError(t, jsonRoundTrip(d.Context["access_request"], &hint))
-	call["denial"] = map[string]any{"expires_at": hint.ExpiresAt, "binding_token": hint.BindingToken}
-	var resp authzen.TaskResponse
-	require.NoError(t, c.call("POST", "/access/v1/requests", call, &resp))
-	return resp.Task.ID
+	return submitCall(t, base, call)
 }
 
-func jsonRoundTrip(in, out any) error {
-	b, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, out)
+// submitCall evaluates call as the dev PEP and submits the access request
+// its requestable denial offers, through the client library.
+func submitCall(t *testing.T, base string, call map[string]any) string {
+	t.Helper()
+	c := &arapclient.Client{BaseURL: base, Token: dev.PEPToken}
+	ev := authzen.EvaluationRequest{Subject: call["subject"].(map[string]any), Action: call["action"].(map[string]any), Resource: call["resource"].(map[string]any)}
+	d, err := c.Evaluate(context.Background(), ev)
+	require.NoError(t, err)
+	ar, ok := arapclient.Requestable(ev, d)
+	require.True(t, ok, "requestable: %+v", d)
+	resp, err := c.Submit(context.Background(), ar, arapclient.SubmitOptions{})
+	require.NoError(t, err)
+	return resp.Task.ID
 }
 
 // TestShowMarksHiddenCharacters: `requests show` never prints a character a
@@ -282,15 +281,7 @@ rules:
 		"action":   map[string]any{"name": "tools/call"},
 		"resource": map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{"to": "acct-\u202e199\u202c", "n\u200bote": "p\u0430y"}}},
 	}
-	c := apiClient{base: env.URL, token: dev.PEPToken, http: http.DefaultClient}
-	var d authzen.Decision
-	require.NoError(t, c.call("POST", "/access/v1/evaluation", call, &d))
-	var hint authzen.AccessRequestHint
-	require.NoError(t, jsonRoundTrip(d.Context["access_request"], &hint))
-	call["denial"] = map[string]any{"expires_at": hint.ExpiresAt, "binding_token": hint.BindingToken}
-	var resp authzen.TaskResponse
-	require.NoError(t, c.call("POST", "/access/v1/requests", call, &resp))
-	id := resp.Task.ID
+	id := submitCall(t, env.URL, call)
 
 	out, err := ctl(t, "requests", "show", id)
 	require.NoError(t, err)

@@ -12,7 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
@@ -85,7 +85,7 @@ func mcpServer(t *testing.T) (string, string, *pgxpool.Pool, string) {
 	t.Cleanup(db.Close)
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
-	g, err := pep.NewGate(pep.Config{DB: db, Backend: &authzen.Client{BaseURL: env.URL, Token: dev.PEPToken}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: env.URL, Token: dev.PEPToken}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	const token = "alice-token-0123"
 	require.NoError(t, g.Callers().Create(ctx, "alice-agent", token, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))

@@ -40,6 +40,15 @@ var (
 // Main runs the tests and then stops the cluster.
 func Main(m *testing.M) {
 	code := m.Run()
+	Stop()
+	os.Exit(code)
+}
+
+// Stop stops the cluster (and drops the template database on a server of
+// TEST_DATABASE_URL). Main calls it; a TestMain that must stop something
+// using the database first (a backend its examples share) calls m.Run, then
+// that, then Stop.
+func Stop() {
 	mu.Lock()
 	if template != "" && cluster == nil && adminURL != "" {
 		dropDatabase(context.Background(), template)
@@ -48,7 +57,6 @@ func Main(m *testing.M) {
 		_ = cluster.Stop(context.Background())
 	}
 	mu.Unlock()
-	os.Exit(code)
 }
 
 func setup(ctx context.Context) error {

@@ -1,4 +1,4 @@
-package authzen_test
+package arapclient_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 )
 
@@ -30,7 +31,7 @@ func TestClientKeepsConnectionsForReuse(t *testing.T) {
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
-	c := &authzen.Client{BaseURL: srv.URL, Token: "token"}
+	c := &arapclient.Client{BaseURL: srv.URL, Token: "token"}
 	// Rounds of concurrent calls, as tool calls come: between rounds every
 	// connection is idle at once.
 	const workers, rounds = 8, 20
