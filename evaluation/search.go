@@ -22,13 +22,16 @@ import (
 // costs at most this many evaluations however few of them are allowed.
 const MaxSearchExamined = 500
 
-// SearchActions lists the action names the rules' matches name, sorted:
+// SearchActions lists the action names the rules' matches name (action
+// and actions), sorted:
 // the candidates of an Action Search.
 func (p *Policy) SearchActions() []string {
 	var out []string
 	for _, r := range p.Rules {
-		if r.Match.Action != "" && !slices.Contains(out, r.Match.Action) {
-			out = append(out, r.Match.Action)
+		for _, a := range append([]string{r.Match.Action}, r.Match.Actions...) {
+			if a != "" && !slices.Contains(out, a) {
+				out = append(out, a)
+			}
 		}
 	}
 	slices.Sort(out)

@@ -18,6 +18,7 @@ rules:
   - {name: shared, match: {action: tools/read, resource_id: shared}, effect: allow}
   - {name: ask, match: {action: tools/call, resource_type: mcp_tool, resource_id: ask}, effect: request, approval: {kinds: [itsm]}}
   - {name: by_condition, match: {resource_type: mcp_tool}, when: 'resource.id == "hidden"', effect: allow}
+  - {name: several, match: {actions: [tools/list, tools/read], resource_id: shared}, effect: allow}
 `
 
 // TestSearchCandidates: the candidates are what the rules' matches name; a
@@ -25,7 +26,7 @@ rules:
 func TestSearchCandidates(t *testing.T) {
 	p, err := evaluation.Parse("p.yaml", []byte(searchPolicy))
 	require.NoError(t, err)
-	require.Equal(t, []string{"tools/call", "tools/read"}, p.SearchActions())
+	require.Equal(t, []string{"tools/call", "tools/list", "tools/read"}, p.SearchActions(), "match.action and match.actions")
 	require.Equal(t, []string{"ask", "shared", "yes"}, p.SearchResources("mcp_tool"))
 	require.Equal(t, []string{"shared"}, p.SearchResources("document"))
 }
