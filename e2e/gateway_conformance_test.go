@@ -219,20 +219,15 @@ func everythingServer(t *testing.T) string {
 }
 
 // everythingUpstreams writes an --upstreams file naming the everything-server
-// at url: arapd mcp passes its resources, prompts and completions through;
-// of its tools only those matching the include globs are offered (none
-// without), the conformance fixtures providing the suite's tools.
-func everythingUpstreams(t *testing.T, url string, include ...string) string {
+// at url with its tools left out: arapd mcp passes its resources, prompts
+// and completions through, and the conformance fixtures provide the tools.
+func everythingUpstreams(t *testing.T, url string) string {
 	t.Helper()
-	tools := `{exclude: ["*"]}`
-	if len(include) > 0 {
-		tools = `{include: ["` + strings.Join(include, `", "`) + `"]}`
-	}
 	upstreams := filepath.Join(t.TempDir(), "upstreams.yaml")
 	require.NoError(t, os.WriteFile(upstreams, []byte(fmt.Sprintf(`upstreams:
   - name: everything
     http: {url: %s}
-    tools: %s
-`, url, tools)), 0o600))
+    tools: {exclude: ["*"]}
+`, url)), 0o600))
 	return upstreams
 }

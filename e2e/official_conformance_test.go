@@ -112,10 +112,7 @@ func TestOfficialConformanceSuite(t *testing.T) {
 	require.NoError(t, err)
 	require.FileExists(t, baseline)
 
-	// The everything-server's hooks that change its tool and prompt lists
-	// (and the tool they add) are offered too: server-stateless calls them
-	// to see that list changes reach a listen stream through the gateway.
-	upstreams := everythingUpstreams(t, everythingServer(t), "test_trigger_*", "__transient_*")
+	upstreams := everythingUpstreams(t, everythingServer(t))
 	s := newStack(t, stackOptions{policy: allowAll, mcpArgs: []string{"--conformance-fixtures", "--upstreams", upstreams}})
 	s.mcp.waitLog("conformance fixture mode: serving the MCP conformance suite's fixture tools and accepting requests without a token as an anonymous caller; this is for conformance testing only, never run it in production", 60*time.Second)
 	url := s.mcp.url() + "/mcp"
