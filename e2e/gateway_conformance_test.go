@@ -109,28 +109,8 @@ func TestGatewayConformance(t *testing.T) {
 	}
 	require.NoError(t, yaml.Unmarshal(raw, &listed))
 
-	// The upstream: the go-sdk's everything-server, as its module pins it.
-	bin := filepath.Join(t.TempDir(), "everything-server")
-	out, err := osexec.Command("go", "build", "-o", bin, "github.com/modelcontextprotocol/go-sdk/conformance/everything-server").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	// Port 0: the kernel picks the port as the server binds, so no other
-	// process can take it first (a port the test picked and closed again
-	// could be); the test reads back which one it got.
-	es := osexec.Command(bin, "-http", "127.0.0.1:0")
-	es.Stdout, es.Stderr = io.Discard, io.Discard
-	require.NoError(t, es.Start())
-	exited := make(chan struct{})
-	go func() { _ = es.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = es.Process.Kill(); <-exited })
-	addr := fmt.Sprintf("127.0.0.1:%d", listeningPort(t, es.Process.Pid, exited, 30*time.Second))
-	direct := "http://" + addr + "/mcp"
-
-	upstreams := filepath.Join(t.TempDir(), "upstreams.yaml")
-	require.NoError(t, os.WriteFile(upstreams, []byte(fmt.Sprintf(`upstreams:
-  - name: everything
-    http: {url: %s}
-    tools: {exclude: ["*"]}
-`, direct)), 0o600))
+	direct := everythingServer(t)
+	upstreams := everythingUpstreams(t, direct)
 	s := newStack(t, stackOptions{policy: allowAll, mcpArgs: []string{"--conformance-fixtures", "--upstreams", upstreams}})
 	s.mcp.waitLog("conformance fixture mode: serving the MCP conformance suite's fixture tools and accepting requests without a token as an anonymous caller; this is for conformance testing only, never run it in production", 60*time.Second)
 	gateway := s.mcp.url() + "/mcp"
@@ -217,4 +197,37 @@ func TestGatewayConformance(t *testing.T) {
 	if len(problems) > 0 {
 		t.Errorf("differences not as listed in testdata/gateway-conformance-differences.yaml:\n  %s", strings.Join(problems, "\n  "))
 	}
+}
+
+// everythingServer starts the go-sdk's conformance everything-server, as
+// its module pins it, on loopback and returns its MCP URL.
+func everythingServer(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "everything-server")
+	out, err := osexec.Command("go", "build", "-o", bin, "github.com/modelcontextprotocol/go-sdk/conformance/everything-server").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	// Port 0: the kernel picks the port as the server binds, so no other
+	// process can take it first (a port the test picked and closed again
+	// could be); the test reads back which one it got.
+	es := osexec.Command(bin, "-http", "127.0.0.1:0")
+	es.Stdout, es.Stderr = io.Discard, io.Discard
+	require.NoError(t, es.Start())
+	exited := make(chan struct{})
+	go func() { _ = es.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = es.Process.Kill(); <-exited })
+	return fmt.Sprintf("http://127.0.0.1:%d/mcp", listeningPort(t, es.Process.Pid, exited, 30*time.Second))
+}
+
+// everythingUpstreams writes an --upstreams file naming the everything-server
+// at url with its tools left out: arapd mcp passes its resources, prompts
+// and completions through, and the conformance fixtures provide the tools.
+func everythingUpstreams(t *testing.T, url string) string {
+	t.Helper()
+	upstreams := filepath.Join(t.TempDir(), "upstreams.yaml")
+	require.NoError(t, os.WriteFile(upstreams, []byte(fmt.Sprintf(`upstreams:
+  - name: everything
+    http: {url: %s}
+    tools: {exclude: ["*"]}
+`, url)), 0o600))
+	return upstreams
 }

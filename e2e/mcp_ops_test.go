@@ -30,8 +30,11 @@ func TestMCPOperations(t *testing.T) {
 	code, body := get("/readyz")
 	require.Equal(t, http.StatusOK, code, body)
 
+	c := s.client(s.alice)
+	_, _, err := c.ListTools(context.Background()) // before the mark: the line looked at is the call's
+	require.NoError(t, err)
 	mark := s.mcp.mark()
-	res, err := s.client(s.alice).CallTool(context.Background(), "get_balance", map[string]any{}, nil)
+	res, err := c.CallTool(context.Background(), "get_balance", map[string]any{}, nil)
 	require.NoError(t, err)
 	require.False(t, res.IsError, "%s", res.Raw)
 	line := s.mcp.waitLogAfter(mark, "http request", 30*time.Second)

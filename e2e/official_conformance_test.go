@@ -18,10 +18,14 @@ import (
 )
 
 // officialScenarios are the scenarios of the official MCP conformance suite
-// that arapd mcp must pass at protocol revision 2026-07-28: the stateless
-// transport, header validation, tools, JSON Schema 2020-12, DNS-rebinding
-// protection, MRTR (SEP-2322) and the tasks extension (SEP-2663). Prompts,
-// resources and completions are left out: arapd serves none.
+// that arapd mcp must pass at protocol revision 2026-07-28: every server
+// scenario of the revision and every server extension scenario. The
+// stateless transport, header validation, tools, JSON Schema 2020-12,
+// DNS-rebinding protection, caching hints, concurrent streams, MRTR
+// (SEP-2322) and the tasks extension (SEP-2663) are arapd mcp's own (the
+// conformance fixtures provide the tools); resources, prompts and
+// completions, and skills (SEP-2640), come from an upstream through the
+// gateway, as a deployment serves them.
 var officialScenarios = []string{
 	"server-stateless",
 	"http-header-validation",
@@ -36,6 +40,19 @@ var officialScenarios = []string{
 	"tools-call-with-progress",
 	"json-schema-2020-12",
 	"dns-rebinding-protection",
+	"caching",
+	"server-sse-multiple-streams",
+	"completion-complete",
+	"resources-list",
+	"resources-read-text",
+	"resources-read-binary",
+	"resources-templates-read",
+	"sep-2164-resource-not-found",
+	"prompts-list",
+	"prompts-get-simple",
+	"prompts-get-with-args",
+	"prompts-get-embedded-resource",
+	"prompts-get-with-image",
 	"input-required-result-basic-elicitation",
 	"input-required-result-basic-sampling",
 	"input-required-result-basic-list-roots",
@@ -51,6 +68,9 @@ var officialScenarios = []string{
 	"input-required-result-ignore-extra-params",
 	"input-required-result-validate-input",
 	// Extension scenarios are off the spec timeline, so they run with --force.
+	"sep-2640-skills-directory",
+	"sep-2640-skills-enumeration",
+	"sep-2640-skills-manifest",
 	"tasks-lifecycle",
 	"tasks-capability-negotiation",
 	"tasks-wire-fields",
@@ -92,7 +112,8 @@ func TestOfficialConformanceSuite(t *testing.T) {
 	require.NoError(t, err)
 	require.FileExists(t, baseline)
 
-	s := newStack(t, stackOptions{mcpArgs: []string{"--conformance-fixtures"}})
+	upstreams := everythingUpstreams(t, everythingServer(t))
+	s := newStack(t, stackOptions{policy: allowAll, mcpArgs: []string{"--conformance-fixtures", "--upstreams", upstreams}})
 	s.mcp.waitLog("conformance fixture mode: serving the MCP conformance suite's fixture tools and accepting requests without a token as an anonymous caller; this is for conformance testing only, never run it in production", 60*time.Second)
 	url := s.mcp.url() + "/mcp"
 	work := t.TempDir() // the suite's working directory: nothing lands in the repository
@@ -103,7 +124,7 @@ func TestOfficialConformanceSuite(t *testing.T) {
 	for _, scenario := range officialScenarios {
 		args := []string{cli, "server", "--url", url, "--spec-version", "2026-07-28", "--scenario", scenario,
 			"--expected-failures", baseline, "--timeout", "60000"}
-		if strings.HasPrefix(scenario, "tasks-") {
+		if strings.HasPrefix(scenario, "tasks-") || strings.HasPrefix(scenario, "sep-2640-") {
 			args = append(args, "--force")
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

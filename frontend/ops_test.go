@@ -227,8 +227,9 @@ func TestMetrics(t *testing.T) {
 		`arap_pep_upstream_request_duration_seconds_count{upstream="crm"}`:           "3",
 		`arap_pep_upstream_errors_total{kind="timeout",upstream="crm"}`:              "1",
 		`arap_pep_upstream_errors_total{kind="rpc",upstream="crm"}`:                  "1",
-		// Counted as each response ends, after the client may have read it.
-		`arap_pep_http_requests_total{code="200",method="POST",route="/mcp"}`:    "8",
+		// Counted as each response ends, after the client may have read it;
+		// 8 and the tools/list each client sends before its first call.
+		`arap_pep_http_requests_total{code="200",method="POST",route="/mcp"}`:    "10",
 		`arap_pep_http_requests_total{code="400",method="POST",route="/mcp"}`:    "1", // -32602 is a 400
 		`arap_pep_http_requests_total{code="200",method="GET",route="/healthz"}`: "1",
 	}

@@ -62,7 +62,7 @@ var commands = []*command{
 	{"deliveries list", "REQUEST [--json]", "callback deliveries of a request and every attempt", 1, deliveriesList},
 	{"deliveries redeliver", "REQUEST DELIVERY", "send a callback delivery again", 2, deliveriesRedeliver},
 
-	{"mcp tools", "", "list the tools the server offers, with their hints", 0, mcpTools},
+	{"mcp tools", "[--json]", "list the tools the server offers, with their hints (tools with invalid x-mcp-header annotations are left out, with a warning)", 0, mcpTools},
 	{"mcp call", "TOOL [--arg NAME=VALUE]... [--args JSON] [--input FIELD=VALUE]... [--no-wait]",
 		"call a tool; a task is printed and waited for", 1, mcpCall},
 	{"mcp get", "TASK [--json]", "show a task", 1, mcpGet},

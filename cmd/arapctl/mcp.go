@@ -199,7 +199,7 @@ func (m *mcpCmd) call(ctx context.Context, tool string, args map[string]any, wai
 			m.printInputRequests(r.InputRequests)
 			return exitError{exitInput, fmt.Sprintf("input required: run the call again with %s", inputHint(missing, r.InputRequests))}
 		}
-		r, err = m.client.CallTool(ctx, tool, args, map[string]any{"inputResponses": responses, "requestState": r.RequestState})
+		r, err = m.client.Retry(ctx, tool, args, r, responses)
 	}
 	if err != nil {
 		return err

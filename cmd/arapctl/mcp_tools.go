@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 
 func mcpTools(fs *flag.FlagSet) action {
 	f := newMCPFlags(fs, false, false)
+	asJSON := fs.Bool("json", false, "print the tool definitions as the server sent them, as one JSON array")
 	return func(s streams, _ []string) error {
 		m, err := f.cmd(s.out)
 		if err != nil {
@@ -18,10 +18,31 @@ func mcpTools(fs *flag.FlagSet) action {
 		}
 		ctx, stop := interruptible()
 		defer stop()
-		tools, err := m.listTools(ctx)
+		defs, rejected, err := m.client.ListTools(ctx)
 		if err != nil {
 			return err
 		}
+		for _, r := range rejected {
+			fmt.Fprintf(s.note, "warning: tool %s left out: %v\n", r.Name, r.Reason)
+		}
+		if *asJSON {
+			raws := make([]json.RawMessage, len(defs))
+			for i, d := range defs {
+				raws[i] = d.Raw
+			}
+			b, err := json.Marshal(raws)
+			if err != nil {
+				return err
+			}
+			return printJSON(s.out, b)
+		}
+		tools := make([]listedTool, 0, len(defs))
+		for _, d := range defs {
+			t := listedTool{Name: d.Name, Description: d.Description}
+			_ = json.Unmarshal(d.Annotations, &t.Annotations) // none or not an object: no hints
+			tools = append(tools, t)
+		}
+		sort.Slice(tools, func(i, j int) bool { return tools[i].Name < tools[j].Name })
 		width := 0
 		for _, t := range tools {
 			width = max(width, len(t.Name))
@@ -35,12 +56,12 @@ func mcpTools(fs *flag.FlagSet) action {
 
 // listedTool is what mcp tools shows of a tool.
 type listedTool struct {
-	Name        string `json:"name"`
-	Description string `json:"description"`
+	Name        string
+	Description string
 	Annotations struct {
 		ReadOnly    bool  `json:"readOnlyHint"`
 		Destructive *bool `json:"destructiveHint"`
-	} `json:"annotations"`
+	}
 }
 
 // hint is what the tool's server says of its effects, as policies read it:
@@ -65,33 +86,4 @@ func summary(d string) string {
 		d = string(r[:71]) + "…"
 	}
 	return d
-}
-
-// listTools reads every page of tools/list, sorted by name.
-func (m *mcpCmd) listTools(ctx context.Context) ([]listedTool, error) {
-	var tools []listedTool
-	params := map[string]any{}
-	for range 20 { // pages; a server that pages forever is not followed
-		resp, err := m.client.Call(ctx, "tools/list", "", params)
-		if err != nil {
-			return nil, err
-		}
-		if resp.Error != nil {
-			return nil, resp.Error
-		}
-		var page struct {
-			Tools      []listedTool `json:"tools"`
-			NextCursor string       `json:"nextCursor"`
-		}
-		if err := json.Unmarshal(resp.Result, &page); err != nil {
-			return nil, fmt.Errorf("tools/list: %w", err)
-		}
-		tools = append(tools, page.Tools...)
-		if page.NextCursor == "" {
-			break
-		}
-		params = map[string]any{"cursor": page.NextCursor}
-	}
-	sort.Slice(tools, func(i, j int) bool { return tools[i].Name < tools[j].Name })
-	return tools, nil
 }

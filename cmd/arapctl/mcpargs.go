@@ -42,32 +42,18 @@ func (m *mcpCmd) toolArguments(ctx context.Context, tool string, flags []string,
 // properties returns the properties of the tool's input schema, or nil when
 // the server does not list the tool (the call then says what is wrong).
 func (m *mcpCmd) properties(ctx context.Context, tool string) map[string]any {
-	params := map[string]any{}
-	for range 20 { // pages; a server that pages forever is not waited for
-		resp, err := m.client.Call(ctx, "tools/list", "", params)
-		if err != nil || resp.Error != nil {
-			return nil
-		}
-		var page struct {
-			Tools []struct {
-				Name        string         `json:"name"`
-				InputSchema map[string]any `json:"inputSchema"`
-			} `json:"tools"`
-			NextCursor string `json:"nextCursor"`
-		}
-		if json.Unmarshal(resp.Result, &page) != nil {
-			return nil
-		}
-		for _, t := range page.Tools {
-			if t.Name == tool {
-				props, _ := t.InputSchema["properties"].(map[string]any)
-				return props
+	tools, _, err := m.client.ListTools(ctx)
+	if err != nil {
+		return nil
+	}
+	for _, t := range tools {
+		if t.Name == tool {
+			var schema struct {
+				Properties map[string]any `json:"properties"`
 			}
+			_ = json.Unmarshal(t.InputSchema, &schema) // not an object: no properties
+			return schema.Properties
 		}
-		if page.NextCursor == "" {
-			return nil
-		}
-		params = map[string]any{"cursor": page.NextCursor}
 	}
 	return nil
 }

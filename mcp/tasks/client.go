@@ -8,16 +8,18 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // Client is a minimal MCP client for the 2026-07-28 streamable HTTP
 // transport that speaks the tasks extension and nothing else: it declares
-// io.modelcontextprotocol/tasks, calls tools, and gets, updates and cancels
-// tasks. It knows nothing about approvals: an approval-gated call is just a
-// task to it.
+// io.modelcontextprotocol/tasks, lists and calls tools, and gets, updates
+// and cancels tasks. It knows nothing about approvals: an approval-gated
+// call is just a task to it.
 type Client struct {
 	URL   string // the MCP endpoint
 	Token string // bearer token
@@ -27,7 +29,18 @@ type Client struct {
 	Capabilities map[string]any
 	HTTP         *http.Client
 	id           atomic.Int64
+
+	mu      sync.Mutex
+	version string               // negotiated protocol version; "" is ProtocolVersion
+	tools   map[string]*toolInfo // from the last complete tools/list; nil before one
 }
+
+// supportedVersions are the protocol versions this client speaks, preferred
+// first.
+var supportedVersions = []string{ProtocolVersion}
+
+// ErrNoCommonVersion: the server speaks none of the client's versions.
+var ErrNoCommonVersion = errors.New("no protocol version in common with the server")
 
 // RPCError is a JSON-RPC error response.
 type RPCError struct {
@@ -58,18 +71,56 @@ func (c *Client) caps() map[string]any {
 	return map[string]any{"extensions": map[string]any{ExtensionID: map[string]any{}}}
 }
 
+func (c *Client) protocolVersion() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.version == "" {
+		return ProtocolVersion
+	}
+	return c.version
+}
+
 // Call sends one request and returns the response. name goes in Mcp-Name.
+// When the server refuses the protocol version (-32022), the request is
+// sent once more with the first version of data.supported that this client
+// speaks, which later requests keep using; with none in common, the error
+// wraps ErrNoCommonVersion.
 func (c *Client) Call(ctx context.Context, method, name string, params map[string]any) (*Response, error) {
+	return c.call(ctx, method, name, params, nil)
+}
+
+func (c *Client) call(ctx context.Context, method, name string, params map[string]any, headers map[string]string) (*Response, error) {
 	if params == nil {
 		params = map[string]any{}
 	}
+	version := c.protocolVersion()
+	resp, err := c.send(ctx, method, name, params, headers, version)
+	if err != nil || resp.Error == nil || resp.Error.Code != CodeUnsupportedProtocolVersion {
+		return resp, err
+	}
+	var data struct {
+		Supported []string `json:"supported"`
+	}
+	_ = json.Unmarshal(resp.Error.Data, &data) // no list: no version in common
+	i := slices.IndexFunc(data.Supported, func(v string) bool { return slices.Contains(supportedVersions, v) })
+	if i < 0 {
+		return resp, fmt.Errorf("%s: the server refused protocol version %s and supports %q; this client supports %q: %w",
+			method, version, data.Supported, supportedVersions, ErrNoCommonVersion)
+	}
+	c.mu.Lock()
+	c.version = data.Supported[i]
+	c.mu.Unlock()
+	return c.send(ctx, method, name, params, headers, data.Supported[i]) // one retry, never a loop
+}
+
+func (c *Client) send(ctx context.Context, method, name string, params map[string]any, headers map[string]string, version string) (*Response, error) {
 	meta, _ := params["_meta"].(map[string]any)
 	if meta == nil {
 		meta = map[string]any{}
 	}
-	meta[MetaProtocolVersion] = ProtocolVersion
+	meta[MetaProtocolVersion] = version
 	meta[MetaClientCapabilities] = c.caps()
-	meta["io.modelcontextprotocol/clientInfo"] = map[string]any{"name": "arap-tasks-client", "version": "0.1.0"}
+	meta[MetaClientInfo] = map[string]any{"name": "arap-tasks-client", "version": "0.1.0"}
 	params["_meta"] = meta
 	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": c.id.Add(1), "method": method, "params": params})
 	if err != nil {
@@ -81,10 +132,13 @@ func (c *Client) Call(ctx context.Context, method, name string, params map[strin
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set(HeaderProtocolVersion, ProtocolVersion)
+	req.Header.Set(HeaderProtocolVersion, version)
 	req.Header.Set(HeaderMethod, method)
 	if name != "" {
-		req.Header.Set(HeaderName, name)
+		req.Header.Set(HeaderName, EncodeHeaderValue(name))
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
 	}
 	if c.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Token)
@@ -140,15 +194,41 @@ type CallResult struct {
 	RequestState  string          `json:"requestState,omitempty"`
 	IsError       bool            `json:"isError,omitempty"`
 	Raw           json.RawMessage `json:"-"`
+	// hasState: the server sent requestState (possibly ""), so a retry
+	// echoes it; without one, a retry sends none.
+	hasState bool
 }
 
-// CallTool calls a tool. extra adds params (inputResponses, requestState).
+// CallTool calls a tool, mirroring its x-mcp-header parameters into
+// Mcp-Param headers. The first call of a client lists the tools to learn
+// them; a tool whose definition was rejected is refused (ErrInvalidTool)
+// without being called. When the listing itself fails, the call goes out
+// without Mcp-Param headers and the server judges it. extra adds params.
 func (c *Client) CallTool(ctx context.Context, tool string, args map[string]any, extra map[string]any) (*CallResult, error) {
+	c.mu.Lock()
+	listed := c.tools != nil
+	c.mu.Unlock()
+	if !listed {
+		_, _, _ = c.ListTools(ctx) // a failure leaves the tool unknown; the call says what is wrong
+	}
+	var headers map[string]string
+	c.mu.Lock()
+	info := c.tools[tool]
+	c.mu.Unlock()
+	if info != nil {
+		if info.invalid != nil {
+			return nil, fmt.Errorf("tool %s: %w: %v", tool, ErrInvalidTool, info.invalid)
+		}
+		var err error
+		if headers, err = paramHeaderValues(info.headers, args); err != nil {
+			return nil, fmt.Errorf("tool %s: %w", tool, err)
+		}
+	}
 	params := map[string]any{"name": tool, "arguments": args}
 	for k, v := range extra {
 		params[k] = v
 	}
-	resp, err := c.Call(ctx, "tools/call", tool, params)
+	resp, err := c.call(ctx, "tools/call", tool, params, headers)
 	if err != nil {
 		return nil, err
 	}
@@ -159,6 +239,11 @@ func (c *Client) CallTool(ctx context.Context, tool string, args map[string]any,
 	if err := json.Unmarshal(resp.Result, &cr); err != nil {
 		return nil, err
 	}
+	var state struct {
+		RequestState *string `json:"requestState"`
+	}
+	_ = json.Unmarshal(resp.Result, &state) // it parsed above
+	cr.hasState = state.RequestState != nil
 	cr.Raw = resp.Result
 	if cr.ResultType == ResultTypeTask {
 		var d Detailed
@@ -168,6 +253,95 @@ func (c *Client) CallTool(ctx context.Context, tool string, args map[string]any,
 		cr.Task = &d
 	}
 	return &cr, nil
+}
+
+// Retry answers an MRTR input request (prev, an input_required result of
+// tools/call) by calling the tool again with the responses, echoing
+// prev's requestState exactly, and sending none when prev had none.
+func (c *Client) Retry(ctx context.Context, tool string, args map[string]any, prev *CallResult, responses map[string]any) (*CallResult, error) {
+	extra := map[string]any{"inputResponses": responses}
+	if prev.hasState {
+		extra["requestState"] = prev.RequestState
+	}
+	return c.CallTool(ctx, tool, args, extra)
+}
+
+// Tool is a tool as tools/list described it; InputSchema is kept verbatim.
+type Tool struct {
+	Name         string          `json:"name"`
+	Title        string          `json:"title,omitempty"`
+	Description  string          `json:"description,omitempty"`
+	InputSchema  json.RawMessage `json:"inputSchema,omitempty"`
+	OutputSchema json.RawMessage `json:"outputSchema,omitempty"`
+	Annotations  json.RawMessage `json:"annotations,omitempty"`
+	Raw          json.RawMessage `json:"-"`
+}
+
+// RejectedTool is a tool left out of the list, and why.
+type RejectedTool struct {
+	Name   string
+	Reason error
+}
+
+type toolInfo struct {
+	headers []paramHeader
+	invalid error
+}
+
+// maxToolPages bounds tools/list pagination: a server that pages forever
+// is not followed.
+const maxToolPages = 20
+
+// ListTools reads every page of tools/list (at most maxToolPages) and
+// returns the valid tools in the server's order, and the rejected ones:
+// those with an invalid x-mcp-header annotation, which the client will not
+// call. The client remembers the listing for CallTool.
+func (c *Client) ListTools(ctx context.Context) ([]Tool, []RejectedTool, error) {
+	var tools []Tool
+	var rejected []RejectedTool
+	infos := map[string]*toolInfo{}
+	params := map[string]any{}
+	for page := 0; ; page++ {
+		if page == maxToolPages {
+			return nil, nil, fmt.Errorf("tools/list: more than %d pages", maxToolPages)
+		}
+		resp, err := c.Call(ctx, "tools/list", "", params)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tools/list: %w", err)
+		}
+		if resp.Error != nil {
+			return nil, nil, fmt.Errorf("tools/list: %w", resp.Error)
+		}
+		var res struct {
+			Tools      []json.RawMessage `json:"tools"`
+			NextCursor string            `json:"nextCursor"`
+		}
+		if err := json.Unmarshal(resp.Result, &res); err != nil {
+			return nil, nil, fmt.Errorf("tools/list: %w", err)
+		}
+		for _, raw := range res.Tools {
+			var t Tool
+			if err := json.Unmarshal(raw, &t); err != nil {
+				return nil, nil, fmt.Errorf("tools/list: %w", err)
+			}
+			t.Raw = raw
+			hs, err := toolHeaders(t.InputSchema)
+			infos[t.Name] = &toolInfo{headers: hs, invalid: err}
+			if err != nil {
+				rejected = append(rejected, RejectedTool{Name: t.Name, Reason: err})
+				continue
+			}
+			tools = append(tools, t)
+		}
+		if res.NextCursor == "" {
+			break
+		}
+		params = map[string]any{"cursor": res.NextCursor}
+	}
+	c.mu.Lock()
+	c.tools = infos
+	c.mu.Unlock()
+	return tools, rejected, nil
 }
 
 // Get reads a task.

@@ -31,6 +31,11 @@ const (
 	HeaderProtocolVersion = "Mcp-Protocol-Version"
 	HeaderMethod          = "Mcp-Method"
 	HeaderName            = "Mcp-Name"
+	// HeaderParamPrefix and HeaderAnnotation: a tool parameter annotated
+	// with x-mcp-header is mirrored into Mcp-Param-{name} (SEP-2243).
+	HeaderParamPrefix = "Mcp-Param-"
+	HeaderAnnotation  = "x-mcp-header"
+	MetaClientInfo    = "io.modelcontextprotocol/clientInfo"
 
 	ProtocolVersion = "2026-07-28"
 )
@@ -43,6 +48,9 @@ const (
 	CodeInternalError               = -32603
 	CodeHeaderMismatch              = -32020
 	CodeMissingRequiredCapabilities = -32021
+	// CodeUnsupportedProtocolVersion: data.supported lists the versions
+	// the server speaks.
+	CodeUnsupportedProtocolVersion = -32022
 	// CodeTooManyStreams refuses a listen stream over the per-principal
 	// cap: an application code, outside the JSON-RPC reserved range as
 	// the 2026-07-28 revision asks of codes it does not define.
