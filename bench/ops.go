@@ -237,9 +237,15 @@ func (s *System) Fill(ctx context.Context, n int) error {
 	return err
 }
 
-// mcpClient is the MCP client the e2e tests use, as token.
+// mcpClient is the MCP client the e2e tests use, as token: one per token,
+// kept, as a real agent keeps its client, so the tools/list it sends
+// before its first call is not counted in every operation.
 func (s *System) mcpClient(token string) *tasks.Client {
-	return &tasks.Client{URL: s.MCPURL, Token: token, HTTP: Client}
+	if c, ok := s.clients.Load(token); ok {
+		return c.(*tasks.Client)
+	}
+	c, _ := s.clients.LoadOrStore(token, &tasks.Client{URL: s.MCPURL, Token: token, HTTP: Client})
+	return c.(*tasks.Client)
 }
 
 // Gate is an MCP tools/call that gets a requestable denial and answers

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +44,7 @@ type System struct {
 	upstream    *exec.Cmd
 	cluster     *pgembed.Cluster
 	dir         string
+	clients     sync.Map // token -> *tasks.Client (mcpClient)
 }
 
 // Options configure Start.
