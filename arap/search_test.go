@@ -3,11 +3,14 @@ package arap_test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
@@ -15,6 +18,7 @@ import (
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/signing"
 )
 
 // searchPolicy allows seven tools, makes one requestable, denies one, and
@@ -188,6 +192,15 @@ func TestSearchPageTokensCannotBeForged(t *testing.T) {
 	_, secret, err := env.Backend.Clients().Create(ctx, clients.New{Name: "other-pep", Scopes: []string{clients.ScopeEvaluate}, Kind: clients.KindAutomation}, "test")
 	require.NoError(t, err)
 	refused(req(), token, &arapclient.Client{BaseURL: env.URL, Token: secret})
+
+	// A token this service signed, for this search and client, but past
+	// its expiry.
+	var claims jwt.MapClaims
+	require.NoError(t, json.Unmarshal(payload, &claims))
+	claims["exp"] = time.Now().Add(-time.Minute).Unix()
+	expired, err := env.Backend.Keys().Sign(ctx, signing.TypePage, claims)
+	require.NoError(t, err)
+	refused(req(), expired, nil)
 
 	// The token as issued goes on where the first page ended.
 	r := req()
