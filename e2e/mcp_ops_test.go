@@ -31,13 +31,14 @@ func TestMCPOperations(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 
 	c := s.client(s.alice)
-	_, _, err := c.ListTools(context.Background()) // before the mark: the line looked at is the call's
-	require.NoError(t, err)
 	mark := s.mcp.mark()
 	res, err := c.CallTool(context.Background(), "get_balance", map[string]any{}, nil)
 	require.NoError(t, err)
 	require.False(t, res.IsError, "%s", res.Raw)
-	line := s.mcp.waitLogAfter(mark, "http request", 30*time.Second)
+	// The client lists the tools first; that request's line may be written
+	// after its response was read, so the call's line is looked for by
+	// method, not by order.
+	line := s.mcp.waitLogWhere(mark, "http request", map[string]any{"rpc_method": "tools/call"}, 30*time.Second)
 	require.Equal(t, "/mcp", line["route"])
 	require.Equal(t, "alice-agent", line["caller"])
 	require.Equal(t, "get_balance", line["tool"])

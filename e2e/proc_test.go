@@ -185,21 +185,35 @@ func (p *proc) waitLog(msg string, timeout time.Duration) map[string]any {
 // mark (see mark), so that an earlier line with the same msg does not count.
 func (p *proc) waitLogAfter(mark int, msg string, timeout time.Duration) map[string]any {
 	p.t.Helper()
+	return p.waitLogWhere(mark, msg, nil, timeout)
+}
+
+// waitLogWhere is waitLogAfter for a line whose members also include each
+// of want's: another request's line, written later than its response was
+// read, does not count.
+func (p *proc) waitLogWhere(mark int, msg string, want map[string]any, timeout time.Duration) map[string]any {
+	p.t.Helper()
 	deadline, exited := time.Now().Add(timeout), false
 	for {
 		p.mu.Lock()
+	lines:
 		for _, l := range p.lines[min(mark, len(p.lines)):] {
 			if l["msg"] == msg {
+				for k, v := range want {
+					if l[k] != v {
+						continue lines
+					}
+				}
 				p.mu.Unlock()
 				return l
 			}
 		}
 		p.mu.Unlock()
 		if exited {
-			p.t.Fatalf("no log line %q: the process exited without writing it", msg)
+			p.t.Fatalf("no log line %q %v: the process exited without writing it", msg, want)
 		}
 		if time.Now().After(deadline) {
-			p.t.Fatalf("no log line %q within %s", msg, timeout)
+			p.t.Fatalf("no log line %q %v within %s", msg, want, timeout)
 		}
 		select {
 		case <-p.done: // everything it wrote is collected: one last look
