@@ -239,6 +239,10 @@ func remove(ctx context.Context, db *pgxpool.Pool, now time.Time, user, credenti
 	if err != nil {
 		return fmt.Errorf("%w: no such passkey", ErrInvalid)
 	}
+	// Recorded as registration records it: the decoder also takes other
+	// spellings of the same bytes (line breaks, non-zero trailing bits),
+	// and offline verification finds a removal by the recorded id.
+	credentialID = base64.RawURLEncoding.EncodeToString(raw)
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		// The user's passkeys are locked, so two removals cannot each
 		// leave the other as the last one.

@@ -150,13 +150,18 @@ func TestRegistration(t *testing.T) {
 	_, err = f.svc.FinishRegistration(ctx, session, "bob", id, "x", b.Register(opts), a.Sign(stepUpChallenge))
 	require.ErrorIs(t, err, passkeys.ErrCeremony, "single use")
 
-	require.NoError(t, f.svc.Remove(ctx, "bob", list[0].ID()))
+	// Removed under another spelling of its id (the decoder skips line
+	// breaks): the event records the id as registration did, so offline
+	// verification sees the removal.
+	removed := list[0].ID()
+	require.NoError(t, f.svc.Remove(ctx, "bob", removed[:4]+"\n"+removed[4:]))
 	list, err = f.svc.List(ctx, "bob")
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	events, err = audit.Chain(ctx, f.db, audit.SystemChain)
 	require.NoError(t, err)
 	require.Equal(t, passkeys.EventRemoved, events[len(events)-1].Kind)
+	require.JSONEq(t, `{"user": "bob", "credential_id": "`+removed+`"}`, string(events[len(events)-1].Data))
 	// The last one goes only by an operator (a lost key).
 	require.ErrorIs(t, f.svc.Remove(ctx, "bob", list[0].ID()), passkeys.ErrLastPasskey)
 	require.NoError(t, passkeys.RemoveByOperator(ctx, f.db, "bob", list[0].ID(), "operator:test"))
@@ -250,4 +255,17 @@ func TestDecisionCeremony(t *testing.T) {
 	require.True(t, until.Equal(*u))
 	_, _, err = f.svc.TakeDecision(ctx, session, "bob", id, "req_1")
 	require.ErrorIs(t, err, passkeys.ErrCeremony, "single use")
+}
+
+// TestVerifyRecordsWithoutSubmission: a person's unsigned vote on a chain
+// that lost its request.submitted event is reported, since nobody can tell
+// whether it needed a signature; a resolver's is not.
+func TestVerifyRecordsWithoutSubmission(t *testing.T) {
+	rep := passkeys.VerifyRecords([]audit.Record{
+		{Chain: "arq_x", Seq: 2, Kind: "vote.approve", Actor: "user:bob", Data: []byte(`{"voter_kind": "human"}`)},
+		{Chain: "arq_x", Seq: 3, Kind: "vote.approve", Actor: "resolver:r.ok", Data: []byte(`{"voter_kind": "automation"}`)},
+	})
+	require.Len(t, rep.Failures, 1)
+	require.Contains(t, rep.Failures[0].String(), "vote by user:bob")
+	require.Contains(t, rep.Failures[0].String(), "no request.submitted event")
 }

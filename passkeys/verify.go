@@ -130,7 +130,13 @@ func VerifyRecords(records []audit.Record) Report {
 				continue
 			}
 			if v.Assertion == nil {
-				if f != nil && f.requirePasskey && !strings.HasPrefix(r.Actor, "resolver:") {
+				switch {
+				case f == nil && strings.HasPrefix(r.Actor, "user:"):
+					// Without it nobody can tell whether the vote needed a
+					// signature: a chain rewritten without its first event
+					// must not hide an unsigned vote.
+					rep.fail(r, "the request's chain has no request.submitted event, so whether this vote needed a signature cannot be told")
+				case f != nil && f.requirePasskey && !strings.HasPrefix(r.Actor, "resolver:"):
 					rep.fail(r, "the rule requires a decision signed with the approver's passkey, and this vote carries no signature")
 				}
 				continue
