@@ -173,13 +173,21 @@ func (a *App) person(ctx context.Context, id string) (*directory.User, string, e
 	if err != nil {
 		return nil, "", err
 	}
+	var found []*directory.User
 	for _, u := range users {
 		if u.Email != "" && strings.EqualFold(u.Email, email) {
-			if u.DisabledAt != nil {
-				return nil, "your approver account is disabled.", nil
-			}
-			return u, "", nil
+			found = append(found, u)
 		}
 	}
-	return nil, "no approver has your Slack e-mail address.", nil
+	switch {
+	case len(found) == 0:
+		return nil, "no approver has your Slack e-mail address.", nil
+	case len(found) > 1:
+		// Two accounts share the address (a local one and one from single
+		// sign-on, say): which person pressed cannot be told, so neither.
+		return nil, "more than one approver account has your Slack e-mail address, so which one you are cannot be told; decide in the web UI, or ask an administrator to keep the address on one account.", nil
+	case found[0].DisabledAt != nil:
+		return nil, "your approver account is disabled.", nil
+	}
+	return found[0], "", nil
 }

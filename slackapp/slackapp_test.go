@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/requests"
@@ -393,4 +394,23 @@ func TestNoSelfApprovalInSlack(t *testing.T) {
 	require.Empty(t, votes)
 	require.Empty(t, events)
 	require.Len(t, e.slack.Calls("chat.postMessage", to("UBOB")), 0, "bob is not asked to decide his own request")
+}
+
+// TestSharedAddressDecidesNothing: when two directory accounts have the
+// e-mail address Slack confirmed (a local account and one from single
+// sign-on, say), a click cannot be tied to one person and is refused.
+func TestSharedAddressDecidesNothing(t *testing.T) {
+	e := start(t)
+	require.NoError(t, e.Backend.Directory().CreateUser(context.Background(),
+		directory.User{Name: "carol2", Email: "carol@example.com"}, "", "test"))
+	id := e.Submit(t, toolCall("wire_transfer", map[string]any{"to": "acct-991", "amount": 50000}))
+	e.slack.wait(t, 1, "chat.postMessage", nil)
+	require.Equal(t, 200, e.press(t, "UCAROL", slackapp.ActionApprove, id))
+	eph := e.slack.Calls("chat.postEphemeral", ephemeralTo("UCAROL"))
+	require.Len(t, eph, 1)
+	require.Contains(t, eph[0].Form["text"], "more than one approver account has your Slack e-mail address")
+	votes, events := e.recorded(t, id)
+	require.Empty(t, votes)
+	require.Empty(t, events)
+	require.Equal(t, requests.Pending, status(t, e, id))
 }
