@@ -39,9 +39,18 @@ func TestDirectorySubjects(t *testing.T) {
 		require.Nil(t, got, "%s %q", tc.typ, tc.id)
 	}
 
+	// Two active accounts with one address (a local one and one from
+	// single sign-on): an error, which denies, not "nobody".
+	require.NoError(t, people.CreateUser(ctx, directory.User{Name: "bob2", Email: "bob@example.com"}, "", "test"))
+	_, err := src.SubjectAttributes(ctx, "user", "bob@example.com")
+	require.ErrorIs(t, err, directory.ErrAmbiguous)
+	got, err := src.SubjectAttributes(ctx, "user", "bob")
+	require.NoError(t, err)
+	require.Equal(t, "bob", got["name"], "the name alone still names one")
+
 	// Membership is read at every lookup: a change counts at once.
 	require.NoError(t, people.RemoveMember(ctx, "treasury", "bob", "test"))
-	got, err := src.SubjectAttributes(ctx, "user", "bob")
+	got, err = src.SubjectAttributes(ctx, "user", "bob")
 	require.NoError(t, err)
 	require.Equal(t, []any{}, got["groups"])
 }

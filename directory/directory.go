@@ -46,6 +46,7 @@ func (u *User) Identities() []identity.ID {
 // Errors.
 var (
 	ErrNotFound     = errors.New("directory: no such user or group")
+	ErrAmbiguous    = errors.New("directory: ambiguous user")
 	ErrExists       = errors.New("directory: already exists")
 	ErrBadPassword  = errors.New("directory: wrong user name or password")
 	ErrUserDisabled = errors.New("directory: user is disabled")
@@ -224,10 +225,16 @@ func (s *Store) Find(ctx context.Context, claimed string) (*User, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("directory: find %q: %w", claimed, err)
 	}
-	if len(found) != 1 {
-		// None, or one user's name is another's address: naming nobody is
-		// safer than guessing which one is meant.
+	switch len(found) {
+	case 0:
 		return nil, ErrNotFound
+	case 1:
+	default:
+		// One user's name is another's address, or two accounts share an
+		// address (a local one and one from single sign-on): which one is
+		// meant cannot be told, and "nobody" would let a condition that
+		// asks has() pass, so it is an error.
+		return nil, fmt.Errorf("%w: %q names more than one active user", ErrAmbiguous, claimed)
 	}
 	return found[0], nil
 }
