@@ -1,12 +1,8 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
 	"fmt"
-	"io"
 	"os"
-	osexec "os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -140,18 +136,8 @@ func TestOfficialClientConformanceSuite(t *testing.T) {
 		if isExtensionClientScenario(scenario) {
 			args = append(args, "--force")
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		cmd := osexec.CommandContext(ctx, node, args...)
-		cmd.Dir = work
-		cmd.Env = append(os.Environ(), "NO_COLOR=1", "ARAPCTL="+filepath.Join(binDir, "arapctl"))
-		cmd.WaitDelay = 5 * time.Second
-		var out bytes.Buffer
-		w := io.MultiWriter(os.Stdout, &out)
-		cmd.Stdout, cmd.Stderr = w, w
-		fmt.Printf("=== client conformance scenario %s\n", scenario)
-		runErr := cmd.Run()
-		cancel()
-		text := ansi.ReplaceAllString(out.String(), "")
+		text, runErr := runSuite("client conformance scenario "+scenario, node, work, 2*time.Minute,
+			[]string{"ARAPCTL=" + filepath.Join(binDir, "arapctl")}, args)
 		line := scenario + ": "
 		switch m := totals.FindStringSubmatch(text); {
 		case strings.Contains(text, "SKIPPED: scenario"):

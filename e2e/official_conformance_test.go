@@ -127,18 +127,7 @@ func TestOfficialConformanceSuite(t *testing.T) {
 		if strings.HasPrefix(scenario, "tasks-") || strings.HasPrefix(scenario, "sep-2640-") {
 			args = append(args, "--force")
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		cmd := osexec.CommandContext(ctx, node, args...)
-		cmd.Dir = work
-		cmd.Env = append(os.Environ(), "NO_COLOR=1")
-		cmd.WaitDelay = 5 * time.Second
-		var out bytes.Buffer
-		w := io.MultiWriter(os.Stdout, &out) // streamed, so CI shows the checks as they run
-		cmd.Stdout, cmd.Stderr = w, w
-		fmt.Printf("=== conformance scenario %s\n", scenario)
-		runErr := cmd.Run()
-		cancel()
-		text := ansi.ReplaceAllString(out.String(), "")
+		text, runErr := runSuite("conformance scenario "+scenario, node, work, 3*time.Minute, nil, args)
 		line := scenario + ": "
 		switch m := totals.FindStringSubmatch(text); {
 		case strings.Contains(text, "SKIPPED: scenario"):
@@ -168,4 +157,22 @@ func TestOfficialConformanceSuite(t *testing.T) {
 		t.Errorf("scenarios with unexpected results (a failure not in %s, a listed failure that now passes, or a scenario that did not run): %s",
 			filepath.Base(baseline), strings.Join(failed, ", "))
 	}
+}
+
+// runSuite runs one scenario of the official suite (node and its
+// arguments, in work, with env added), its output streamed so CI shows the
+// checks as they run, and returns that output without colour codes.
+func runSuite(label, node, work string, timeout time.Duration, env, args []string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := osexec.CommandContext(ctx, node, args...)
+	cmd.Dir = work
+	cmd.Env = append(append(os.Environ(), "NO_COLOR=1"), env...)
+	cmd.WaitDelay = 5 * time.Second
+	var out bytes.Buffer
+	w := io.MultiWriter(os.Stdout, &out)
+	cmd.Stdout, cmd.Stderr = w, w
+	fmt.Printf("=== %s\n", label)
+	err := cmd.Run()
+	return ansi.ReplaceAllString(out.String(), ""), err
 }
