@@ -218,8 +218,18 @@ func (u *UI) challenge(w http.ResponseWriter, r *http.Request) {
 	}
 	d := passkeys.Decision{RequestID: req.ID, BindingHash: req.BindingHash, Decision: decision}
 	if decision == "approve" {
-		// The window the page shows (approving), in whole seconds.
+		// What is signed is the window the page showed the person (sent
+		// back by the script), so long as it is still one the request can
+		// have; otherwise the page is out of date and is read again.
 		until := req.ApprovalUntil(votes, u.now()).UTC().Truncate(time.Second)
+		if shown := r.PostFormValue("until"); shown != "" {
+			t, err := time.Parse(time.RFC3339, shown)
+			if err != nil || !t.After(u.now()) || t.After(until) {
+				jsonError(w, http.StatusConflict, "The approval's validity shown on the page is out of date; reload the page and decide again.")
+				return
+			}
+			until = t.UTC()
+		}
 		d.Until = &until
 	}
 	id, opts, err := u.d.Passkeys.BeginDecision(r.Context(), sessionHash(r), s.user.Name, d)

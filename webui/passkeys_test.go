@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -78,8 +79,8 @@ func TestPasskeySignedDecision(t *testing.T) {
 	require.Equal(t, 403, p.status)
 	require.Contains(t, p.body, "requires a decision signed with your passkey, and this one is not signed")
 
-	sign := func(decision string) (string, string) {
-		status, out := b.postJSON("/ui/requests/"+id+"/challenge", url.Values{"csrf": {token}, "decision": {decision}})
+	sign := func(decision, until string) (string, string) {
+		status, out := b.postJSON("/ui/requests/"+id+"/challenge", url.Values{"csrf": {token}, "decision": {decision}, "until": {until}})
 		require.Equal(t, 200, status, "%v", out)
 		var o struct {
 			PublicKey struct {
@@ -94,15 +95,29 @@ func TestPasskeySignedDecision(t *testing.T) {
 		return out["ceremony"].(string), string(a)
 	}
 	// A ceremony begun for a deny cannot carry an approve.
-	ceremony, a := sign("deny")
+	ceremony, a := sign("deny", "")
 	p = b.post("/ui/requests/"+id+"/decide", url.Values{"csrf": {token}, "decision": {"approve"}, "ceremony": {ceremony}, "assertion": {a}})
 	require.Equal(t, 400, p.status)
 	require.Contains(t, p.body, "the signature was made for another decision")
 
-	ceremony, a = sign("approve")
+	// What is signed is the validity the page showed; one that has passed,
+	// or is longer than the request can have, is an out-of-date page.
+	shown := regexp.MustCompile(`id="approval-until" datetime="([^"]+)"`).FindStringSubmatch(b.get("/ui/requests/" + id).body)
+	require.NotNil(t, shown, "the page shows the approval's validity")
+	shownAt, err := time.Parse(time.RFC3339, shown[1])
+	require.NoError(t, err)
+	for _, stale := range []string{shownAt.Add(-2 * time.Hour).Format(time.RFC3339), shownAt.Add(time.Hour).Format(time.RFC3339), "tomorrow"} {
+		status, out := b.postJSON("/ui/requests/"+id+"/challenge", url.Values{"csrf": {token}, "decision": {"approve"}, "until": {stale}})
+		require.Equal(t, http.StatusConflict, status, "%s: %v", stale, out)
+		require.Contains(t, out["error"], "out of date")
+	}
+	ceremony, a = sign("approve", shown[1])
 	form := url.Values{"csrf": {token}, "decision": {"approve"}, "ceremony": {ceremony}, "assertion": {a}, "reason": {"ok"}}
 	p = b.post("/ui/requests/"+id+"/decide", form)
 	require.Equal(t, http.StatusSeeOther, p.status, p.body)
+	var recorded time.Time
+	require.NoError(t, env.Pool.QueryRow(t.Context(), `SELECT approved_until FROM arap.votes WHERE request_id = $1`, id).Scan(&recorded))
+	require.True(t, recorded.Equal(shownAt), "the vote's window is the one shown: %s, shown %s", recorded, shownAt)
 	require.Equal(t, "/ui/?done=approve", p.location)
 	p = b.post("/ui/requests/"+id+"/decide", form)
 	require.Equal(t, 400, p.status, "a ceremony is used once")

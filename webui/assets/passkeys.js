@@ -106,7 +106,11 @@
   function decide(form, decision) {
     var csrf = form.elements.csrf.value;
     var reason = form.elements.reason ? form.elements.reason.value : "";
-    post(form.dataset.passkey, { csrf: csrf, decision: decision }).then(function (res) {
+    // The validity the page shows is the one signed (the server refuses it
+    // if it is out of date).
+    var shown = document.getElementById("approval-until");
+    var until = decision === "approve" && shown ? shown.getAttribute("datetime") : "";
+    post(form.dataset.passkey, { csrf: csrf, decision: decision, until: until }).then(function (res) {
       return get(res.options).then(function (assertion) {
         var out = document.createElement("form");
         out.method = "post";
