@@ -197,6 +197,14 @@ func AppendMany(ctx context.Context, tx pgx.Tx, events []Event) error {
 	return nil
 }
 
+// LockChain takes, within tx, the lock appends to chain take, so whatever
+// tx does to the chain is not interleaved with an append (a test that
+// rewrites a chain, as an attacker with database access would).
+func LockChain(ctx context.Context, tx pgx.Tx, chain string) error {
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, chainLock(chain))
+	return err
+}
+
 func chainLock(chain string) int64 {
 	f := fnv.New64a()
 	_, _ = f.Write([]byte("audit:" + chain))

@@ -48,7 +48,7 @@ func TestRequestPageSaysWhatApprovingDoes(t *testing.T) {
 	say := strings.Join(strings.Fields(section(t, p.body, `id="approving"`, "</div>")), " ")
 	until := clock.Now().Truncate(time.Second).Add(time.Hour).UTC()
 	require.Contains(t, say, "yours is the last approval needed, so the request is approved and the call above, exactly as shown, runs once, right away.")
-	require.Contains(t, say, `valid until <time datetime="`+until.Format(time.RFC3339)+`">`+until.Format("2006-01-02 15:04:05 MST")+`</time> (1 hour, as the rule sets)`)
+	require.Contains(t, say, `valid until <time id="approval-until" datetime="`+until.Format(time.RFC3339)+`">`+until.Format("2006-01-02 15:04:05 MST")+`</time> (1 hour, as the rule sets)`)
 	require.Contains(t, say, "If you deny:</strong> the request ends at once and the call does not run.")
 
 	d := bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"approve"}, "csrf": {csrf(t, p)}})

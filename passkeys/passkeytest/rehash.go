@@ -1,6 +1,8 @@
 package passkeytest
 
 import (
+	"github.com/omcp/arap/audit"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -27,6 +29,11 @@ func Rehash(ctx context.Context, db Exec, chain string) error {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
+	// Events still being appended (a callback delivered, say) wait, and
+	// then link to the rewritten head.
+	if err := audit.LockChain(ctx, tx, chain); err != nil {
+		return err
+	}
 	rows, err := tx.Query(ctx, `SELECT id, seq, at, kind, actor, data::text FROM arap.audit_events WHERE chain = $1 ORDER BY seq`, chain)
 	if err != nil {
 		return err
