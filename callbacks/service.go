@@ -25,6 +25,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/internal/fault"
 	"github.com/omcp/arap/internal/randid"
 	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/requests"
@@ -262,6 +263,9 @@ func (s *Service) Attempt(ctx context.Context, id string) (time.Time, error) {
 	start := time.Now()
 	code, retryAfter, sendErr := s.send(ctx, c, keys, d)
 	latency := time.Since(start)
+	if sendErr == nil && code >= 200 && code < 300 {
+		fault.Point("callbacks.after-send")
+	}
 	attemptLatency.Observe(latency.Seconds())
 	attempts.WithLabelValues(resultLabel(code, sendErr)).Inc()
 

@@ -1,29 +1,103 @@
 // Package fault lets crash tests kill the process at a named point: when the
-// ARAP_FAULT environment variable lists a point's name, reaching the point
-// sends SIGKILL to the process itself, as an operator's kill -9 or a power
-// cut would. Without the variable, points cost one map lookup.
+// ARAP_FAULT environment variable arms a point, reaching it sends SIGKILL to
+// the process itself, as an operator's kill -9 or a power cut would. Without
+// the variable, points cost one map lookup.
+//
+// ARAP_FAULT is a comma-separated list of NAME or NAME@P: NAME kills every
+// time the point is reached, NAME@P with probability P (0 < P <= 1), so a
+// chaos run can keep a narrow window under fire without stopping the process
+// at its first call. "*@P" arms every point of Names. ARAP_FAULT_SEED makes
+// the draws repeatable. Before it kills, a point writes
+// "arap-fault: NAME" on stderr, so a supervisor can count which window each
+// kill hit.
 package fault
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 )
 
-var armed = func() map[string]bool {
-	m := map[string]bool{}
-	for _, p := range strings.Split(os.Getenv("ARAP_FAULT"), ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			m[p] = true
+// Names lists every point, one per window where a crash must not lose or
+// repeat anything. A new point is added here as well as where it is reached.
+var Names = []string{
+	"pep.after-intent", // the submission intent is committed, nothing sent
+	"pep.after-submit", // the backend has the request, the handle is not stored
+	"pep.after-handle", // the handle is stored, the caller has no answer
+	"pep.after-claim",  // the execution claim is committed, the tool not run
+	"pep.after-invoke", // the tool ran, its outcome is not recorded
+	"requests.after-decision-commit",
+	"requests.after-transition-commit",
+	"callbacks.after-send", // the receiver has the callback, the delivery is not marked
+	"notify.after-send",
+}
+
+// Prefix starts the line a point writes on stderr before it kills.
+const Prefix = "arap-fault: "
+
+var (
+	armed = parse(os.Getenv("ARAP_FAULT"))
+	mu    sync.Mutex
+	rng   = newRand(os.Getenv("ARAP_FAULT_SEED"))
+)
+
+// parse reads ARAP_FAULT into point -> probability. A malformed entry is
+// fatal: a crash test that silently armed nothing would pass for the wrong
+// reason.
+func parse(v string) map[string]float64 {
+	m := map[string]float64{}
+	for _, p := range strings.Split(v, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
 		}
+		name, prob, hasProb := strings.Cut(p, "@")
+		f := 1.0
+		if hasProb {
+			var err error
+			if f, err = strconv.ParseFloat(prob, 64); err != nil || !(f > 0 && f <= 1) {
+				fmt.Fprintf(os.Stderr, "ARAP_FAULT: %q: the probability must be a number in (0, 1]\n", p)
+				os.Exit(2)
+			}
+		}
+		if name == "*" {
+			for _, n := range Names {
+				m[n] = f
+			}
+			continue
+		}
+		m[name] = f
 	}
 	return m
-}()
+}
 
-// Point kills the process if name is armed.
-func Point(name string) {
-	if armed[name] {
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // never returns
+func newRand(seed string) *rand.Rand {
+	s, err := strconv.ParseUint(seed, 10, 64)
+	if err != nil {
+		s = rand.Uint64()
 	}
+	return rand.New(rand.NewPCG(s, s^0x9e3779b97f4a7c15))
+}
+
+// Point kills the process if name is armed (and its draw says so).
+func Point(name string) {
+	p, ok := armed[name]
+	if !ok {
+		return
+	}
+	if p < 1 {
+		mu.Lock()
+		hit := rng.Float64() < p
+		mu.Unlock()
+		if !hit {
+			return
+		}
+	}
+	_, _ = os.Stderr.WriteString(Prefix + name + "\n")
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // never returns
 }

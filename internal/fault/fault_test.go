@@ -1,0 +1,76 @@
+package fault
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParse(t *testing.T) {
+	require.Equal(t, map[string]float64{"a": 1, "b": 0.25}, parse(" a , b@0.25,"))
+	all := parse("*@0.5,pep.after-claim")
+	require.Len(t, all, len(Names))
+	require.Equal(t, 1.0, all["pep.after-claim"], "a later entry overrides the wildcard")
+	require.Equal(t, 0.5, all["notify.after-send"])
+}
+
+// TestNamesAreEveryPoint keeps Names (what "*" arms and a chaos run reports
+// on) equal to the points the code reaches.
+func TestNamesAreEveryPoint(t *testing.T) {
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	call := regexp.MustCompile(`fault\.Point\("([^"]+)"\)`)
+	var found []string
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		for _, m := range call.FindAllSubmatch(b, -1) {
+			found = append(found, string(m[1]))
+		}
+		return err
+	})
+	require.NoError(t, err)
+	slices.Sort(found)
+	want := slices.Clone(Names)
+	slices.Sort(want)
+	require.Equal(t, want, slices.Compact(found))
+}
+
+// TestPointKills runs this test binary as a child that reaches a point armed
+// with a probability until it dies: killed by SIGKILL, after saying where.
+func TestPointKills(t *testing.T) {
+	if os.Getenv("FAULT_CHILD") == "1" {
+		for range 10_000 {
+			Point("pep.after-claim")
+			Point("not-armed")
+		}
+		os.Exit(0)
+	}
+	for _, arm := range []string{"pep.after-claim", "pep.after-claim@0.01", "*@0.01"} {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestPointKills$")
+		cmd.Env = append(os.Environ(), "FAULT_CHILD=1", "ARAP_FAULT="+arm, "ARAP_FAULT_SEED=7")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		require.True(t, errors.As(err, &exit), "%s: the child must die, got %v", arm, err)
+		ws := exit.Sys().(syscall.WaitStatus)
+		require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "%s: %v", arm, ws)
+		require.Equal(t, Prefix+"pep.after-claim\n", stderr.String(), arm)
+	}
+}
+
+func TestUnarmedPointReturns(t *testing.T) {
+	Point("pep.after-claim") // ARAP_FAULT is not set in this process
+}
