@@ -7,6 +7,7 @@ package dbdown
 
 import (
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"time"
@@ -44,9 +45,11 @@ func Is(err error) bool {
 		return true
 	}
 	// The network failed under the driver: refused, reset, unreachable
-	// (*net.OpError, also inside a ConnectError).
+	// (*net.OpError, also inside a ConnectError), or the server closed a
+	// pooled connection between statements (a fast shutdown): the next
+	// read ends early (io.ErrUnexpectedEOF, unwrapped by pgconn).
 	var ne net.Error
-	return errors.As(err, &ne)
+	return errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // unavailableCode: SQLSTATE class 08 (connection exception), the

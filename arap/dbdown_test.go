@@ -1,0 +1,74 @@
+package arap_test
+
+import (
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/backendtest"
+	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/internal/dev"
+)
+
+// TestDatabaseDown: while PostgreSQL is stopped (fast, then as a crash),
+// the API answers 503 unavailable with Retry-After (problem+json; the
+// decision API too), the web UI a plain 503 page,
+// /readyz 503; once it is back, the same requests succeed again. Through
+// the contract proxy, so the 503s are the documented ones.
+func TestDatabaseDown(t *testing.T) {
+	db := dbtest.NewPrivate(t)
+	env := backendtest.Start(t, backendtest.Options{DatabaseURL: db.URL})
+	pep := api{t: t, base: env.URL, token: dev.PEPToken}
+	itsm := api{t: t, base: env.URL, token: dev.ITSMToken}
+	id := env.Submit(t, wireCall(50000))
+	status := "/access/v1/requests/" + id
+	require.Equal(t, 200, pep.do("GET", status, nil).status)
+	ui := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	uiGet := func() *http.Response {
+		req, err := http.NewRequest("GET", env.URL+"/ui/", nil)
+		require.NoError(t, err)
+		req.AddCookie(&http.Cookie{Name: "arap_session", Value: "some-session"})
+		resp, err := ui.Do(req)
+		require.NoError(t, err)
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	require.Equal(t, http.StatusSeeOther, uiGet().StatusCode, "an unknown session is sent to sign in")
+
+	for _, immediate := range []bool{false, true} {
+		db.Stop(t, immediate)
+
+		m := pep.do("GET", status, nil).problem(t, 503, authzen.ProblemUnavailable)
+		require.Equal(t, "the database is unavailable; retry after 2 seconds", m["detail"])
+		r := pep.do("GET", status, nil)
+		require.Equal(t, "2", r.header.Get("Retry-After"))
+		// An allowed evaluation needs no database and is still answered.
+		require.Equal(t, 200, pep.do("POST", "/access/v1/evaluation", wireCall(1)).status)
+		r = itsm.do("GET", "/v1/requests", nil)
+		r.problem(t, 503, authzen.ProblemUnavailable)
+		require.Equal(t, "2", r.header.Get("Retry-After"))
+
+		resp := uiGet()
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "a session that cannot be read is not a signed-out one")
+		require.Equal(t, "2", resp.Header.Get("Retry-After"))
+		body, _ := io.ReadAll(resp.Body)
+		require.Contains(t, string(body), "temporarily unavailable")
+
+		ready, err := http.Get(env.URL + "/readyz")
+		require.NoError(t, err)
+		ready.Body.Close()
+		require.Equal(t, http.StatusServiceUnavailable, ready.StatusCode)
+
+		db.Start(t)
+		// The pool reconnects on its own; wait for it, then all is normal.
+		require.Eventually(t, func() bool {
+			return pep.do("GET", status, nil).status == 200
+		}, 30*time.Second, 50*time.Millisecond)
+		require.Equal(t, 200, itsm.do("GET", "/v1/requests", nil).status)
+		require.Equal(t, http.StatusSeeOther, uiGet().StatusCode)
+	}
+}
