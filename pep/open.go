@@ -200,6 +200,9 @@ func (g *Gate) submitAndBind(ctx context.Context, key string) error {
 		if ferr := g.failIntent(ctx, in, !errors.Is(err, errUncertain), err); ferr != nil {
 			return ferr
 		}
+		if backendUnavailable(err) {
+			return tasks.Unavailable(tasks.WhatBackend + " (the request was not submitted; the tool did not run)")
+		}
 		return rpcError(tasks.CodeInternalError, "the approval request could not be submitted; the tool did not run")
 	}
 	return g.bind(ctx, in, tr)

@@ -63,13 +63,24 @@ type pepOptions struct {
 	log *slog.Logger
 	// listenStreams bounds each caller's listen streams (default 10).
 	listenStreams int
+	// private, when set, is the one database of the backend and the
+	// front-end (a cluster the test may stop).
+	private *dbtest.Private
 }
 
 const aliceToken = "alice-token-0123"
 
 func newPEP(t *testing.T, o pepOptions) *stack {
 	t.Helper()
-	p := &stack{env: backendtest.Start(t, backendtest.Options{Policy: o.policy}), db: dbtest.New(t), secret: webhook.NewSecret()}
+	var p *stack
+	if o.private != nil {
+		db, err := pgxpool.New(context.Background(), o.private.URL)
+		require.NoError(t, err)
+		t.Cleanup(db.Close)
+		p = &stack{env: backendtest.Start(t, backendtest.Options{Policy: o.policy, DatabaseURL: o.private.URL}), db: db, secret: webhook.NewSecret()}
+	} else {
+		p = &stack{env: backendtest.Start(t, backendtest.Options{Policy: o.policy}), db: dbtest.New(t), secret: webhook.NewSecret()}
+	}
 	jobs, err := river.NewClient(riverpgxv5.New(p.db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
 	tools := pep.DemoTools()

@@ -184,7 +184,9 @@ func NewPrivate(tb testing.TB) *Private {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		tb.Fatalf("dbtest: %v", err)
 	}
-	p := &Private{opts: pgembed.Options{DataDir: dir + "/data", Port: -1, Ephemeral: true}}
+	// Not Ephemeral: its synchronous_commit=off loses the last commits in
+	// a crash (StopImmediate), which a real server does not.
+	p := &Private{opts: pgembed.Options{DataDir: dir + "/data", Port: -1}}
 	p.Start(tb)
 	p.opts.Port = p.c.Port()
 	tb.Cleanup(func() { _ = p.c.Stop(context.Background()) })

@@ -1,0 +1,77 @@
+package pep_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// TestDatabaseDown: while PostgreSQL is stopped (fast, then as a crash),
+// tasks/get and tools/call answer the retryable error (HTTP 503,
+// Retry-After, JSON-RPC CodeUnavailable naming the wait) and nothing else;
+// once it is back, the same task reads as before and a call answers a
+// task again.
+func TestDatabaseDown(t *testing.T) {
+	db := dbtest.NewPrivate(t)
+	p := newPEP(t, pepOptions{private: db})
+	ctx := context.Background()
+	id := p.transfer(t, 50000)
+	before := p.get(t, id)
+
+	unavailable := func(err error) {
+		t.Helper()
+		var re *tasks.RPCError
+		require.ErrorAs(t, err, &re)
+		require.Equal(t, tasks.CodeUnavailable, re.Code, "%s", re.Message)
+		require.Equal(t, "temporarily unavailable: the database is unavailable; retry after 2 s", re.Message)
+		require.Equal(t, http.StatusServiceUnavailable, re.HTTPStatus)
+		require.JSONEq(t, `{"retryAfterSeconds":2}`, string(re.Data))
+	}
+	for i, immediate := range []bool{false, true} {
+		db.Stop(t, immediate)
+
+		_, _, err := p.alice.Get(ctx, id)
+		unavailable(err)
+		_, err = p.alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-1", "amount": 50000}, nil)
+		unavailable(err)
+		// On the wire: Retry-After, and the request's id in the answer.
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 7, "method": tasks.MethodGet,
+			"params": map[string]any{"taskId": id, "_meta": map[string]any{tasks.MetaProtocolVersion: tasks.ProtocolVersion}}})
+		req, err := http.NewRequest("POST", p.url, bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+aliceToken)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set(tasks.HeaderName, id)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var answer struct {
+			ID    json.RawMessage `json:"id"`
+			Error tasks.RPCError  `json:"error"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		resp.Body.Close()
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+		require.Equal(t, "2", resp.Header.Get("Retry-After"))
+		require.Equal(t, "7", string(answer.ID))
+		require.Equal(t, tasks.CodeUnavailable, answer.Error.Code)
+
+		db.Start(t)
+		var after *tasks.Detailed
+		require.Eventually(t, func() bool {
+			after, _, err = p.alice.Get(ctx, id)
+			return err == nil
+		}, 30*time.Second, 50*time.Millisecond)
+		require.Equal(t, before.Status, after.Status, "the outage changed nothing")
+		t.Logf("iteration %d: a new call after the restart", i)
+		p.transfer(t, 60000)
+	}
+}
