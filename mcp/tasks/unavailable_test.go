@@ -1,0 +1,63 @@
+package tasks_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// TestMethodsWhileDatabaseDown: a task method whose store fails because
+// the database is unavailable answers CodeUnavailable with the wait (at
+// HTTP 200: the SDK writes the answer of a dispatched method, and its own
+// client reads a JSON-RPC error only from a 2xx or non-transient answer),
+// never -32603; once the database is back, the task reads again.
+func TestMethodsWhileDatabaseDown(t *testing.T) {
+	db := dbtest.NewPrivate(t)
+	pool, err := pgxpool.New(context.Background(), db.URL)
+	require.NoError(t, err)
+	defer pool.Close()
+	store := &tasks.Store{DB: pool}
+	task := create(t, store, nil)
+
+	s := sdk.NewServer(&sdk.Implementation{Name: "t", Version: "0"}, nil)
+	ts := &tasks.Server{Store: store, Kinds: map[string]tasks.Kind{}}
+	require.NoError(t, ts.Register(s))
+	s.AddReceivingMiddleware(func(next sdk.MethodHandler) sdk.MethodHandler {
+		return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
+			return next(tasks.WithPrincipal(ctx, task.Principal), method, req)
+		}
+	})
+	h := ts.Wrap(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s }, &sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true}))
+	getTask := get(`"taskId":"` + task.ID + `"`)
+	code, out := post(h, getTask, tasks.MethodGet, task.ID)
+	require.Equal(t, http.StatusOK, code)
+	require.Nil(t, out["error"], "%v", out)
+
+	db.Stop(t, false)
+	for _, m := range []string{tasks.MethodGet, tasks.MethodCancel} {
+		body := `{"jsonrpc":"2.0","id":1,"method":"` + m + `","params":{"taskId":"` + task.ID + `",` + meta + `}}`
+		code, out = post(h, body, m, task.ID)
+		require.Equal(t, http.StatusOK, code)
+		e, _ := out["error"].(map[string]any)
+		require.NotNil(t, e, "%s: %v", m, out)
+		require.EqualValues(t, tasks.CodeUnavailable, e["code"], "%s: %v", m, out)
+		require.Equal(t, "temporarily unavailable: the database is unavailable; retry after 2 s", e["message"])
+		require.Equal(t, map[string]any{tasks.DataRetryAfter: float64(2)}, e["data"])
+	}
+
+	db.Start(t)
+	require.Eventually(t, func() bool {
+		code, out = post(h, getTask, tasks.MethodGet, task.ID)
+		return code == http.StatusOK && out["error"] == nil
+	}, 30*time.Second, 50*time.Millisecond)
+	res, _ := out["result"].(map[string]any)
+	require.Equal(t, string(tasks.Working), res["status"], "%v", out)
+}
