@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/internal/dbtest"
@@ -25,6 +26,11 @@ func TestDatabaseDown(t *testing.T) {
 	ctx := context.Background()
 	id := p.transfer(t, 50000)
 	before := p.get(t, id)
+	// A go-sdk client session, connected while all is well.
+	c := sdk.NewClient(&sdk.Implementation{Name: "client", Version: "1"}, nil)
+	sess, err := c.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: p.url, HTTPClient: &http.Client{Transport: bearer(aliceToken)}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sess.Close() })
 
 	unavailable := func(err error) {
 		t.Helper()
@@ -63,6 +69,10 @@ func TestDatabaseDown(t *testing.T) {
 		require.Equal(t, "2", resp.Header.Get("Retry-After"))
 		require.Equal(t, "7", string(answer.ID))
 		require.Equal(t, tasks.CodeUnavailable, answer.Error.Code)
+		// The go-sdk client reads a 503 as transient (it keeps the
+		// session) and reports the status, not the body.
+		_, err = sess.CallTool(ctx, &sdk.CallToolParams{Name: "wire_transfer", Arguments: map[string]any{"to": "acct-1", "amount": 50000}})
+		require.ErrorContains(t, err, "Service Unavailable")
 
 		db.Start(t)
 		var after *tasks.Detailed
@@ -71,7 +81,37 @@ func TestDatabaseDown(t *testing.T) {
 			return err == nil
 		}, 30*time.Second, 50*time.Millisecond)
 		require.Equal(t, before.Status, after.Status, "the outage changed nothing")
+		_, err = sess.ListTools(ctx, nil)
+		require.NoError(t, err, "the go-sdk session survived the outage")
 		t.Logf("iteration %d: a new call after the restart", i)
 		p.transfer(t, 60000)
 	}
+}
+
+// TestBackendDatabaseDown: while only the backend's database is stopped,
+// a call that needs the backend's request store answers the retryable
+// error naming the approval service (the backend answered 503; the gate
+// retried within its bounds), the front-end's own tasks still read, and
+// after the restart the call opens its task.
+func TestBackendDatabaseDown(t *testing.T) {
+	db := dbtest.NewPrivate(t)
+	p := newPEP(t, pepOptions{privateBackend: db})
+	ctx := context.Background()
+	id := p.transfer(t, 50000)
+
+	db.Stop(t, false)
+	_, err := p.alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-2", "amount": 50000}, nil)
+	var re *tasks.RPCError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, tasks.CodeUnavailable, re.Code, "%s", re.Message)
+	require.Contains(t, re.Message, "temporarily unavailable: the approval service is unavailable")
+	require.Contains(t, re.Message, "retry after 2 s")
+	require.Equal(t, http.StatusOK, re.HTTPStatus, "dispatched by the SDK")
+	require.Equal(t, tasks.Working, p.get(t, id).Status)
+
+	db.Start(t)
+	require.Eventually(t, func() bool {
+		r, err := p.alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-2", "amount": 50000}, nil)
+		return err == nil && r.ResultType == tasks.ResultTypeTask
+	}, 30*time.Second, 50*time.Millisecond)
 }

@@ -230,7 +230,7 @@ func (g *Gate) submit(ctx context.Context, in *intent) (authzen.TaskResponse, er
 		return err
 	})
 	if err != nil && !refused(err) {
-		return authzen.TaskResponse{}, fmt.Errorf("%w: %v", errUncertain, err)
+		return authzen.TaskResponse{}, fmt.Errorf("%w: %w", errUncertain, err)
 	}
 	return tr, err
 }

@@ -66,6 +66,8 @@ type pepOptions struct {
 	// private, when set, is the one database of the backend and the
 	// front-end (a cluster the test may stop).
 	private *dbtest.Private
+	// privateBackend, when set, is the backend's database alone.
+	privateBackend *dbtest.Private
 }
 
 const aliceToken = "alice-token-0123"
@@ -79,7 +81,11 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 		t.Cleanup(db.Close)
 		p = &stack{env: backendtest.Start(t, backendtest.Options{Policy: o.policy, DatabaseURL: o.private.URL}), db: db, secret: webhook.NewSecret()}
 	} else {
-		p = &stack{env: backendtest.Start(t, backendtest.Options{Policy: o.policy}), db: dbtest.New(t), secret: webhook.NewSecret()}
+		bo := backendtest.Options{Policy: o.policy}
+		if o.privateBackend != nil {
+			bo.DatabaseURL = o.privateBackend.URL
+		}
+		p = &stack{env: backendtest.Start(t, bo), db: dbtest.New(t), secret: webhook.NewSecret()}
 	}
 	jobs, err := river.NewClient(riverpgxv5.New(p.db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
