@@ -3,6 +3,8 @@ package arap_test
 import (
 	"io"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,6 +59,21 @@ func TestDatabaseDown(t *testing.T) {
 		require.Equal(t, "2", resp.Header.Get("Retry-After"))
 		body, _ := io.ReadAll(resp.Body)
 		require.Contains(t, string(body), "temporarily unavailable")
+
+		// Signing in says so too (the limit of attempts is counted in the
+		// database; so is the account).
+		form := url.Values{"username": {"alice"}, "password": {"x"}, "csrf": {"tok"}}
+		req, err := http.NewRequest("POST", env.URL+"/ui/login", strings.NewReader(form.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(&http.Cookie{Name: "arap_login_csrf", Value: "tok"})
+		resp, err = ui.Do(req)
+		require.NoError(t, err)
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", body)
+		require.Equal(t, "2", resp.Header.Get("Retry-After"))
+		require.Contains(t, string(body), "unavailable")
 
 		ready, err := http.Get(env.URL + "/readyz")
 		require.NoError(t, err)

@@ -2,11 +2,15 @@ package tasks_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
@@ -18,7 +22,8 @@ import (
 // the database is unavailable answers CodeUnavailable with the wait (at
 // HTTP 200: the SDK writes the answer of a dispatched method, and its own
 // client reads a JSON-RPC error only from a 2xx or non-transient answer),
-// never -32603; once the database is back, the task reads again.
+// never -32603; once the database is back, the task reads again. The
+// client's Wait, started during the outage, rides it out.
 func TestMethodsWhileDatabaseDown(t *testing.T) {
 	db := dbtest.NewPrivate(t)
 	pool, err := pgxpool.New(context.Background(), db.URL)
@@ -30,9 +35,14 @@ func TestMethodsWhileDatabaseDown(t *testing.T) {
 	s := sdk.NewServer(&sdk.Implementation{Name: "t", Version: "0"}, nil)
 	ts := &tasks.Server{Store: store, Kinds: map[string]tasks.Kind{}}
 	require.NoError(t, ts.Register(s))
+	refused := make(chan struct{}, 100) // one per CodeUnavailable answer
 	s.AddReceivingMiddleware(func(next sdk.MethodHandler) sdk.MethodHandler {
 		return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
-			return next(tasks.WithPrincipal(ctx, task.Principal), method, req)
+			res, err := next(tasks.WithPrincipal(ctx, task.Principal), method, req)
+			if je := (*jsonrpc.Error)(nil); errors.As(err, &je) && je.Code == tasks.CodeUnavailable {
+				refused <- struct{}{}
+			}
+			return res, err
 		}
 	})
 	h := ts.Wrap(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s }, &sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true}))
@@ -53,6 +63,22 @@ func TestMethodsWhileDatabaseDown(t *testing.T) {
 		require.Equal(t, map[string]any{tasks.DataRetryAfter: float64(2)}, e["data"])
 	}
 
+	// The client's Wait waits an outage out: it is answered unavailable,
+	// and returns once the task ends after the restart.
+	for range 2 {
+		<-refused // the two answers above
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	waited := make(chan error, 1)
+	var done *tasks.Detailed
+	go func() {
+		var err error
+		done, err = (&tasks.Client{URL: srv.URL}).Wait(context.Background(), task.ID)
+		waited <- err
+	}()
+	<-refused
+
 	db.Start(t)
 	require.Eventually(t, func() bool {
 		code, out = post(h, getTask, tasks.MethodGet, task.ID)
@@ -60,4 +86,8 @@ func TestMethodsWhileDatabaseDown(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond)
 	res, _ := out["result"].(map[string]any)
 	require.Equal(t, string(tasks.Working), res["status"], "%v", out)
+	_, err = transition(store, task.ID, tasks.Change{To: tasks.Completed, Result: json.RawMessage(`{"content":[]}`)})
+	require.NoError(t, err)
+	require.NoError(t, <-waited)
+	require.Equal(t, tasks.Completed, done.Status)
 }
