@@ -115,3 +115,34 @@ func TestBackendDatabaseDown(t *testing.T) {
 		return err == nil && r.ResultType == tasks.ResultTypeTask
 	}, 30*time.Second, 50*time.Millisecond)
 }
+
+// TestRateLimitDatabaseDown: when the rate limit cannot be counted because
+// its database is unavailable (the callers' is up), the request is refused
+// as retryable (503, Retry-After, CodeUnavailable), not as an internal
+// error; once it is back, calls are counted and served again.
+func TestRateLimitDatabaseDown(t *testing.T) {
+	db := dbtest.NewPrivate(t)
+	p := newPEP(t, pepOptions{privateCounters: db})
+	ctx := context.Background()
+	id := p.transfer(t, 50000)
+
+	db.Stop(t, false)
+	// The limiter counts in batches of 1% of the limit (here 100): the
+	// requests left in its batch pass; the next one must count.
+	var err error
+	for range 200 {
+		if _, _, err = p.alice.Get(ctx, id); err != nil {
+			break
+		}
+	}
+	var re *tasks.RPCError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, tasks.CodeUnavailable, re.Code, "%s", re.Message)
+	require.Equal(t, http.StatusServiceUnavailable, re.HTTPStatus)
+
+	db.Start(t)
+	require.Eventually(t, func() bool {
+		_, _, err := p.alice.Get(ctx, id)
+		return err == nil
+	}, 30*time.Second, 50*time.Millisecond)
+}

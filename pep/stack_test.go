@@ -23,6 +23,7 @@ import (
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
@@ -68,6 +69,8 @@ type pepOptions struct {
 	private *dbtest.Private
 	// privateBackend, when set, is the backend's database alone.
 	privateBackend *dbtest.Private
+	// privateCounters, when set, holds the front-end's rate counters alone.
+	privateCounters *dbtest.Private
 }
 
 const aliceToken = "alice-token-0123"
@@ -105,7 +108,14 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 	notifier := tasks.NewNotifier(p.db, tasks.ListenConfig{MaxStreams: o.listenStreams})
 	require.NoError(t, notifier.Start(context.Background()))
 	t.Cleanup(notifier.Stop)
-	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams, Notifier: notifier, Log: o.log})
+	var counters *ratelimit.Counters
+	if o.privateCounters != nil {
+		cdb, err := pgxpool.New(context.Background(), o.privateCounters.URL)
+		require.NoError(t, err)
+		t.Cleanup(cdb.Close)
+		counters = ratelimit.NewCounters(cdb, pep.RateCounters)
+	}
+	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams, Notifier: notifier, Log: o.log, Counters: counters})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)
