@@ -26,6 +26,7 @@ func TestDatabaseDown(t *testing.T) {
 	ctx := context.Background()
 	id := p.transfer(t, 50000)
 	before := p.get(t, id)
+	backendID := p.request(t, id)
 	// A go-sdk client session, connected while all is well.
 	c := sdk.NewClient(&sdk.Implementation{Name: "client", Version: "1"}, nil)
 	sess, err := c.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: p.url, HTTPClient: &http.Client{Transport: bearer(aliceToken)}}, nil)
@@ -69,6 +70,9 @@ func TestDatabaseDown(t *testing.T) {
 		require.Equal(t, "2", resp.Header.Get("Retry-After"))
 		require.Equal(t, "7", string(answer.ID))
 		require.Equal(t, tasks.CodeUnavailable, answer.Error.Code)
+		// A callback is refused 503 (its webhook-id cannot be claimed);
+		// the backend delivers it again later.
+		require.Equal(t, http.StatusServiceUnavailable, p.callback(t, id, backendID, "approved"))
 		// The go-sdk client reads a 503 as transient (it keeps the
 		// session) and reports the status, not the body.
 		_, err = sess.CallTool(ctx, &sdk.CallToolParams{Name: "wire_transfer", Arguments: map[string]any{"to": "acct-1", "amount": 50000}})

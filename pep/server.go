@@ -489,13 +489,6 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.gate.Wake(r.Context(), body.State, body.Task.ID); err != nil {
-		if dbdown.Is(err) {
-			// The backend delivers again later.
-			s.log.Warn("callback: database unavailable", "error", err)
-			w.Header().Set("Retry-After", dbdown.RetryAfterHeader)
-			http.Error(w, "the database is unavailable; retry after "+dbdown.RetryAfterHeader+" seconds", http.StatusServiceUnavailable)
-			return
-		}
 		s.log.Error("callback: task lookup failed", "error", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)
 		return
