@@ -195,7 +195,7 @@ func (g *Gate) collectInput(ctx context.Context, p Principal, tool string, args 
 	if err != nil {
 		g.cfg.Log.Error("request schema unavailable", "error", err)
 		if backendUnavailable(err) {
-			return nil, nil, tasks.Unavailable(tasks.WhatBackend)
+			return nil, nil, tasks.Unavailable(tasks.WhatApproval)
 		}
 		return nil, nil, rpcError(tasks.CodeInternalError, "the approval service is unavailable; try again later")
 	}

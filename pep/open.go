@@ -201,7 +201,7 @@ func (g *Gate) submitAndBind(ctx context.Context, key string) error {
 			return ferr
 		}
 		if backendUnavailable(err) {
-			return tasks.Unavailable(tasks.WhatBackend + " (the request was not submitted; the tool did not run)")
+			return tasks.Unavailable(tasks.WhatApproval + " (the request was not submitted; the tool did not run)")
 		}
 		return rpcError(tasks.CodeInternalError, "the approval request could not be submitted; the tool did not run")
 	}

@@ -20,14 +20,17 @@ const (
 	DataRetryAfter = "retryAfterSeconds"
 )
 
-// What is unavailable, for Unavailable's message.
+// What is unavailable, for Unavailable's message: the front-end's
+// database, or the backend as the PDP (evaluation) or as the ARS
+// (requests, their schemas).
 const (
-	WhatDatabase = "the database is unavailable"
-	WhatBackend  = "the approval service is unavailable"
+	WhatDatabase      = "the database is unavailable"
+	WhatAuthorization = "the authorization service is unavailable"
+	WhatApproval      = "the approval service is unavailable"
 )
 
 // Unavailable is the JSON-RPC error of a request that failed because what
-// (WhatDatabase, WhatBackend) is unavailable: CodeUnavailable, a message
+// (WhatDatabase, WhatAuthorization, WhatApproval) is unavailable: CodeUnavailable, a message
 // saying when to retry, and the seconds in data.
 func Unavailable(what string) *jsonrpc.Error {
 	data, _ := json.Marshal(map[string]any{DataRetryAfter: int(dbdown.RetryAfter.Seconds())})
