@@ -42,7 +42,12 @@ func TestDatabaseDown(t *testing.T) {
 		require.Equal(t, http.StatusServiceUnavailable, re.HTTPStatus)
 		require.JSONEq(t, `{"retryAfterSeconds":2}`, string(re.Data))
 	}
+	count := func() (n int) {
+		require.NoError(t, p.db.QueryRow(ctx, `SELECT count(*) FROM pep.tasks`).Scan(&n))
+		return n
+	}
 	for i, immediate := range []bool{false, true} {
+		tasksBefore := count()
 		db.Stop(t, immediate)
 
 		_, _, err := p.alice.Get(ctx, id)
@@ -85,6 +90,7 @@ func TestDatabaseDown(t *testing.T) {
 			return err == nil
 		}, 30*time.Second, 50*time.Millisecond)
 		require.Equal(t, before.Status, after.Status, "the outage changed nothing")
+		require.Equal(t, tasksBefore, count(), "the refused calls left no task")
 		_, err = sess.ListTools(ctx, nil)
 		require.NoError(t, err, "the go-sdk session survived the outage")
 		t.Logf("iteration %d: a new call after the restart", i)
