@@ -18,7 +18,7 @@ import (
 
 // TestDatabaseDown: while PostgreSQL is stopped (fast, then as a crash),
 // the API answers 503 unavailable with Retry-After (problem+json; the
-// decision API too), the web UI a plain 503 page,
+// evaluation endpoint AuthZEN's plain text), the web UI a plain 503 page,
 // /readyz 503; once it is back, the same requests succeed again. Through
 // the contract proxy, so the 503s are the documented ones.
 func TestDatabaseDown(t *testing.T) {
@@ -48,8 +48,18 @@ func TestDatabaseDown(t *testing.T) {
 		require.Equal(t, "the database is unavailable; retry after 2 seconds", m["detail"])
 		r := pep.do("GET", status, nil)
 		require.Equal(t, "2", r.header.Get("Retry-After"))
-		// An allowed evaluation needs no database and is still answered.
-		require.Equal(t, 200, pep.do("POST", "/access/v1/evaluation", wireCall(1)).status)
+		// An evaluation needs no database of its own: it is answered until
+		// the client's batch of rate-limit units is spent (at most 100);
+		// the next, which must be counted, is refused.
+		for range 200 {
+			if r = pep.do("POST", "/access/v1/evaluation", wireCall(1)); r.status != 200 {
+				break
+			}
+		}
+		require.Equal(t, 503, r.status, "%s", r.body)
+		require.Equal(t, "2", r.header.Get("Retry-After"))
+		require.Contains(t, string(r.body), "the database is unavailable; retry after 2 seconds")
+		require.True(t, strings.HasPrefix(r.header.Get("Content-Type"), "text/plain"), "AuthZEN's plain error")
 		r = itsm.do("GET", "/v1/requests", nil)
 		r.problem(t, 503, authzen.ProblemUnavailable)
 		require.Equal(t, "2", r.header.Get("Retry-After"))
