@@ -38,7 +38,8 @@ func Unavailable(what string) *jsonrpc.Error {
 }
 
 // WriteUnavailable answers an MCP HTTP request that failed before the SDK
-// dispatched it (authentication, rate limiting) because what is
+// dispatched it (authentication, rate limiting, a listen stream's
+// opening) because what is
 // unavailable: HTTP 503 with Retry-After and the Unavailable error as a
 // JSON-RPC response to the request's id (null when it cannot be read).
 func WriteUnavailable(w http.ResponseWriter, r *http.Request, what string) {
@@ -53,6 +54,10 @@ func WriteUnavailable(w http.ResponseWriter, r *http.Request, what string) {
 			id = m.ID
 		}
 	}
+	writeUnavailable(w, id, what)
+}
+
+func writeUnavailable(w http.ResponseWriter, id json.RawMessage, what string) {
 	e := Unavailable(what)
 	w.Header().Set("Retry-After", dbdown.RetryAfterHeader)
 	w.Header().Set("Content-Type", "application/json")

@@ -22,8 +22,9 @@ import (
 // the database is unavailable answers CodeUnavailable with the wait (at
 // HTTP 200: the SDK writes the answer of a dispatched method, and its own
 // client reads a JSON-RPC error only from a 2xx or non-transient answer),
-// never -32603; once the database is back, the task reads again. The
-// client's Wait, started during the outage, rides it out.
+// never -32603; a listen stream is refused with 503; once the database is
+// back, the task reads again. The client's Wait, started during the
+// outage, rides it out.
 func TestMethodsWhileDatabaseDown(t *testing.T) {
 	db := dbtest.NewPrivate(t)
 	pool, err := pgxpool.New(context.Background(), db.URL)
@@ -33,7 +34,10 @@ func TestMethodsWhileDatabaseDown(t *testing.T) {
 	task := create(t, store, nil)
 
 	s := sdk.NewServer(&sdk.Implementation{Name: "t", Version: "0"}, nil)
-	ts := &tasks.Server{Store: store, Kinds: map[string]tasks.Kind{}}
+	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{})
+	require.NoError(t, notifier.Start(context.Background()))
+	defer notifier.Stop()
+	ts := &tasks.Server{Store: store, Kinds: map[string]tasks.Kind{}, Notifier: notifier}
 	require.NoError(t, ts.Register(s))
 	refused := make(chan struct{}, 100) // one per CodeUnavailable answer
 	s.AddReceivingMiddleware(func(next sdk.MethodHandler) sdk.MethodHandler {
@@ -45,7 +49,11 @@ func TestMethodsWhileDatabaseDown(t *testing.T) {
 			return res, err
 		}
 	})
-	h := ts.Wrap(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s }, &sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true}))
+	wrapped := ts.Wrap(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s }, &sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true}))
+	// The caller's principal, as the front-end's authentication sets it.
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		wrapped.ServeHTTP(w, r.WithContext(tasks.WithPrincipal(r.Context(), task.Principal)))
+	})
 	getTask := get(`"taskId":"` + task.ID + `"`)
 	code, out := post(h, getTask, tasks.MethodGet, task.ID)
 	require.Equal(t, http.StatusOK, code)
@@ -62,6 +70,15 @@ func TestMethodsWhileDatabaseDown(t *testing.T) {
 		require.Equal(t, "temporarily unavailable: the database is unavailable; retry after 2 s", e["message"])
 		require.Equal(t, map[string]any{tasks.DataRetryAfter: float64(2)}, e["data"])
 	}
+
+	// A listen stream cannot be opened (its task ids cannot be checked):
+	// refused before it starts, so with 503 and Retry-After.
+	listen := `{"jsonrpc":"2.0","id":3,"method":"subscriptions/listen","params":{"notifications":{"taskIds":["` + task.ID + `"]},` + meta + `}}`
+	code, out = post(h, listen, tasks.MethodListen, "")
+	require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
+	e, _ := out["error"].(map[string]any)
+	require.EqualValues(t, tasks.CodeUnavailable, e["code"], "%v", out)
+	require.EqualValues(t, 3, out["id"])
 
 	// The client's Wait waits an outage out: it is answered unavailable,
 	// and returns once the task ends after the restart.
