@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/dbdown"
 	"github.com/omcp/arap/requests"
 )
 
@@ -46,6 +47,7 @@ var problems = map[string]struct {
 	authzen.ProblemSignatureRequired:     {http.StatusForbidden, "The rule requires a decision signed with the approver's passkey"},
 	authzen.ProblemUnknownPerson:         {http.StatusUnprocessableEntity, "on_behalf_of names no active directory user"},
 	authzen.ProblemInternal:              {http.StatusInternalServerError, "Internal error"},
+	authzen.ProblemUnavailable:           {http.StatusServiceUnavailable, "Service temporarily unavailable"},
 }
 
 // ProblemStatus returns the HTTP status of a problem code.
@@ -95,10 +97,23 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	s.internal(w, r, err)
 }
 
+// internal answers a failure that is not the caller's: 503 with Retry-After
+// while the database is unavailable (the caller may retry; nothing
+// changed), otherwise 500.
 func (s *Server) internal(w http.ResponseWriter, r *http.Request, err error) {
+	if dbdown.Is(err) {
+		s.d.Log.Warn("database unavailable", "route", r.URL.Path, "request_id", r.Context().Value(requestIDKey), "error", err)
+		w.Header().Set("Retry-After", dbdown.RetryAfterHeader)
+		writeProblem(w, r, authzen.ProblemUnavailable, UnavailableDetail, nil)
+		return
+	}
 	s.d.Log.Error("request failed", "route", r.URL.Path, "request_id", r.Context().Value(requestIDKey), "error", err)
 	writeProblem(w, r, authzen.ProblemInternal, "internal error; the request id in X-Request-ID identifies it in the logs", nil)
 }
+
+// UnavailableDetail is the detail of the answer while the database is
+// unavailable.
+var UnavailableDetail = "the database is unavailable; retry after " + dbdown.RetryAfterHeader + " seconds"
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")

@@ -123,6 +123,9 @@ const (
 	// ProblemUnknownPerson: on_behalf_of names no active directory user.
 	ProblemUnknownPerson = "unknown_person"
 	ProblemInternal      = "internal_error"
+	// ProblemUnavailable: the database is unavailable (stopped, restarting,
+	// unreachable); retry after the seconds in Retry-After.
+	ProblemUnavailable = "unavailable"
 )
 
 // ARAPProblems lists the codes the draft itself defines; they use

@@ -30,7 +30,7 @@ var backendDomain = []string{
 // backend state or logic and import no backend package.
 var shared = []string{
 	"arapclient", "authzen", "identity", "migrations", "webhook",
-	"internal/chain", "internal/clean", "internal/fault", "internal/host", "internal/logs", "internal/ratelimit",
+	"internal/chain", "internal/clean", "internal/dbdown", "internal/fault", "internal/host", "internal/logs", "internal/ratelimit",
 	"internal/schemamsg", "internal/seal", "internal/visible", "internal/yamlfile",
 }
 

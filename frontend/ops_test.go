@@ -37,12 +37,22 @@ type opsStack struct {
 	upstreams atomic.Pointer[map[string]error] // what UpstreamsReady answers
 }
 
-func newOpsStack(t *testing.T) *opsStack {
+func newOpsStack(t *testing.T) *opsStack { return newOpsStackOn(t, nil) }
+
+// newOpsStackOn is newOpsStack with the backend and the front-end on one
+// database of the test's own (as arapd dev runs them), when db is set.
+func newOpsStackOn(t *testing.T, db *dbtest.Private) *opsStack {
 	t.Helper()
 	ctx := context.Background()
-	s := &opsStack{env: backendtest.Start(t, backendtest.Options{}), log: &lockedBuffer{}}
+	backendDB, frontDB := "", ""
+	if db != nil {
+		backendDB, frontDB = db.URL, db.URL
+	} else {
+		frontDB = dbtest.URL(t)
+	}
+	s := &opsStack{env: backendtest.Start(t, backendtest.Options{DatabaseURL: backendDB}), log: &lockedBuffer{}}
 	s.upstreams.Store(&map[string]error{"crm": nil})
-	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
+	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: frontDB, MasterKey: make([]byte, 32),
 		BackendURL: s.env.URL, BackendToken: dev.PEPToken,
 		UpstreamsReady: func(context.Context) map[string]error { return *s.upstreams.Load() },
 		Log:            slog.New(slog.NewJSONHandler(s.log, &slog.HandlerOptions{Level: slog.LevelDebug}))})

@@ -3,6 +3,8 @@ package pep
 import (
 	"context"
 	"errors"
+	"net"
+	"net/http"
 	"sync"
 	"time"
 
@@ -29,7 +31,7 @@ func retryTransient(ctx context.Context, op func() error) error {
 			select {
 			case <-ctx.Done():
 				return errors.Join(err, ctx.Err())
-			case <-time.After(time.Duration(attempt*200) * time.Millisecond):
+			case <-time.After(backoff(attempt, err)):
 			}
 		}
 		if err = op(); err == nil || refused(err) {
@@ -37,6 +39,29 @@ func retryTransient(ctx context.Context, op func() error) error {
 		}
 	}
 	return err
+}
+
+// backoff is the wait before attempt: 200ms, 400ms, or the backend's
+// Retry-After (429, 503) when longer, up to a second: a caller is waiting.
+func backoff(attempt int, err error) time.Duration {
+	d := time.Duration(attempt*200) * time.Millisecond
+	var pe *arapclient.ProblemError
+	if errors.As(err, &pe) {
+		d = max(d, min(time.Duration(pe.RetryAfter)*time.Second, time.Second))
+	}
+	return d
+}
+
+// backendUnavailable reports whether err says the backend cannot answer
+// now: it answered 503 (its database is unavailable) or could not be
+// reached. Nothing changed there; the caller may retry.
+func backendUnavailable(err error) bool {
+	var pe *arapclient.ProblemError
+	if errors.As(err, &pe) {
+		return pe.Status == http.StatusServiceUnavailable
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
 }
 
 // refused reports whether err is the backend's definite answer: a 4xx

@@ -301,6 +301,9 @@ func (g *Gate) evaluate(ctx context.Context, ev authzen.EvaluationRequest) (auth
 	})
 	if err != nil {
 		g.cfg.Log.Error("evaluation failed", "action", ev.Action["name"], "resource_type", ev.Resource["type"], "error", err)
+		if backendUnavailable(err) {
+			return d, tasks.Unavailable(tasks.WhatAuthorization)
+		}
 		return d, rpcError(tasks.CodeInternalError, "the authorization service is unavailable; try again later")
 	}
 	return d, nil

@@ -194,6 +194,9 @@ func (g *Gate) collectInput(ctx context.Context, p Principal, tool string, args 
 	schema, err := g.requestSchema(ctx, hint.RequestSchemaURL)
 	if err != nil {
 		g.cfg.Log.Error("request schema unavailable", "error", err)
+		if backendUnavailable(err) {
+			return nil, nil, tasks.Unavailable(tasks.WhatApproval)
+		}
 		return nil, nil, rpcError(tasks.CodeInternalError, "the approval service is unavailable; try again later")
 	}
 	form, required := contextFields(schema)

@@ -200,6 +200,9 @@ func (g *Gate) submitAndBind(ctx context.Context, key string) error {
 		if ferr := g.failIntent(ctx, in, !errors.Is(err, errUncertain), err); ferr != nil {
 			return ferr
 		}
+		if backendUnavailable(err) {
+			return tasks.Unavailable(tasks.WhatApproval + " (the request was not submitted; the tool did not run)")
+		}
 		return rpcError(tasks.CodeInternalError, "the approval request could not be submitted; the tool did not run")
 	}
 	return g.bind(ctx, in, tr)
@@ -227,7 +230,7 @@ func (g *Gate) submit(ctx context.Context, in *intent) (authzen.TaskResponse, er
 		return err
 	})
 	if err != nil && !refused(err) {
-		return authzen.TaskResponse{}, fmt.Errorf("%w: %v", errUncertain, err)
+		return authzen.TaskResponse{}, fmt.Errorf("%w: %w", errUncertain, err)
 	}
 	return tr, err
 }

@@ -19,6 +19,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/dbdown"
 	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp/tasks"
@@ -230,7 +231,12 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		sdk.NewStreamableHTTPHandler(getServer, &sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true, Logger: sdkLog}),
 		sdk.NewStreamableHTTPHandler(getServer, &sdk.StreamableHTTPOptions{Stateless: true, Logger: sdkLog}))
 	limit := perCaller.Middleware(func(r *http.Request) string { return tasks.PrincipalFrom(r.Context()) }, tooMany,
-		func(w http.ResponseWriter, _ *http.Request, err error) {
+		func(w http.ResponseWriter, r *http.Request, err error) {
+			if dbdown.Is(err) {
+				o.Log.Warn("rate limit: database unavailable; refusing the request", "error", err)
+				tasks.WriteUnavailable(w, r, tasks.WhatDatabase)
+				return
+			}
 			o.Log.Error("rate limit unavailable; refusing the request", "error", err)
 			http.Error(w, "internal error", http.StatusInternalServerError)
 		})
@@ -358,6 +364,11 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		if err != nil {
+			if dbdown.Is(err) {
+				s.log.Warn("caller lookup: database unavailable", "error", err)
+				tasks.WriteUnavailable(w, r, tasks.WhatDatabase)
+				return
+			}
 			s.log.Error("caller lookup failed", "error", err)
 			http.Error(w, "internal error", http.StatusInternalServerError)
 			return
@@ -437,7 +448,7 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 				if cr, ok := res.(*sdk.CallToolResult); ok && err == nil {
 					return next(context.WithValue(ctx, resultKey{}, cr), method, req)
 				}
-				return res, err
+				return res, s.retryable(method, err)
 			}
 		}
 		noteMethod(ctx, method, "", "")
@@ -451,8 +462,21 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 		case "resources/list", "resources/templates/list", "resources/read", "prompts/list", "prompts/get":
 			s.syncOffers()
 		}
-		return next(ctx, method, req)
+		res, err := next(ctx, method, req)
+		return res, s.retryable(method, err)
 	}
+}
+
+// retryable turns an error that says the database is unavailable, which
+// the SDK would answer as an internal error with the error's text, into
+// the retryable tasks.Unavailable; any other error passes unchanged.
+func (s *Server) retryable(method string, err error) error {
+	var je *jsonrpc.Error
+	if err == nil || errors.As(err, &je) || !dbdown.Is(err) {
+		return err
+	}
+	s.log.Warn("database unavailable", "method", method, "error", err)
+	return tasks.Unavailable(tasks.WhatDatabase)
 }
 
 // callback receives the backend's signed callbacks (verified by the

@@ -23,6 +23,7 @@ import (
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
@@ -63,13 +64,32 @@ type pepOptions struct {
 	log *slog.Logger
 	// listenStreams bounds each caller's listen streams (default 10).
 	listenStreams int
+	// private, when set, is the one database of the backend and the
+	// front-end (a cluster the test may stop).
+	private *dbtest.Private
+	// privateBackend, when set, is the backend's database alone.
+	privateBackend *dbtest.Private
+	// privateCounters, when set, holds the front-end's rate counters alone.
+	privateCounters *dbtest.Private
 }
 
 const aliceToken = "alice-token-0123"
 
 func newPEP(t *testing.T, o pepOptions) *stack {
 	t.Helper()
-	p := &stack{env: backendtest.Start(t, backendtest.Options{Policy: o.policy}), db: dbtest.New(t), secret: webhook.NewSecret()}
+	var p *stack
+	if o.private != nil {
+		db, err := pgxpool.New(context.Background(), o.private.URL)
+		require.NoError(t, err)
+		t.Cleanup(db.Close)
+		p = &stack{env: backendtest.Start(t, backendtest.Options{Policy: o.policy, DatabaseURL: o.private.URL}), db: db, secret: webhook.NewSecret()}
+	} else {
+		bo := backendtest.Options{Policy: o.policy}
+		if o.privateBackend != nil {
+			bo.DatabaseURL = o.privateBackend.URL
+		}
+		p = &stack{env: backendtest.Start(t, bo), db: dbtest.New(t), secret: webhook.NewSecret()}
+	}
 	jobs, err := river.NewClient(riverpgxv5.New(p.db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)
 	tools := pep.DemoTools()
@@ -88,7 +108,14 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 	notifier := tasks.NewNotifier(p.db, tasks.ListenConfig{MaxStreams: o.listenStreams})
 	require.NoError(t, notifier.Start(context.Background()))
 	t.Cleanup(notifier.Stop)
-	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams, Notifier: notifier, Log: o.log})
+	var counters *ratelimit.Counters
+	if o.privateCounters != nil {
+		cdb, err := pgxpool.New(context.Background(), o.privateCounters.URL)
+		require.NoError(t, err)
+		t.Cleanup(cdb.Close)
+		counters = ratelimit.NewCounters(cdb, pep.RateCounters)
+	}
+	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams, Notifier: notifier, Log: o.log, Counters: counters})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/dbdown"
 	"github.com/omcp/arap/requests"
 )
 
@@ -196,7 +197,21 @@ func (u *UI) decide(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/ui/?done="+decision, http.StatusSeeOther)
 }
 
+// fail answers a failure that is not the user's: 503 with Retry-After
+// while the database is unavailable, otherwise 500.
 func (u *UI) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if dbdown.Is(err) {
+		u.d.Log.Warn("web UI: database unavailable", "path", r.URL.Path, "error", err)
+		unavailable(w)
+		return
+	}
 	u.d.Log.Error("web UI request failed", "path", r.URL.Path, "error", err)
 	http.Error(w, "internal error", http.StatusInternalServerError)
+}
+
+// unavailable is the plain page shown while the database is unavailable.
+func unavailable(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", dbdown.RetryAfterHeader)
+	http.Error(w, "The service is temporarily unavailable (its database cannot be reached). Nothing was changed; try again in "+
+		dbdown.RetryAfterHeader+" seconds.", http.StatusServiceUnavailable)
 }

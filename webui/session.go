@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/internal/dbdown"
 )
 
 // Sessions.
@@ -101,23 +102,30 @@ func (e *wrongPasswordError) Error() string { return e.err.Error() }
 func (e *wrongPasswordError) Unwrap() error { return e.err }
 
 // current returns the request's session, or nil.
-func (u *UI) current(r *http.Request) *session {
+func (u *UI) current(r *http.Request) (*session, error) {
 	c, err := r.Cookie(cookieName)
 	if err != nil || c.Value == "" {
-		return nil
+		return nil, nil
 	}
 	var name, csrf string
 	var created, expires time.Time
 	err = u.d.DB.QueryRow(r.Context(), `SELECT user_name, csrf, created_at, expires_at FROM arap.ui_sessions WHERE id_hash = $1`, hashID(c.Value)).
 		Scan(&name, &csrf, &created, &expires)
+	if dbdown.Is(err) {
+		// Not "signed out": the session may well be valid.
+		return nil, err
+	}
 	if err != nil || u.now().After(expires) {
-		return nil
+		return nil, nil
 	}
 	user, err := u.d.Directory.User(r.Context(), name)
-	if err != nil || user.DisabledAt != nil {
-		return nil
+	if dbdown.Is(err) {
+		return nil, err
 	}
-	return &session{user: user, csrf: csrf, signedInAt: created}
+	if err != nil || user.DisabledAt != nil {
+		return nil, nil
+	}
+	return &session{user: user, csrf: csrf, signedInAt: created}, nil
 }
 
 func (u *UI) signOut(r *http.Request) {

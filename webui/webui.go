@@ -30,6 +30,7 @@ import (
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/internal/dbdown"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/internal/summary"
 	"github.com/omcp/arap/passkeys"
@@ -168,7 +169,11 @@ type ctxKey struct{}
 
 func (u *UI) requireSession(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s := u.current(r)
+		s, err := u.current(r)
+		if err != nil {
+			u.fail(w, r, err)
+			return
+		}
 		if s == nil {
 			http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.Path), http.StatusSeeOther)
 			return
@@ -213,7 +218,7 @@ func (u *UI) voter(s *session) requests.Voter {
 }
 
 func (u *UI) loginPage(w http.ResponseWriter, r *http.Request) {
-	if u.current(r) != nil {
+	if s, _ := u.current(r); s != nil {
 		http.Redirect(w, r, "/ui/", http.StatusSeeOther)
 		return
 	}
@@ -259,6 +264,11 @@ func (u *UI) login(w http.ResponseWriter, r *http.Request) {
 			}
 		case errors.As(err, &we):
 			msg = "Wrong user name or password. Wait " + wait(we.wait) + " before trying again."
+		case dbdown.Is(err):
+			u.d.Log.Warn("sign-in: database unavailable", "error", err)
+			status = http.StatusServiceUnavailable
+			w.Header().Set("Retry-After", dbdown.RetryAfterHeader)
+			msg = "Sign-in is temporarily unavailable (the database cannot be reached); try again in " + dbdown.RetryAfterHeader + " seconds."
 		case !errors.Is(err, directory.ErrBadPassword) && !errors.Is(err, directory.ErrUserDisabled):
 			u.d.Log.Error("sign-in failed", "error", err)
 			msg = "Sign-in is unavailable; try again later."

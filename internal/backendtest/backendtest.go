@@ -53,6 +53,9 @@ type Options struct {
 	// Join, when set, starts another replica on Join's database (already
 	// seeded) instead of a fresh one.
 	Join *Env
+	// DatabaseURL, when set, is a migrated database of the test's own
+	// (dbtest.Private, which the test may stop), seeded here.
+	DatabaseURL string
 	// Now is the web UI's clock (time.Now when nil).
 	Now func() time.Time
 	// Mail turns on e-mail notifications.
@@ -74,9 +77,12 @@ func Start(t testing.TB, o Options) *Env {
 	t.Helper()
 	ctx := context.Background()
 	var dbURL string
-	if o.Join != nil {
+	switch {
+	case o.Join != nil:
 		dbURL = o.Join.DBURL
-	} else {
+	case o.DatabaseURL != "":
+		dbURL = o.DatabaseURL
+	default:
 		dbURL = dbtest.URL(t)
 	}
 	policy := o.Policy

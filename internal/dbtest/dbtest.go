@@ -159,3 +159,83 @@ func redact(u string) string {
 	}
 	return p.Redacted()
 }
+
+// Private is a PostgreSQL cluster of one test's own, which the test may stop
+// and start again (the same data and address), with one migrated database:
+// for tests of what the processes do while the database is down.
+type Private struct {
+	// URL connects to the migrated database (over TCP on 127.0.0.1, so it
+	// stays valid across restarts).
+	URL  string
+	opts pgembed.Options
+	c    *pgembed.Cluster
+}
+
+// NewPrivate starts a private cluster, stopped when the test ends.
+func NewPrivate(tb testing.TB) *Private {
+	tb.Helper()
+	// Not tb.TempDir: it is closed to others, and the server may run as
+	// another account (pgembed, when the tests run as root).
+	dir, err := os.MkdirTemp("", "arap-private-")
+	if err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	// Not Ephemeral: its synchronous_commit=off loses the last commits in
+	// a crash (StopImmediate), which a real server does not.
+	p := &Private{opts: pgembed.Options{DataDir: dir + "/data", Port: -1}}
+	p.Start(tb)
+	p.opts.Port = p.c.Port()
+	tb.Cleanup(func() { _ = p.c.Stop(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin := p.c.ConnString("postgres")
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	_, err = conn.Exec(ctx, "CREATE DATABASE arap")
+	_ = conn.Close(ctx)
+	if err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	p.URL = p.c.ConnString("arap")
+	pool, err := pgxpool.New(ctx, p.URL)
+	if err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	defer pool.Close()
+	if err := migrations.Up(ctx, pool, nil); err != nil {
+		tb.Fatalf("dbtest: migrate: %v", err)
+	}
+	return p
+}
+
+// Stop stops the server: "fast" (sessions disconnected with 57P01), or,
+// with immediate, as a crash would (no checkpoint, sessions cut).
+func (p *Private) Stop(tb testing.TB, immediate bool) {
+	tb.Helper()
+	stop := p.c.Stop
+	if immediate {
+		stop = p.c.StopImmediate
+	}
+	if err := stop(context.Background()); err != nil {
+		tb.Fatalf("dbtest: stop: %v", err)
+	}
+}
+
+// Start starts the server again on the same data and port; it returns once
+// the server accepts connections.
+func (p *Private) Start(tb testing.TB) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := pgembed.Start(ctx, p.opts)
+	if err != nil {
+		tb.Fatalf("dbtest: start: %v", err)
+	}
+	p.c = c
+}

@@ -265,12 +265,24 @@ func (c *Cluster) ConnString(db string) string {
 // DataDir is the cluster's data directory.
 func (c *Cluster) DataDir() string { return c.dataDir }
 
+// Port is the port the server listens on (on 127.0.0.1 when Options.Port
+// was set): after a stop, Start with the same DataDir and this Port brings
+// the same cluster back at the same address.
+func (c *Cluster) Port() int { return c.port }
+
 // Stop shuts the server down ("fast" mode: sessions are disconnected, the
 // cluster is left consistent) and removes temporary directories.
-func (c *Cluster) Stop(ctx context.Context) error {
+func (c *Cluster) Stop(ctx context.Context) error { return c.stop(ctx, syscall.SIGINT) }
+
+// StopImmediate stops the server as a crash would ("immediate" mode,
+// SIGQUIT: no checkpoint, sessions cut; the next start recovers from the
+// WAL). For fault tests.
+func (c *Cluster) StopImmediate(ctx context.Context) error { return c.stop(ctx, syscall.SIGQUIT) }
+
+func (c *Cluster) stop(ctx context.Context, sig syscall.Signal) error {
 	c.stopOnce.Do(func() {
 		if c.cmd != nil && c.cmd.Process != nil {
-			_ = c.cmd.Process.Signal(syscall.SIGINT)
+			_ = c.cmd.Process.Signal(sig)
 			timeout := time.NewTimer(30 * time.Second)
 			defer timeout.Stop()
 			select {

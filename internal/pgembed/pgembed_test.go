@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -75,4 +77,52 @@ func TestRootRefusesUnreachableDataDir(t *testing.T) {
 	_, err := pgembed.Start(context.Background(), pgembed.Options{DataDir: filepath.Join(closed, "pg")})
 	var nt *pgembed.NotTraversableError
 	require.ErrorAs(t, err, &nt)
+}
+
+// TestStopImmediateIsACrash: StopImmediate leaves the cluster as a crash
+// would (pg_controldata: "in production", recovered at the next start),
+// Stop leaves it shut down; either way Start on the same DataDir and Port
+// serves the committed data again at the same address.
+func TestStopImmediateIsACrash(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "pg")
+	if os.Geteuid() == 0 {
+		require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
+		require.NoError(t, os.Chmod(filepath.Dir(filepath.Dir(dir)), 0o755))
+	}
+	bin, err := pgembed.BinDir()
+	require.NoError(t, err)
+	state := func() string {
+		out, err := exec.Command(filepath.Join(bin, "pg_controldata"), "-D", dir).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		for _, line := range strings.Split(string(out), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && k == "Database cluster state" {
+				return strings.TrimSpace(v)
+			}
+		}
+		t.Fatalf("no cluster state in %s", out)
+		return ""
+	}
+	c, err := pgembed.Start(ctx, pgembed.Options{DataDir: dir, Port: -1})
+	require.NoError(t, err)
+	port := c.Port()
+	conn, err := pgx.Connect(ctx, c.ConnString("postgres"))
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)")
+	require.NoError(t, err)
+	conn.Close(ctx)
+
+	require.NoError(t, c.StopImmediate(ctx))
+	require.Equal(t, "in production", state(), "not shut down cleanly")
+	c, err = pgembed.Start(ctx, pgembed.Options{DataDir: dir, Port: port})
+	require.NoError(t, err)
+	require.Equal(t, port, c.Port())
+	conn, err = pgx.Connect(ctx, c.ConnString("postgres"))
+	require.NoError(t, err)
+	var v int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT v FROM kept").Scan(&v))
+	require.Equal(t, 42, v, "committed before the crash")
+	conn.Close(ctx)
+	require.NoError(t, c.Stop(ctx))
+	require.Equal(t, "shut down", state())
 }

@@ -385,24 +385,49 @@ func (c *Client) Cancel(ctx context.Context, id string) error {
 }
 
 // Wait polls a task until it is terminal or needs input, honouring the
-// server's pollIntervalMs.
+// server's pollIntervalMs. An answer that the server is temporarily
+// unavailable (CodeUnavailable) is waited out: Wait asks again after the
+// seconds it names, until ctx ends.
 func (c *Client) Wait(ctx context.Context, id string) (*Detailed, error) {
 	for {
 		d, _, err := c.Get(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		if d.Status.Terminal() || d.Status == InputRequired {
+		var wait time.Duration
+		switch {
+		case err != nil:
+			if wait = retryAfter(err); wait == 0 {
+				return nil, err
+			}
+		case d.Status.Terminal() || d.Status == InputRequired:
 			return d, nil
+		default:
+			wait = time.Duration(d.PollIntervalMs) * time.Millisecond
 		}
-		wait := time.Duration(d.PollIntervalMs) * time.Millisecond
 		if wait <= 0 {
 			wait = time.Second
 		}
 		select {
 		case <-ctx.Done():
+			if err != nil {
+				return nil, errors.Join(ctx.Err(), err)
+			}
 			return nil, errors.Join(ctx.Err(), fmt.Errorf("task %s still %s", id, d.Status))
 		case <-time.After(wait):
 		}
 	}
+}
+
+// retryAfter is the wait a CodeUnavailable error asks for (its
+// data.retryAfterSeconds, 1 to 60 seconds; 2 when absent or out of
+// range), or 0 for any other error.
+func retryAfter(err error) time.Duration {
+	var re *RPCError
+	if !errors.As(err, &re) || re.Code != CodeUnavailable {
+		return 0
+	}
+	var data map[string]any
+	_ = json.Unmarshal(re.Data, &data)
+	if n, ok := data[DataRetryAfter].(float64); ok && n >= 1 && n <= 60 {
+		return time.Duration(n) * time.Second
+	}
+	return 2 * time.Second
 }

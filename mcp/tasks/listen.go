@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/omcp/arap/internal/dbdown"
 )
 
 // opts reads params.notifications of a subscriptions/listen: the task ids,
@@ -98,6 +100,11 @@ func (s *Server) listen(w http.ResponseWriter, r *http.Request, m message, reque
 		// Others' and unknown ids are silently not acknowledged.
 		var err error
 		if ids, err = s.Store.Owned(ctx, PrincipalFrom(ctx), requested, maxListenTasks); err != nil {
+			if dbdown.Is(err) {
+				s.log().Warn("listen: task lookup: database unavailable", "error", err)
+				writeUnavailable(w, m.id, WhatDatabase)
+				return
+			}
 			s.log().Error("listen: task lookup failed", "error", err)
 			writeError(w, http.StatusInternalServerError, m.id, CodeInternalError, "internal error")
 			return

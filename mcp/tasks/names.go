@@ -55,6 +55,12 @@ const (
 	// cap: an application code, outside the JSON-RPC reserved range as
 	// the 2026-07-28 revision asks of codes it does not define.
 	CodeTooManyStreams = -31000
+	// CodeUnavailable: the request failed because the database (or the
+	// backend behind the front-end) is unavailable; nothing changed, and
+	// the same request may be sent again after data.retryAfterSeconds.
+	// Not -32603: that says "a bug", this says "retry". An application
+	// code, like CodeTooManyStreams.
+	CodeUnavailable = -31001
 )
 
 // Change notifications a listen stream may carry besides notifications/tasks

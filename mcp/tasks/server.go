@@ -10,6 +10,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/omcp/arap/internal/dbdown"
 )
 
 // Kind is what a kind of task does on cancel and on input.
@@ -157,8 +159,7 @@ func (s *Server) lookup(ctx context.Context, meta map[string]any, id string) (*T
 		return nil, notFound()
 	}
 	if err != nil {
-		s.Log.Error("task lookup failed", "error", err)
-		return nil, &jsonrpc.Error{Code: CodeInternalError, Message: "internal error"}
+		return nil, s.failed("task lookup failed", id, err)
 	}
 	return t, nil
 }
@@ -201,8 +202,7 @@ func (s *Server) update(ctx context.Context, _ *sdk.ServerSession, p *UpdatePara
 		if errors.As(err, &ie) {
 			return nil, &jsonrpc.Error{Code: CodeInvalidParams, Message: ie.Msg}
 		}
-		s.Log.Error("task update failed", "task_id", t.ID, "error", err)
-		return nil, &jsonrpc.Error{Code: CodeInternalError, Message: "internal error"}
+		return nil, s.failed("task update failed", t.ID, err)
 	}
 	return ack, nil
 }
@@ -218,11 +218,27 @@ func (s *Server) cancel(ctx context.Context, _ *sdk.ServerSession, p *TaskParams
 			return nil, &jsonrpc.Error{Code: CodeInternalError, Message: "task kind not served here"}
 		}
 		if err := kind.Cancel(ctx, t); err != nil {
-			s.Log.Error("task cancel failed", "task_id", t.ID, "error", err)
-			return nil, &jsonrpc.Error{Code: CodeInternalError, Message: "internal error"}
+			return nil, s.failed("task cancel failed", t.ID, err)
 		}
 	}
 	return &AckResult{ResultType: ResultTypeComplete}, nil
+}
+
+// failed is the error of a task method that failed, not by the caller's
+// fault: retryable (Unavailable) while the database is unavailable,
+// otherwise an internal error. A Kind's own Unavailable error (the
+// backend unavailable) passes as it is.
+func (s *Server) failed(what, taskID string, err error) *jsonrpc.Error {
+	var je *jsonrpc.Error
+	if errors.As(err, &je) && je.Code == CodeUnavailable {
+		return je
+	}
+	if dbdown.Is(err) {
+		s.log().Warn(what+": database unavailable", "task_id", taskID, "error", err)
+		return Unavailable(WhatDatabase)
+	}
+	s.log().Error(what, "task_id", taskID, "error", err)
+	return &jsonrpc.Error{Code: CodeInternalError, Message: "internal error"}
 }
 
 // Outstanding lists t's input request keys not yet answered, sorted.

@@ -1,0 +1,45 @@
+package pep
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/arapclient"
+	"github.com/omcp/arap/mcp/tasks"
+)
+
+// TestRetryable: an error of an unavailable database that reaches route
+// (which the SDK would answer -32603 with the driver's text, naming the
+// server) becomes tasks.Unavailable; other errors pass unchanged.
+func TestRetryable(t *testing.T) {
+	s := &Server{log: slog.New(slog.DiscardHandler)}
+	_, down := pgx.Connect(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=5")
+	require.Error(t, down)
+	var je *jsonrpc.Error
+	require.ErrorAs(t, s.retryable("tools/call", down), &je)
+	require.Equal(t, int64(tasks.CodeUnavailable), je.Code)
+	require.NotContains(t, je.Message, "127.0.0.1")
+
+	other := errors.New("something else")
+	require.Equal(t, other, s.retryable("tools/call", other))
+	own := rpcError(tasks.CodeInvalidParams, "bad")
+	require.Equal(t, error(own), s.retryable("tools/call", own))
+	require.NoError(t, s.retryable("tools/list", nil))
+}
+
+// TestBackoff: the wait before a retry is 200ms per attempt, or the
+// backend's Retry-After when longer, never over a second (a caller waits).
+func TestBackoff(t *testing.T) {
+	pe := func(s int) error { return &arapclient.ProblemError{Status: 503, RetryAfter: s} }
+	require.Equal(t, 200*time.Millisecond, backoff(1, errors.New("reset")))
+	require.Equal(t, 400*time.Millisecond, backoff(2, pe(0)))
+	require.Equal(t, time.Second, backoff(1, pe(1)))
+	require.Equal(t, time.Second, backoff(1, pe(2)), "capped")
+}
