@@ -87,8 +87,10 @@ func TestDatabaseDown(t *testing.T) {
 
 		ready, err := http.Get(env.URL + "/readyz")
 		require.NoError(t, err)
+		body, _ = io.ReadAll(ready.Body)
 		ready.Body.Close()
 		require.Equal(t, http.StatusServiceUnavailable, ready.StatusCode)
+		require.JSONEq(t, `{"status":"unavailable","reason":"the database is unavailable"}`, string(body), "no driver text in an unauthenticated probe")
 
 		db.Start(t)
 		// The pool reconnects on its own; wait for it, then all is normal.

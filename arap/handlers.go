@@ -17,6 +17,7 @@ import (
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/dbdown"
 	"github.com/omcp/arap/requests"
 )
 
@@ -31,7 +32,13 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if err := s.d.Ready(r.Context()); err != nil {
 		s.d.Log.Warn("not ready", "error", err)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": err.Error()})
+		// The probe is unauthenticated: the reason names the part, never
+		// the driver's text (host, port, user).
+		reason := err.Error()
+		if dbdown.Is(err) {
+			reason = "the database is unavailable"
+		}
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": reason})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
