@@ -290,6 +290,20 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	return c.stopErr
 }
 
+// Crash stops the server in "immediate" mode (SIGQUIT): every process
+// exits at once without a checkpoint, as after a power cut, and the next
+// Start recovers from the WAL. A chaos run uses it; the cluster is left for
+// a later Start on the same DataDir.
+func (c *Cluster) Crash() {
+	c.stopOnce.Do(func() {
+		if c.cmd != nil && c.cmd.Process != nil {
+			_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+			<-c.exited
+		}
+		c.cleanup()
+	})
+}
+
 func (c *Cluster) cleanup() {
 	if c.logFile != nil {
 		_ = c.logFile.Close()

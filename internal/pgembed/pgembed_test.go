@@ -76,3 +76,34 @@ func TestRootRefusesUnreachableDataDir(t *testing.T) {
 	var nt *pgembed.NotTraversableError
 	require.ErrorAs(t, err, &nt)
 }
+
+// TestCrashKeepsCommitted: after an immediate stop (no checkpoint) a durable
+// cluster restarts from its WAL with every committed row.
+func TestCrashKeepsCommitted(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "pg")
+	if os.Geteuid() == 0 {
+		require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
+		require.NoError(t, os.Chmod(filepath.Dir(filepath.Dir(dir)), 0o755))
+	}
+	c, err := pgembed.Start(ctx, pgembed.Options{DataDir: dir})
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, c.ConnString("postgres"))
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE TABLE kept (v int); INSERT INTO kept VALUES (7)")
+	require.NoError(t, err)
+	c.Crash()
+	require.Error(t, conn.Ping(ctx), "the server is gone")
+	conn.Close(ctx)
+
+	c, err = pgembed.Start(ctx, pgembed.Options{DataDir: dir})
+	require.NoError(t, err)
+	defer c.Stop(ctx)
+	conn, err = pgx.Connect(ctx, c.ConnString("postgres"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var v int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT v FROM kept").Scan(&v))
+	require.Equal(t, 7, v)
+	require.FileExists(t, dir+".log")
+}
