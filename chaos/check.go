@@ -139,8 +139,8 @@ func Check(h *History) []Violation {
 		if r.Status == "pending" && !live[r.ID] {
 			add(PropRequestUntracked, r.ID, "pending, and no live task waits on it", nil, nil, []string{r.ID})
 		}
-		if r.Status != "pending" && r.HasCallback && !r.Delivered {
-			add(PropCallbackMissing, r.ID, "ended "+r.Status+", and no callback delivery succeeded", nil, nil, []string{r.ID})
+		if r.Status != "pending" && r.HasCallback && r.Delivery != "delivered" && r.Delivery != "gone" && !r.Received {
+			add(PropCallbackMissing, r.ID, fmt.Sprintf("ended %s, and no callback delivery reached the receiver (delivery %q)", r.Status, r.Delivery), nil, nil, []string{r.ID})
 		}
 	}
 	for _, in := range h.Intents {
@@ -319,14 +319,17 @@ func (ix *historyIndex) minimal(calls, tasks, reqs []string) []Event {
 			if r.TerminalAt != nil {
 				end = *r.TerminalAt
 			}
-			ev = append(ev, Event{At: end, What: fmt.Sprintf("task %s: final %s, phase %s, disposition %q", t, r.Status, r.Phase, r.Disposition)})
+			ev = append(ev, Event{At: end, What: fmt.Sprintf("task %s: final %s, phase %s, disposition %q: %s", t, r.Status, r.Phase, r.Disposition, r.Reason)})
 			span(end)
 		}
 	}
 	for r := range reqSet {
 		if q := ix.reqs[r]; q != nil {
-			ev = append(ev, Event{At: q.CreatedAt, What: fmt.Sprintf("request %s created; final %s (callback delivered %v, revoked seq %d, allowed seq %d)", r, q.Status, q.Delivered, q.RevokedSeq, q.AllowedSeq)})
+			ev = append(ev, Event{At: q.CreatedAt, What: fmt.Sprintf("request %s created; final %s (callback delivery %q, revoked seq %d, allowed seq %d)", r, q.Status, q.Delivery, q.RevokedSeq, q.AllowedSeq)})
 			span(q.CreatedAt)
+			for _, a := range q.Audit {
+				ev = append(ev, Event{At: q.CreatedAt, What: "  request " + r + " audit: " + a})
+			}
 		}
 	}
 	for _, d := range ix.h.Decisions {

@@ -66,6 +66,8 @@ type Fault struct {
 type TaskRow struct {
 	ID          string     `json:"id"`
 	Status      string     `json:"status"`
+	Message     string     `json:"message,omitempty"` // status message
+	Reason      string     `json:"reason,omitempty"`  // the result's text or the error's message
 	Tool        string     `json:"tool"`
 	Phase       string     `json:"phase"`
 	Disposition string     `json:"disposition"`
@@ -90,10 +92,12 @@ type RequestRow struct {
 	Status      string    `json:"status"`
 	CallID      string    `json:"call_id"` // the call_id (or wire_transfer "to") in its arguments
 	HasCallback bool      `json:"has_callback"`
-	Delivered   bool      `json:"delivered"` // a callback delivery succeeded
+	Delivery    string    `json:"delivery"` // best status of its callback deliveries: delivered, gone (the receiver had it and answered 410), pending, failed, or ""
+	Received    bool      `json:"received"` // the front-end's replay memory holds its callback's webhook-id
 	RevokedSeq  int64     `json:"revoked_seq,omitempty"`
 	AllowedSeq  int64     `json:"allowed_seq,omitempty"` // first re-evaluation that allowed
 	CreatedAt   time.Time `json:"created_at"`
+	Audit       []string  `json:"audit"` // its audit chain: seq kind actor (decision, reason)
 }
 
 // LedgerRow is a demo tool's side effect.

@@ -36,6 +36,9 @@ type Options struct {
 	// request left alone expires within the run).
 	RequestTTL  time.Duration
 	ExecTimeout time.Duration
+	// JobTimeout is arapd serve --job-timeout: a delivery whose worker was
+	// killed is retried after twice this.
+	JobTimeout time.Duration
 	// SettleBound is how long the system has, after the faults stop, to
 	// bring every task and request to a terminal state.
 	SettleBound time.Duration

@@ -10,12 +10,13 @@ import (
 	"github.com/omcp/arap/pep"
 )
 
-// liveCount is how many tasks are not terminal and requests still pending.
+// liveCount is how many tasks are not terminal, and requests and callback
+// deliveries still pending.
 func (s *system) liveCount(ctx context.Context) (live, pending int, err error) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	err = s.db.QueryRow(qctx, `SELECT (SELECT count(*) FROM pep.tasks WHERE status NOT IN ('completed','failed','cancelled')),
-		(SELECT count(*) FROM arap.requests WHERE status = 'pending')`).Scan(&live, &pending)
+		(SELECT count(*) FROM arap.requests WHERE status = 'pending') + (SELECT count(*) FROM arap.deliveries d WHERE status = 'pending' AND NOT EXISTS (SELECT 1 FROM pep.webhook_ids w WHERE w.id = d.id))`).Scan(&live, &pending)
 	return
 }
 
@@ -23,14 +24,14 @@ func (s *system) liveCount(ctx context.Context) (live, pending int, err error) {
 func (s *system) snapshot(ctx context.Context, h *History) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	rows, err := s.db.Query(ctx, `SELECT t.id, t.status, a.tool, a.phase, COALESCE(a.disposition, ''), a.claimed_at, COALESCE(a.backend_id, ''), t.created_at, t.terminal_at
+	rows, err := s.db.Query(ctx, `SELECT t.id, t.status, t.status_message, left(COALESCE(t.result->'content'->0->>'text', t.error->>'message', ''), 200), a.tool, a.phase, COALESCE(a.disposition, ''), a.claimed_at, COALESCE(a.backend_id, ''), t.created_at, t.terminal_at
 		FROM pep.tasks t JOIN pep.approval_tasks a ON a.task_id = t.id`)
 	if err != nil {
 		return fmt.Errorf("chaos: snapshot tasks: %w", err)
 	}
 	for rows.Next() {
 		var t TaskRow
-		if err := rows.Scan(&t.ID, &t.Status, &t.Tool, &t.Phase, &t.Disposition, &t.ClaimedAt, &t.BackendID, &t.CreatedAt, &t.TerminalAt); err != nil {
+		if err := rows.Scan(&t.ID, &t.Status, &t.Message, &t.Reason, &t.Tool, &t.Phase, &t.Disposition, &t.ClaimedAt, &t.BackendID, &t.CreatedAt, &t.TerminalAt); err != nil {
 			return err
 		}
 		h.Tasks = append(h.Tasks, t)
@@ -52,17 +53,21 @@ func (s *system) snapshot(ctx context.Context, h *History) error {
 	rows, err = s.db.Query(ctx, `SELECT r.id, r.status,
 			COALESCE(r.resource->'properties'->'arguments'->>'call_id', r.resource->'properties'->'arguments'->>'to', ''),
 			r.callback IS NOT NULL,
-			EXISTS (SELECT 1 FROM arap.deliveries d WHERE d.request_id = r.id AND d.status = 'delivered'),
+			COALESCE((SELECT d.status FROM arap.deliveries d WHERE d.request_id = r.id
+				ORDER BY array_position(ARRAY['delivered','gone','pending','failed'], d.status) LIMIT 1), ''),
+			EXISTS (SELECT 1 FROM arap.deliveries d JOIN pep.webhook_ids w ON w.id = d.id WHERE d.request_id = r.id),
 			COALESCE((SELECT min(seq) FROM arap.audit_events e WHERE e.chain = r.id AND e.kind = 'approval.revoked'), 0),
 			COALESCE((SELECT min(seq) FROM arap.audit_events e WHERE e.chain = r.id AND e.kind = 'approval.evaluated' AND (e.data->>'decision')::boolean), 0),
-			r.created_at
+			r.created_at,
+			COALESCE((SELECT array_agg(e.seq || ' ' || e.kind || ' ' || e.actor || COALESCE(' decision=' || (e.data->>'decision'), '') || COALESCE(' reason=' || left(e.data->>'reason', 80), '') ORDER BY e.seq)
+				FROM arap.audit_events e WHERE e.chain = r.id), '{}')
 		FROM arap.requests r`)
 	if err != nil {
 		return fmt.Errorf("chaos: snapshot requests: %w", err)
 	}
 	for rows.Next() {
 		var r RequestRow
-		if err := rows.Scan(&r.ID, &r.Status, &r.CallID, &r.HasCallback, &r.Delivered, &r.RevokedSeq, &r.AllowedSeq, &r.CreatedAt); err != nil {
+		if err := rows.Scan(&r.ID, &r.Status, &r.CallID, &r.HasCallback, &r.Delivery, &r.Received, &r.RevokedSeq, &r.AllowedSeq, &r.CreatedAt, &r.Audit); err != nil {
 			return err
 		}
 		r.CallID = strings.TrimPrefix(r.CallID, "acct-")

@@ -146,6 +146,7 @@ func (s *system) start(ctx context.Context) error {
 	if o.PointP <= 0 {
 		armed = ""
 	}
+	var public string
 	for i := 1; i <= 2; i++ {
 		name := fmt.Sprintf("serve-%d", i)
 		addr, err := bench.FreeAddr()
@@ -160,10 +161,17 @@ func (s *system) start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if i == 1 {
+			// Replicas of one deployment share one public URL (the issuer of
+			// approval states and the audience of binding tokens): serve-2
+			// names serve-1's, as behind one load balancer.
+			public = "http://" + front
+		}
 		s.backends = append(s.backends, "http://"+addr)
 		s.procs = append(s.procs, &proc{s: s, name: name, addr: addr,
 			env:  []string{"DATABASE_URL=" + url, env[1], "ARAP_FAULT=" + armed},
-			args: []string{"serve", "--policy", policy, "--log-level", "warn", "--rate-limit", "100000000", "--public-url", "http://" + front}})
+			args: []string{"serve", "--policy", policy, "--log-level", "warn", "--rate-limit", "100000000", "--public-url", public,
+				"--job-timeout", o.JobTimeout.String()}})
 	}
 	for i := 1; i <= 2; i++ {
 		name := fmt.Sprintf("mcp-%d", i)

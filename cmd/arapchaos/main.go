@@ -23,6 +23,7 @@ func main() {
 	flag.Float64Var(&o.PointP, "point-p", 0.03, "probability with which every fault point kills its process (0: unarmed)")
 	flag.DurationVar(&o.RequestTTL, "request-ttl", 20*time.Second, "how long a backend request waits for a decision")
 	flag.DurationVar(&o.ExecTimeout, "exec-timeout", 5*time.Second, "arapd mcp --exec-timeout: a claimed run not recorded by then ends outcome-unknown")
+	flag.DurationVar(&o.JobTimeout, "job-timeout", 20*time.Second, "arapd serve --job-timeout: a callback delivery whose worker died is retried after twice this")
 	flag.DurationVar(&o.SettleBound, "settle", 2*time.Minute, "bound on settling after the faults stop (part of the verdict)")
 	flag.StringVar(&o.Bin, "bin", "", "directory holding arapd and arapctl (default: build them)")
 	flag.BoolVar(&o.Keep, "keep", false, "keep the work directory (logs, cluster)")
