@@ -19,6 +19,7 @@ type Summary struct {
 	Retryable      int // retryable errors the clients saw (lost, 5xx, -32603)
 	Dispositions   map[string]int
 	Violations     int
+	Deferred       int // callbacks not yet received, retry scheduled after the settle
 }
 
 // KindSummary is one fault kind's figures.
@@ -32,6 +33,11 @@ type KindSummary struct {
 func Summarize(h *History, v []Violation, hits map[string]int) *Summary {
 	s := &Summary{PerKind: map[string]*KindSummary{}, PointHits: hits, Calls: len(h.Calls), Tasks: len(h.Tasks),
 		Executions: len(h.Executions) + len(h.Ledger), Dispositions: map[string]int{}, Violations: len(v)}
+	for i := range h.Requests {
+		if r := &h.Requests[i]; r.Status != "pending" && r.HasCallback && !r.Received && r.Deferred(h.Settle.At) {
+			s.Deferred++
+		}
+	}
 	disp := map[string]string{}
 	for _, t := range h.Tasks {
 		d := t.Disposition
@@ -103,7 +109,7 @@ func (s *Summary) Print(w io.Writer, h *History, v []Violation) {
 		s.Calls, s.Tasks, s.Executions, len(h.Executions), len(h.Ledger), s.OutcomeUnknown, s.Retryable)
 	fmt.Fprintf(w, "task endings: %s\n", counts(s.Dispositions))
 	fmt.Fprintf(w, "audit: backend %d chains / %d events, front-end %d chains / %d events\n", h.Audit.BackendChains, h.Audit.BackendEvents, h.Audit.PEPChains, h.Audit.PEPEvents)
-	fmt.Fprintf(w, "settle: %s of at most %s; unsettled tasks %d\n", h.Settle.Took.Round(100e6), h.Settle.Bound, len(h.Settle.Unsettled))
+	fmt.Fprintf(w, "settle: %s of at most %s; unsettled tasks %d; callbacks deferred to a later retry %d\n", h.Settle.Took.Round(100e6), h.Settle.Bound, len(h.Settle.Unsettled), s.Deferred)
 	fmt.Fprintf(w, "violations: %d\n", len(v))
 	for _, x := range v {
 		fmt.Fprintf(w, "VIOLATION %s %s: %s\n", x.Property, x.Subject, x.Detail)

@@ -120,7 +120,7 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	h := &History{Settle: SettleOutcome{Bound: o.SettleBound}}
 	deadline := settleStart.Add(o.SettleBound)
 	for {
-		live, pending, err := s.liveCount(ctx)
+		live, pending, err := s.liveCount(ctx, deadline)
 		if err == nil && live == 0 && pending == 0 {
 			break
 		}

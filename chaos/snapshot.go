@@ -11,12 +11,15 @@ import (
 )
 
 // liveCount is how many tasks are not terminal, and requests and callback
-// deliveries still pending.
-func (s *system) liveCount(ctx context.Context) (live, pending int, err error) {
+// deliveries still pending (deliveries whose next retry, by the backend's
+// schedule, comes after the settle deadline are not waited for: Check
+// reports them as deferred).
+func (s *system) liveCount(ctx context.Context, deadline time.Time) (live, pending int, err error) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	err = s.db.QueryRow(qctx, `SELECT (SELECT count(*) FROM pep.tasks WHERE status NOT IN ('completed','failed','cancelled')),
-		(SELECT count(*) FROM arap.requests WHERE status = 'pending') + (SELECT count(*) FROM arap.deliveries d WHERE status = 'pending' AND NOT EXISTS (SELECT 1 FROM pep.webhook_ids w WHERE w.id = d.id))`).Scan(&live, &pending)
+		(SELECT count(*) FROM arap.requests WHERE status = 'pending') + (SELECT count(*) FROM arap.deliveries d WHERE status = 'pending' AND NOT EXISTS (SELECT 1 FROM pep.webhook_ids w WHERE w.id = d.id)
+			AND d.next_attempt_at < $1)`, deadline).Scan(&live, &pending)
 	return
 }
 
@@ -24,6 +27,7 @@ func (s *system) liveCount(ctx context.Context) (live, pending int, err error) {
 func (s *system) snapshot(ctx context.Context, h *History) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	h.Settle.At = time.Now()
 	rows, err := s.db.Query(ctx, `SELECT t.id, t.status, t.status_message, left(COALESCE(t.result->'content'->0->>'text', t.error->>'message', ''), 200), a.tool, a.phase, COALESCE(a.disposition, ''), a.claimed_at, COALESCE(a.backend_id, ''), t.created_at, t.terminal_at
 		FROM pep.tasks t JOIN pep.approval_tasks a ON a.task_id = t.id`)
 	if err != nil {
@@ -53,8 +57,9 @@ func (s *system) snapshot(ctx context.Context, h *History) error {
 	rows, err = s.db.Query(ctx, `SELECT r.id, r.status,
 			COALESCE(r.resource->'properties'->'arguments'->>'call_id', r.resource->'properties'->'arguments'->>'to', ''),
 			r.callback IS NOT NULL,
-			COALESCE((SELECT d.status FROM arap.deliveries d WHERE d.request_id = r.id
+			COALESCE((SELECT d.status || ' attempts=' || d.attempts || COALESCE(' next=' || d.next_attempt_at::text, '') || COALESCE(' last=' || left(d.last_error, 100), '') FROM arap.deliveries d WHERE d.request_id = r.id
 				ORDER BY array_position(ARRAY['delivered','gone','pending','failed'], d.status) LIMIT 1), ''),
+			(SELECT min(d.next_attempt_at) FROM arap.deliveries d WHERE d.request_id = r.id AND d.status = 'pending'),
 			EXISTS (SELECT 1 FROM arap.deliveries d JOIN pep.webhook_ids w ON w.id = d.id WHERE d.request_id = r.id),
 			COALESCE((SELECT min(seq) FROM arap.audit_events e WHERE e.chain = r.id AND e.kind = 'approval.revoked'), 0),
 			COALESCE((SELECT min(seq) FROM arap.audit_events e WHERE e.chain = r.id AND e.kind = 'approval.evaluated' AND (e.data->>'decision')::boolean), 0),
@@ -67,10 +72,13 @@ func (s *system) snapshot(ctx context.Context, h *History) error {
 	}
 	for rows.Next() {
 		var r RequestRow
-		if err := rows.Scan(&r.ID, &r.Status, &r.CallID, &r.HasCallback, &r.Delivery, &r.Received, &r.RevokedSeq, &r.AllowedSeq, &r.CreatedAt, &r.Audit); err != nil {
+		if err := rows.Scan(&r.ID, &r.Status, &r.CallID, &r.HasCallback, &r.Delivery, &r.NextAttempt, &r.Received, &r.RevokedSeq, &r.AllowedSeq, &r.CreatedAt, &r.Audit); err != nil {
 			return err
 		}
 		r.CallID = strings.TrimPrefix(r.CallID, "acct-")
+		if d := strings.Fields(r.Delivery); len(d) > 0 {
+			r.DeliveryNote, r.Delivery = r.Delivery, d[0]
+		}
 		h.Requests = append(h.Requests, r)
 	}
 	rows, err = s.db.Query(ctx, `SELECT COALESCE(task_id, ''), tool, at FROM pep.ledger`)

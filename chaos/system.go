@@ -41,6 +41,7 @@ type system struct {
 	db      *pgxpool.Pool // the chaos process's own, direct (approvers, snapshots)
 
 	px       *proxies
+	lb       *balancer
 	up       *upstream
 	creds    *bench.Credentials
 	procs    []*proc
@@ -146,7 +147,18 @@ func (s *system) start(ctx context.Context) error {
 	if o.PointP <= 0 {
 		armed = ""
 	}
-	var public string
+	// Replicas of one deployment share one public URL (the issuer of
+	// approval states, the audience of binding tokens, the base the
+	// front-ends accept status and cancel URLs under): a load balancer in
+	// this process, reached by both front-ends through one proxy.
+	if s.lb, err = startBalancer(); err != nil {
+		return err
+	}
+	front, err := s.px.add("backend", s.lb.addr)
+	if err != nil {
+		return err
+	}
+	public := "http://" + front
 	for i := 1; i <= 2; i++ {
 		name := fmt.Sprintf("serve-%d", i)
 		addr, err := bench.FreeAddr()
@@ -157,17 +169,9 @@ func (s *system) start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		front, err := s.px.add(fmt.Sprintf("backend:%d", i), addr) // front-end i -> backend i
-		if err != nil {
-			return err
-		}
-		if i == 1 {
-			// Replicas of one deployment share one public URL (the issuer of
-			// approval states and the audience of binding tokens): serve-2
-			// names serve-1's, as behind one load balancer.
-			public = "http://" + front
-		}
+
 		s.backends = append(s.backends, "http://"+addr)
+		s.lb.add("http://" + addr)
 		s.procs = append(s.procs, &proc{s: s, name: name, addr: addr,
 			env:  []string{"DATABASE_URL=" + url, env[1], "ARAP_FAULT=" + armed},
 			args: []string{"serve", "--policy", policy, "--log-level", "warn", "--rate-limit", "100000000", "--public-url", public,
@@ -200,12 +204,11 @@ func (s *system) start(ctx context.Context) error {
 		if err := os.WriteFile(upstreams, []byte("upstreams:\n  - name: "+upstreamName+"\n    http: {url: http://"+up+"/mcp}\n    prefix: "+upstreamPfx+"\n"), 0o600); err != nil {
 			return err
 		}
-		backend, _ := s.px.byName[fmt.Sprintf("backend:%d", i)]
 		s.procs = append(s.procs, &proc{s: s, name: name, addr: addr,
 			env: []string{"DATABASE_URL=" + url, env[2], "ARAP_FAULT=" + armed,
 				"ARAP_BACKEND_TOKEN=" + s.creds.PEPToken, "ARAP_WEBHOOK_SECRETS=" + s.creds.WebhookSecret,
 				"ARAP_EXEC_TIMEOUT=" + o.ExecTimeout.String(), "ARAP_INTENT_GRACE=3s"},
-			args: []string{"mcp", "--backend-url", "http://" + backend.Listen, "--public-url", "http://" + cb,
+			args: []string{"mcp", "--backend-url", public, "--public-url", "http://" + cb,
 				"--log-level", "warn", "--poll-interval", "1s", "--reconcile-every", "2s", "--upstreams", upstreams}})
 	}
 	fmt.Fprintln(s.log, "starting 2 x arapd serve, 2 x arapd mcp")
@@ -287,6 +290,9 @@ func (s *system) stop() {
 	}
 	if s.up != nil {
 		s.up.close()
+	}
+	if s.lb != nil {
+		s.lb.close()
 	}
 	if s.db != nil {
 		s.db.Close()
