@@ -88,18 +88,18 @@ type IntentRow struct {
 // RequestRow is a backend request after the run, with what its audit chain
 // says about approval and revocation order.
 type RequestRow struct {
-	ID          string    `json:"id"`
-	Status      string    `json:"status"`
-	CallID      string    `json:"call_id"` // the call_id (or wire_transfer "to") in its arguments
-	HasCallback bool      `json:"has_callback"`
-	Delivery    string    `json:"delivery"` // best status of its callback deliveries: delivered, gone (the receiver had it and answered 410), pending, failed, or ""
-	DeliveryNote string   `json:"delivery_note,omitempty"` // attempts, next attempt, last error
-	NextAttempt *time.Time `json:"next_attempt,omitempty"` // a pending delivery's next retry
-	Received    bool      `json:"received"` // the front-end's replay memory holds its callback's webhook-id
-	RevokedSeq  int64     `json:"revoked_seq,omitempty"`
-	AllowedSeq  int64     `json:"allowed_seq,omitempty"` // first re-evaluation that allowed
-	CreatedAt   time.Time `json:"created_at"`
-	Audit       []string  `json:"audit"` // its audit chain: seq kind actor (decision, reason)
+	ID           string     `json:"id"`
+	Status       string     `json:"status"`
+	CallID       string     `json:"call_id"` // the call_id (or wire_transfer "to") in its arguments
+	HasCallback  bool       `json:"has_callback"`
+	Delivery     string     `json:"delivery"`                // best status of its callback deliveries: delivered, gone (the receiver had it and answered 410), pending, failed, or ""
+	DeliveryNote string     `json:"delivery_note,omitempty"` // attempts, next attempt, last error
+	NextAttempt  *time.Time `json:"next_attempt,omitempty"`  // a pending delivery's next retry
+	Received     bool       `json:"received"`                // the front-end's replay memory holds its callback's webhook-id
+	RevokedSeq   int64      `json:"revoked_seq,omitempty"`
+	AllowedSeq   int64      `json:"allowed_seq,omitempty"` // first re-evaluation that allowed
+	CreatedAt    time.Time  `json:"created_at"`
+	Audit        []string   `json:"audit"` // its audit chain: seq kind actor (decision, reason)
 }
 
 // LedgerRow is a demo tool's side effect.
@@ -121,7 +121,7 @@ type AuditOutcome struct {
 type SettleOutcome struct {
 	Bound      time.Duration `json:"bound"`
 	Took       time.Duration `json:"took"`
-	At         time.Time     `json:"at"` // when the tables were read
+	At         time.Time     `json:"at"`                  // when the tables were read
 	Unsettled  []string      `json:"unsettled,omitempty"` // live tasks at the bound
 	Incomplete []string      `json:"incomplete,omitempty"`
 }

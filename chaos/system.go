@@ -173,7 +173,7 @@ func (s *system) start(ctx context.Context) error {
 		s.backends = append(s.backends, "http://"+addr)
 		s.lb.add("http://" + addr)
 		s.procs = append(s.procs, &proc{s: s, name: name, addr: addr,
-			env:  []string{"DATABASE_URL=" + url, env[1], "ARAP_FAULT=" + armed},
+			env: []string{"DATABASE_URL=" + url, env[1], "ARAP_FAULT=" + armed},
 			args: []string{"serve", "--policy", policy, "--log-level", "warn", "--rate-limit", "100000000", "--public-url", public,
 				"--job-timeout", o.JobTimeout.String()}})
 	}
