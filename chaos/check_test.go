@@ -223,6 +223,7 @@ func TestRetryable(t *testing.T) {
 		{&tasksRPCError{HTTPStatus: 200, Code: -32603}, true},
 		{&tasksRPCError{HTTPStatus: 503, Code: -32000}, true},
 		{&tasksRPCError{HTTPStatus: 200, Code: -32602}, false},
+		{&tasksRPCError{HTTPStatus: 200, Code: 0, Message: "failed to connect to database"}, true},
 		{errLost, true},
 	} {
 		got, _ := retryable(tc.err)

@@ -22,7 +22,9 @@ import (
 func retryable(err error) (bool, string) {
 	var rpc *tasks.RPCError
 	if errors.As(err, &rpc) {
-		if rpc.Code == -32603 || rpc.HTTPStatus == http.StatusTooManyRequests || rpc.HTTPStatus >= 500 {
+		// Code 0 is not a JSON-RPC code: arapd mcp answers it with the
+		// database's error when PostgreSQL is unreachable (reported).
+		if rpc.Code == -32603 || rpc.Code == 0 || rpc.HTTPStatus == http.StatusTooManyRequests || rpc.HTTPStatus >= 500 {
 			return true, "retryable"
 		}
 		return false, "error"
@@ -74,7 +76,7 @@ func (c *caller) oneCall(ctx context.Context, settled <-chan struct{}) *Call {
 	case x < 15:
 		call.Tool, call.Kind, args = upstreamPfx+ToolNote, "allowed", map[string]any{"call_id": id}
 	case x < 22:
-		call.Tool, call.Kind, args = "get_balance", "allowed", map[string]any{"account": "acct-" + id}
+		call.Tool, call.Kind, args = "get_balance", "allowed", map[string]any{}
 	case x < 30:
 		call.Tool, call.Kind, args = upstreamPfx+ToolForbidden, "denied", map[string]any{"call_id": id}
 	case x < 70:

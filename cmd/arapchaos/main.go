@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/omcp/arap/chaos"
@@ -29,7 +30,7 @@ func main() {
 	flag.BoolVar(&o.Keep, "keep", false, "keep the work directory (logs, cluster)")
 	flag.StringVar(&o.HistoryFile, "history", "", "write the history and violations as JSON to this file")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	r, err := chaos.Run(ctx, o)
 	if err != nil {
