@@ -190,7 +190,7 @@ func (r *RequestRow) Deferred(at time.Time) bool {
 func (c *Call) sent() int {
 	n := 0
 	for _, a := range c.Attempts {
-		if a.Method == "tools/call" {
+		if strings.HasPrefix(a.Method, "tools/call") {
 			n++
 		}
 	}

@@ -79,22 +79,44 @@ func (c *caller) oneCall(ctx context.Context, settled <-chan struct{}) *Call {
 		call.Tool, call.Kind, args = "get_balance", "allowed", map[string]any{}
 	case x < 30:
 		call.Tool, call.Kind, args = upstreamPfx+ToolForbidden, "denied", map[string]any{"call_id": id}
-	case x < 70:
+	case x < 62:
 		call.Tool, call.Kind, args = upstreamPfx+ToolPay, "gated", map[string]any{"call_id": id, "amount": 100 + c.rng.IntN(1000)}
+	case x < 72:
+		// Needs a business justification (MRTR input) before it is submitted.
+		call.Tool, call.Kind, args = "read_customer_record", "gated", map[string]any{"customer_id": "cust-" + id}
 	default:
 		call.Tool, call.Kind, args = "wire_transfer", "gated", map[string]any{"to": "acct-" + id, "amount": 30000 + c.rng.IntN(1000)}
 	}
 	// Send (and resend the same request after a lost response) until an
-	// answer comes: a task, a result or a final error.
+	// answer comes: a task, a result or a final error. An input request
+	// (MRTR) is answered; if the answer's single-use state is refused after
+	// a lost response, the call starts over.
+	var prev *tasks.CallResult
 	for attempt := 0; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		r, err := c.client().CallTool(actx, call.Tool, args, nil)
+		var r *tasks.CallResult
+		var err error
+		a := Attempt{Method: "tools/call"}
+		if prev != nil {
+			responses := map[string]any{}
+			for k := range prev.InputRequests {
+				responses[k] = map[string]any{"action": "accept", "content": map[string]any{"business_justification": "Chaos run review of " + id}}
+			}
+			a.Method = "tools/call+input"
+			r, err = c.client().Retry(actx, call.Tool, args, prev, responses)
+		} else {
+			r, err = c.client().CallTool(actx, call.Tool, args, nil)
+		}
 		cancel()
-		a := Attempt{At: time.Now(), Method: "tools/call"}
+		a.At = time.Now()
 		if err != nil {
 			retry, kind := retryable(err)
 			a.Outcome, a.Detail = kind, trim(err.Error())
 			call.Attempts = append(call.Attempts, a)
+			if !retry && prev != nil && attempt < 20 {
+				prev = nil // the state was used by the lost attempt: start over
+				continue
+			}
 			if retry && attempt < 20 && ctx.Err() == nil {
 				time.Sleep(time.Duration(200+c.rng.IntN(800)) * time.Millisecond)
 				continue
@@ -102,6 +124,12 @@ func (c *caller) oneCall(ctx context.Context, settled <-chan struct{}) *Call {
 			call.Final = a.Outcome
 			call.End = time.Now()
 			return call
+		}
+		if r.ResultType == tasks.ResultTypeInputRequired && attempt < 20 {
+			a.Outcome = "input_required"
+			call.Attempts = append(call.Attempts, a)
+			prev = r
+			continue
 		}
 		if r.ResultType == tasks.ResultTypeTask && r.Task != nil {
 			a.Outcome, a.Detail = "task", r.Task.TaskID

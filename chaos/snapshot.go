@@ -55,7 +55,8 @@ func (s *system) snapshot(ctx context.Context, h *History) error {
 		h.Intents = append(h.Intents, i)
 	}
 	rows, err = s.db.Query(ctx, `SELECT r.id, r.status,
-			COALESCE(r.resource->'properties'->'arguments'->>'call_id', r.resource->'properties'->'arguments'->>'to', ''),
+			COALESCE(r.resource->'properties'->'arguments'->>'call_id', r.resource->'properties'->'arguments'->>'to',
+				r.resource->'properties'->'arguments'->>'customer_id', ''),
 			r.callback IS NOT NULL,
 			COALESCE((SELECT d.status || ' attempts=' || d.attempts || COALESCE(' next=' || d.next_attempt_at::text, '') || COALESCE(' last=' || left(d.last_error, 100), '') FROM arap.deliveries d WHERE d.request_id = r.id
 				ORDER BY array_position(ARRAY['delivered','gone','pending','failed'], d.status) LIMIT 1), ''),
@@ -75,7 +76,7 @@ func (s *system) snapshot(ctx context.Context, h *History) error {
 		if err := rows.Scan(&r.ID, &r.Status, &r.CallID, &r.HasCallback, &r.Delivery, &r.NextAttempt, &r.Received, &r.RevokedSeq, &r.AllowedSeq, &r.CreatedAt, &r.Audit); err != nil {
 			return err
 		}
-		r.CallID = strings.TrimPrefix(r.CallID, "acct-")
+		r.CallID = strings.TrimPrefix(strings.TrimPrefix(r.CallID, "acct-"), "cust-")
 		if d := strings.Fields(r.Delivery); len(d) > 0 {
 			r.DeliveryNote, r.Delivery = r.Delivery, d[0]
 		}
