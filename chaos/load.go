@@ -117,7 +117,7 @@ func (c *caller) oneCall(ctx context.Context, settled <-chan struct{}) *Call {
 				prev = nil // the state was used by the lost attempt: start over
 				continue
 			}
-			if retry && attempt < 20 && ctx.Err() == nil {
+			if retry && attempt < 20 && ctx.Err() == nil && !isClosed(settled) {
 				time.Sleep(time.Duration(200+c.rng.IntN(800)) * time.Millisecond)
 				continue
 			}
@@ -227,6 +227,15 @@ func disposition(raw []byte) string {
 		return ""
 	}
 	return find(v)
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 func trim(s string) string {
