@@ -81,12 +81,9 @@ func (s *System) start(ctx context.Context, o Options) error {
 	}
 	bin := o.Bin
 	if bin == "" {
-		bin = filepath.Join(s.dir, "bin")
-		for cmd, pkg := range map[string]string{"arapd": "github.com/omcp/arap/cmd/arapd", "arapctl": "github.com/omcp/arap/cmd/arapctl", everythingServer: everythingPackage} {
-			fmt.Fprintf(o.Log, "building %s\n", cmd)
-			if out, err := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, cmd), pkg).CombinedOutput(); err != nil {
-				return fmt.Errorf("bench: build %s (run inside the module, or pass --bin): %v\n%s", cmd, err, out)
-			}
+		var err error
+		if bin, err = Build(ctx, filepath.Join(s.dir, "bin"), o.Log); err != nil {
+			return err
 		}
 	}
 	fmt.Fprintln(o.Log, "starting the upstream MCP server")
@@ -113,41 +110,12 @@ func (s *System) start(ctx context.Context, o Options) error {
 		return err
 	}
 	env := []string{"DATABASE_URL=" + s.DBURL, "ARAP_MASTER_KEY=" + randomKey(), "ARAP_PEP_MASTER_KEY=" + randomKey()}
-	run := func(name string, args ...string) (string, error) {
-		cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
-		cmd.Env = append(os.Environ(), env...)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return "", fmt.Errorf("bench: %s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-		}
-		return string(out), nil
-	}
-	if _, err := run("arapd", "migrate"); err != nil {
-		return err
-	}
-	token := regexp.MustCompile(`token: (\S+)`)
-	out, err := run("arapctl", "clients", "create", "--name", "pep", "--scope", "evaluate,request", "--actor", "agent:*",
-		"--callback-prefix", "http://127.0.0.1:", "--callback-network", "loopback")
+	creds, err := Provision(ctx, bin, env, s.DB, max(o.Callers, 1), "bench")
 	if err != nil {
 		return err
 	}
-	s.PEPToken = token.FindStringSubmatch(out)[1]
-	if out, err = run("arapctl", "clients", "create", "--name", "itsm", "--scope", "decide", "--kind", "itsm"); err != nil {
-		return err
-	}
-	s.ITSMToken = token.FindStringSubmatch(out)[1]
-	if out, err = run("arapctl", "clients", "secret", "rotate", "pep"); err != nil {
-		return err
-	}
-	secret := regexp.MustCompile(`(whsec_\S+)`).FindStringSubmatch(out)[1]
-	callers := &pep.Callers{DB: s.DB}
-	for i := range max(o.Callers, 1) {
-		tok := fmt.Sprintf("bench-caller-%05d-%s", i, randomKey()[:12])
-		if err := callers.Create(ctx, fmt.Sprintf("bench-%d", i), tok, pep.Principal{SubjectType: "user", SubjectID: fmt.Sprintf("user%d", i), ActorID: "agent:bench"}); err != nil {
-			return err
-		}
-		s.Callers = append(s.Callers, tok)
-	}
+	s.PEPToken, s.ITSMToken, s.Callers = creds.PEPToken, creds.ITSMToken, creds.Callers
+	secret := creds.WebhookSecret
 	policy := filepath.Join(s.dir, "policy.yaml")
 	if err := os.WriteFile(policy, append(dev.SeedPolicy(), upstreamRule...), 0o600); err != nil {
 		return err
@@ -173,6 +141,69 @@ func (s *System) start(ctx context.Context, o Options) error {
 	}
 	s.MCPURL = "http://" + s.MCP.Addr + "/mcp"
 	return nil
+}
+
+// Build builds arapd, arapctl and the go-sdk everything-server into dir
+// and returns dir.
+func Build(ctx context.Context, dir string, log io.Writer) (string, error) {
+	for cmd, pkg := range map[string]string{"arapd": "github.com/omcp/arap/cmd/arapd", "arapctl": "github.com/omcp/arap/cmd/arapctl", everythingServer: everythingPackage} {
+		fmt.Fprintf(log, "building %s\n", cmd)
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, cmd), pkg).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("bench: build %s (run inside the module, or pass --bin): %v\n%s", cmd, err, out)
+		}
+	}
+	return dir, nil
+}
+
+// Credentials are what Provision made: the PEP's API client token and
+// webhook secret, an ITSM resolver's token, and MCP caller tokens.
+type Credentials struct {
+	PEPToken, ITSMToken, WebhookSecret string
+	Callers                            []string // one principal each
+}
+
+// Provision migrates the database env names (DATABASE_URL and master keys)
+// and creates, with the arapctl in bin, the API clients a system needs: the
+// PEP (evaluate, request; loopback callbacks) and an ITSM resolver (decide),
+// plus n MCP callers named <prefix>-<i>, subject user<i>, actor agent:<prefix>.
+func Provision(ctx context.Context, bin string, env []string, db *pgxpool.Pool, n int, prefix string) (*Credentials, error) {
+	run := func(name string, args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("bench: %s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+		return string(out), nil
+	}
+	if _, err := run("arapd", "migrate"); err != nil {
+		return nil, err
+	}
+	c := &Credentials{}
+	token := regexp.MustCompile(`token: (\S+)`)
+	out, err := run("arapctl", "clients", "create", "--name", "pep", "--scope", "evaluate,request", "--actor", "agent:*",
+		"--callback-prefix", "http://127.0.0.1:", "--callback-network", "loopback")
+	if err != nil {
+		return nil, err
+	}
+	c.PEPToken = token.FindStringSubmatch(out)[1]
+	if out, err = run("arapctl", "clients", "create", "--name", "itsm", "--scope", "decide", "--kind", "itsm"); err != nil {
+		return nil, err
+	}
+	c.ITSMToken = token.FindStringSubmatch(out)[1]
+	if out, err = run("arapctl", "clients", "secret", "rotate", "pep"); err != nil {
+		return nil, err
+	}
+	c.WebhookSecret = regexp.MustCompile(`(whsec_\S+)`).FindStringSubmatch(out)[1]
+	callers := &pep.Callers{DB: db}
+	for i := range n {
+		tok := fmt.Sprintf("%s-caller-%05d-%s", prefix, i, randomKey()[:12])
+		if err := callers.Create(ctx, fmt.Sprintf("%s-%d", prefix, i), tok, pep.Principal{SubjectType: "user", SubjectID: fmt.Sprintf("user%d", i), ActorID: "agent:" + prefix}); err != nil {
+			return nil, err
+		}
+		c.Callers = append(c.Callers, tok)
+	}
+	return c, nil
 }
 
 // The upstream of the allowed-call overhead: the go-sdk's conformance
@@ -251,16 +282,36 @@ type Process struct {
 // startProcess runs `bin args... --addr 127.0.0.1:<free port>` and waits
 // until its /healthz answers.
 func startProcess(bin string, env []string, args ...string) (*Process, error) {
+	return StartProcess(bin, env, "", nil, args...)
+}
+
+// FreeAddr is a loopback address with a port free now.
+func FreeAddr() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// StartProcess runs `bin args... --addr addr` (a free loopback port when
+// addr is empty) and waits until its /healthz answers. stderr, when not
+// nil, also receives the process's standard error.
+func StartProcess(bin string, env []string, addr string, stderr io.Writer, args ...string) (*Process, error) {
+	if addr == "" {
+		var err error
+		if addr, err = FreeAddr(); err != nil {
+			return nil, err
+		}
+	}
 	cmd := exec.Command(bin, append(args, "--addr", addr)...)
 	cmd.Env = append(os.Environ(), env...)
 	var logs strings.Builder
 	cmd.Stderr = &limitedWriter{w: &logs, n: 64 << 10}
+	if stderr != nil {
+		cmd.Stderr = io.MultiWriter(cmd.Stderr, stderr)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -318,6 +369,12 @@ func (p *Process) PeakRSS() (int64, error) {
 	}
 	return 0, errors.New("bench: no VmHWM in /proc status")
 }
+
+// Kill sends SIGKILL, as kill -9 would; Done closes when it has exited.
+func (p *Process) Kill() { _ = p.cmd.Process.Kill() }
+
+// Done is closed when the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
 
 // Stop ends the process (SIGTERM, then SIGKILL after 10s).
 func (p *Process) Stop() {

@@ -94,7 +94,14 @@ func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req
 			authzen.CtxReason: reason, authzen.CtxNextAction: next}}
 	}
 	out := Outcome{Effect: EffectDeny, Reeval: true}
-	rec, problem := e.verifyApproval(ctx, callerID, raw, now)
+	rec, problem, err := e.verifyApproval(ctx, callerID, raw, now)
+	if err != nil {
+		// Not a verdict on the approval: the keys or the approval could not
+		// be read (the database is down). An error, which the PEP retries,
+		// not approval_unverifiable, which would end an approved call as
+		// denied for a passing outage.
+		return Outcome{}, err
+	}
 	if problem != "" {
 		e.opts.Log.Info("approval unverifiable", "reason", problem, "client", callerID)
 		out.Decision, out.Reason = deny(authzen.ReasonApprovalUnverifiable, authzen.NextActionNone), authzen.ReasonApprovalUnverifiable
@@ -168,50 +175,50 @@ func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req
 }
 
 // verifyApproval checks approval.state and finds the record; problem says
-// what is wrong when it cannot be used at all.
-func (e *Engine) verifyApproval(ctx context.Context, callerID string, raw any, now time.Time) (*ApprovalRecord, string) {
+// what is wrong when it cannot be used at all, err that it could not be
+// checked (keys or approvals unreadable), which is no verdict.
+func (e *Engine) verifyApproval(ctx context.Context, callerID string, raw any, now time.Time) (*ApprovalRecord, string, error) {
 	obj, ok := raw.(map[string]any)
 	if !ok {
-		return nil, "context.approval must be the approval object from the task result"
+		return nil, "context.approval must be the approval object from the task result", nil
 	}
 	id, _ := obj["id"].(string)
 	state, _ := obj["state"].(string)
 	if id == "" || state == "" {
-		return nil, "context.approval needs id and state, unchanged from the task result"
+		return nil, "context.approval needs id and state, unchanged from the task result", nil
 	}
 	if e.opts.Approvals == nil {
-		return nil, "this PDP cannot resolve approvals"
+		return nil, "this PDP cannot resolve approvals", nil
 	}
 	var c ApprovalClaims
 	if err := e.opts.Keys.Verify(ctx, signing.TypeApproval, state, &c); err != nil {
 		if errors.Is(err, signing.ErrMalformed) || errors.Is(err, signing.ErrBadSignature) || errors.Is(err, signing.ErrUnknownKey) ||
 			errors.Is(err, signing.ErrKeyExpired) || errors.Is(err, signing.ErrWrongType) {
-			return nil, fmt.Sprintf("approval.state does not verify: %v", err)
+			return nil, fmt.Sprintf("approval.state does not verify: %v", err), nil
 		}
-		return nil, "approval.state could not be checked"
+		return nil, "", fmt.Errorf("evaluation: approval.state could not be checked: %w", err)
 	}
 	switch {
 	case c.Issuer != e.opts.RequestsURL:
-		return nil, "approval.state was not issued by this deployment's Access Request Service"
+		return nil, "approval.state was not issued by this deployment's Access Request Service", nil
 	case !slices.Contains([]string(c.Audience), e.opts.Issuer):
-		return nil, "approval.state is not meant for this PDP"
+		return nil, "approval.state is not meant for this PDP", nil
 	case c.ApprovalID != id:
-		return nil, "approval.id does not match approval.state"
+		return nil, "approval.id does not match approval.state", nil
 	case c.AuthorizedParty != callerID:
-		return nil, "the approval was issued to a different client"
+		return nil, "the approval was issued to a different client", nil
 	case c.Scope != ScopeExact:
-		return nil, "approval.state has an unknown scope"
+		return nil, "approval.state has an unknown scope", nil
 	}
 	rec, err := e.opts.Approvals.Approval(ctx, id)
 	if err != nil {
-		e.opts.Log.Error("approval lookup failed", "error", err)
-		return nil, "approval could not be looked up"
+		return nil, "", fmt.Errorf("evaluation: approval lookup: %w", err)
 	}
 	if rec == nil || rec.ClientID != callerID || rec.BindingHash != c.BindingHash || rec.ActorHash != c.ActorHash ||
 		!slices.Equal(rec.BindingContextMembers, c.BindingContextMembers) {
-		return nil, "unknown approval"
+		return nil, "unknown approval", nil
 	}
-	return rec, ""
+	return rec, "", nil
 }
 
 // Resolve runs rule's automated resolvers on req and returns the first whose

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/audit"
@@ -223,4 +224,27 @@ func flipChar(c byte) byte {
 		return 'B'
 	}
 	return 'A'
+}
+
+// TestReevaluationOutageIsNoVerdict: chaos run finding. While the approvals
+// cannot be read (PostgreSQL down or unreachable), re-evaluation answered
+// approval_unverifiable with next_action none, so the PEP ended an approved
+// call denied-not-executed for a passing outage. It must fail instead (the
+// PEP retries) and allow once the store answers again.
+func TestReevaluationOutageIsNoVerdict(t *testing.T) {
+	f := setupWith(t, "testdata/resolution.yaml")
+	call, approval := f.approved(bob, "wire_transfer", map[string]any{"to": "acct-991", "amount": 50000})
+
+	down, err := pgxpool.New(context.Background(), f.db.Config().ConnString())
+	require.NoError(t, err)
+	down.Close()
+	engine, err := evaluation.New(evaluation.Options{PolicyFile: "testdata/resolution.yaml", Keys: f.keys, Issuer: issuer,
+		RequestsURL: requestsURL, Now: f.clock.Now, SchemaURL: func(s string) string { return issuer + "/s/" + s },
+		Attributes: f.attrs, Approvals: &requests.ApprovalStore{DB: down, Now: f.clock.Now}})
+	require.NoError(t, err)
+	c := authzen.EvaluationRequest{Subject: call.Subject, Resource: call.Resource, Action: call.Action, Context: authzen.Object{"approval": approval}}
+	out, err := engine.Evaluate(context.Background(), f.pepID, c)
+	require.Error(t, err, "an outage is no verdict: %+v", out.Decision)
+
+	require.True(t, f.reevaluate(f.pepID, call, approval).Decision, "allowed once the approvals can be read")
 }

@@ -1,0 +1,116 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Fault kinds the scheduler draws (Fault.Kind); fault points add
+// "point:<name>" when an armed point kills its process.
+const (
+	FaultKill       = "kill-9"
+	FaultPGFast     = "pg-stop-fast"
+	FaultPGCrash    = "pg-stop-immediate"
+	FaultLatency    = "net-latency"
+	FaultStall      = "net-stall"
+	FaultReset      = "net-reset"
+	FaultCut        = "net-cut"
+	pgFaultEveryNth = 15 // about one fault in 15 restarts PostgreSQL
+)
+
+// plan is one scheduled fault: what, on which target, when and how long.
+type plan struct {
+	At     time.Duration // from the start of the fault phase
+	Kind   string
+	Target string
+	For    time.Duration
+}
+
+// schedule draws n faults over d from the seed: the same seed gives the
+// same list (timing of the system under it varies).
+func schedule(seed int64, n int, d time.Duration, procs, proxies []string) []plan {
+	rng := rand.New(rand.NewPCG(uint64(seed), uint64(seed)^0x5eed))
+	out := make([]plan, 0, n)
+	step := d / time.Duration(max(n, 1))
+	for i := range n {
+		p := plan{At: time.Duration(i)*step + time.Duration(rng.Int64N(int64(step)+1))/2}
+		switch x := rng.IntN(100); {
+		case x < 100/pgFaultEveryNth/2+1:
+			p.Kind = FaultPGFast
+			p.For = time.Duration(300+rng.IntN(1500)) * time.Millisecond
+		case x < 2*(100/pgFaultEveryNth/2+1):
+			p.Kind = FaultPGCrash
+			p.For = time.Duration(300+rng.IntN(1500)) * time.Millisecond
+		case x < 45:
+			p.Kind, p.Target = FaultKill, procs[rng.IntN(len(procs))]
+		default:
+			p.Kind = []string{FaultLatency, FaultStall, FaultReset, FaultCut}[rng.IntN(4)]
+			p.Target = proxies[rng.IntN(len(proxies))]
+			p.For = time.Duration(200+rng.IntN(2500)) * time.Millisecond
+		}
+		if p.Target == "" {
+			p.Target = "postgresql"
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func toxicOf(kind string, rng *rand.Rand) (string, string) {
+	switch kind {
+	case FaultLatency:
+		return "latency", fmt.Sprintf(`{"latency":%d,"jitter":%d}`, 100+rng.IntN(1500), rng.IntN(200))
+	case FaultStall:
+		return "timeout", `{"timeout":0}` // data held until removed: a stalled network
+	case FaultReset:
+		return "reset_peer", fmt.Sprintf(`{"timeout":%d}`, rng.IntN(200))
+	default:
+		return "cut", ""
+	}
+}
+
+// inject runs the schedule; it returns when the last fault has been
+// injected and healed.
+func (s *system) inject(ctx context.Context, plans []plan, seed int64) {
+	rng := rand.New(rand.NewPCG(uint64(seed)+1, 7))
+	byName := map[string]*proc{}
+	for _, p := range s.procs {
+		byName[p.name] = p
+	}
+	start := time.Now()
+	done := make(chan struct{}, len(plans))
+	for _, p := range plans {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(start.Add(p.At))):
+		}
+		kind, attrs := toxicOf(p.Kind, rng)
+		go func(p plan) {
+			defer func() { done <- struct{}{} }()
+			t0 := time.Now()
+			switch p.Kind {
+			case FaultKill:
+				byName[p.Target].kill()
+				s.events.fault(p.Kind, p.Target, t0, t0.Add(time.Second))
+			case FaultPGFast, FaultPGCrash:
+				if err := s.pgFault(ctx, p.Kind == FaultPGCrash, p.For); err != nil {
+					fmt.Fprintf(s.log, "chaos: PostgreSQL did not restart: %v\n", err)
+				}
+				s.events.fault(p.Kind, p.Target, t0, time.Now())
+			default:
+				if err := s.px.toxic(p.Target, kind, attrs); err != nil {
+					return // a toxic of the same kind is already on: counted once
+				}
+				time.Sleep(p.For)
+				s.px.heal(p.Target)
+				s.events.fault(p.Kind, p.Target, t0, time.Now())
+			}
+		}(p)
+	}
+	for range plans {
+		<-done
+	}
+}
