@@ -348,7 +348,8 @@ func TestMaxWindowEndsLongPendingTasks(t *testing.T) {
 // TestForgedCallbackCannotExecute: a callback only wakes a task. A forged
 // one (wrong key) is refused; an authentic one claiming approval while the
 // request is pending changes nothing, because the front-end re-reads the
-// ARAP status endpoint; the same callback replayed is refused.
+// ARAP status endpoint; the same callback replayed is answered (200: a
+// sender that lost our answer stops retrying) but not handled again.
 func TestForgedCallbackCannotExecute(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, stackOptions{})
@@ -378,13 +379,13 @@ func TestForgedCallbackCannotExecute(t *testing.T) {
 	real, err := webhook.ParseSecret(s.secret)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusNoContent, send(real, "msg_authentic"), "authentic: accepted as a wake-up")
-	require.Equal(t, http.StatusConflict, send(real, "msg_authentic"), "replayed")
+	require.Equal(t, http.StatusOK, send(real, "msg_authentic"), "replayed: answered as handled")
 	// The replay memory is the database's, not the process's: a restarted
-	// front-end still refuses the id.
+	// front-end still knows the id was handled.
 	s.mcp.signal(syscall.SIGTERM)
 	require.Equal(t, 0, s.mcp.wait(30*time.Second))
 	s.mcp = s.startMCP()
-	require.Equal(t, http.StatusConflict, send(real, "msg_authentic"), "replayed after a restart")
+	require.Equal(t, http.StatusOK, send(real, "msg_authentic"), "replayed after a restart: answered as handled")
 	// The woken task re-reads the status endpoint, which still says
 	// pending: it must not act. A pending task writes nothing when it is
 	// right (its next poll is the 30 s safety poll), so there is no event to

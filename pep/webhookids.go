@@ -39,7 +39,7 @@ func (s *WebhookIDs) now() time.Time {
 func (s *WebhookIDs) Claim(ctx context.Context, id string, until time.Time) (bool, error) {
 	var ok bool
 	err := s.DB.QueryRow(ctx, `INSERT INTO pep.webhook_ids AS w (id, expires_at) VALUES ($1, $2)
-		ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at WHERE w.expires_at <= $3
+		ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at, handled = false WHERE w.expires_at <= $3
 		RETURNING true`, id, until, s.now()).Scan(&ok)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
@@ -56,6 +56,27 @@ func (s *WebhookIDs) Release(ctx context.Context, id string) error {
 		return fmt.Errorf("pep: release webhook id: %w", err)
 	}
 	return nil
+}
+
+// Done marks the claim of id as handled.
+func (s *WebhookIDs) Done(ctx context.Context, id string) error {
+	if _, err := s.DB.Exec(ctx, `UPDATE pep.webhook_ids SET handled = true WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("pep: mark webhook id handled: %w", err)
+	}
+	return nil
+}
+
+// Handled reports whether a live claim of id is marked handled.
+func (s *WebhookIDs) Handled(ctx context.Context, id string) (bool, error) {
+	var done bool
+	err := s.DB.QueryRow(ctx, `SELECT handled FROM pep.webhook_ids WHERE id = $1 AND expires_at > $2`, id, s.now()).Scan(&done)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("pep: read webhook id: %w", err)
+	}
+	return done, nil
 }
 
 // Purge deletes expired claims.

@@ -46,9 +46,9 @@ func ExampleVerifier_Middleware() {
 		return w.Code
 	}
 	fmt.Println(send())
-	fmt.Println(send(), "(a replay)")
+	fmt.Println(send(), "(a copy: answered, not handled again)")
 	// Output:
 	// wake task tsk_1 for request arq_1
 	// 204
-	// 409 (a replay)
+	// 200 (a copy: answered, not handled again)
 }

@@ -39,9 +39,15 @@ type Verifier struct {
 // is already claimed until a time still to come; it must be atomic, so that
 // of two concurrent claims of one id exactly one is true. Release forgets a
 // claim, so that a retry after a failed handling is not taken for a replay.
+// Done marks a claim whose handling succeeded, and Handled reports whether a
+// live claim is so marked: a copy of a handled message is answered 2xx, as
+// a copy of one being handled is not, so a sender that lost the first 2xx
+// stops retrying.
 type ReplayStore interface {
 	Claim(ctx context.Context, id string, until time.Time) (bool, error)
 	Release(ctx context.Context, id string) error
+	Done(ctx context.Context, id string) error
+	Handled(ctx context.Context, id string) (bool, error)
 }
 
 // NewVerifier returns a Verifier for one or more whsec_ secrets, remembering
@@ -51,7 +57,7 @@ func NewVerifier(secrets ...string) (*Verifier, error) {
 		return nil, errors.New("webhook: a verifier needs at least one secret")
 	}
 	v := &Verifier{Tolerance: 5 * time.Minute, MaxBody: 1 << 20}
-	v.Replay = &memoryReplay{now: v.now, until: map[string]time.Time{}}
+	v.Replay = &memoryReplay{now: v.now, until: map[string]time.Time{}, done: map[string]bool{}}
 	for _, s := range secrets {
 		k, err := ParseSecret(s)
 		if err != nil {
@@ -68,6 +74,8 @@ var (
 	ErrTimestamp      = errors.New("webhook: webhook-timestamp is outside the tolerance")
 	ErrSignature      = errors.New("webhook: no signature matches")
 	ErrReplay         = errors.New("webhook: this webhook-id was already claimed")
+	// ErrHandled: the id was claimed and its handling succeeded.
+	ErrHandled = errors.New("webhook: this webhook-id was already handled")
 )
 
 func (v *Verifier) now() time.Time {
@@ -116,6 +124,9 @@ func (v *Verifier) Claim(ctx context.Context, id string) error {
 		return fmt.Errorf("webhook: claim webhook-id: %w", err)
 	}
 	if !ok {
+		if done, err := v.Replay.Handled(ctx, id); err == nil && done {
+			return ErrHandled
+		}
 		return ErrReplay
 	}
 	return nil
@@ -131,11 +142,12 @@ func (v *Verifier) Release(ctx context.Context, id string) error {
 }
 
 // Middleware verifies each request and claims its webhook-id before next
-// sees it: 401 for a bad signature or timestamp, 409 for an id already
-// claimed (a replay, or a copy being handled right now), 503 when the replay
-// store cannot answer (the sender retries). The claim is released when next
-// does not answer 2xx (or panics), so the retry gets through. next reads the
-// body as usual.
+// sees it: 401 for a bad signature or timestamp, 200 without calling next
+// for a copy of a message already handled (the sender lost our answer),
+// 409 for a copy of one being handled right now, 503 when the replay store
+// cannot answer (the sender retries). The claim is released when next does
+// not answer 2xx (or panics), so the retry gets through, and marked done
+// when it does. next reads the body as usual.
 func (v *Verifier) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, v.MaxBody))
@@ -149,6 +161,10 @@ func (v *Verifier) Middleware(next http.Handler) http.Handler {
 			return
 		}
 		switch err := v.Claim(r.Context(), id); {
+		case errors.Is(err, ErrHandled):
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			_, _ = io.WriteString(w, "already handled\n")
+			return
 		case errors.Is(err, ErrReplay):
 			http.Error(w, err.Error(), http.StatusConflict)
 			return
@@ -168,6 +184,11 @@ func (v *Verifier) Middleware(next http.Handler) http.Handler {
 		rec := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(rec, r)
 		handled = rec.status >= 200 && rec.status < 300
+		if handled {
+			// Best effort: unmarked, a copy is answered 409 until the claim
+			// expires, as before.
+			_ = v.Replay.Done(context.WithoutCancel(r.Context()), id)
+		}
 	})
 }
 
@@ -176,6 +197,7 @@ type memoryReplay struct {
 	now   func() time.Time
 	mu    sync.Mutex
 	until map[string]time.Time
+	done  map[string]bool
 }
 
 func (m *memoryReplay) Claim(_ context.Context, id string, until time.Time) (bool, error) {
@@ -189,10 +211,12 @@ func (m *memoryReplay) Claim(_ context.Context, id string, until time.Time) (boo
 		for id, u := range m.until {
 			if !u.After(now) {
 				delete(m.until, id)
+				delete(m.done, id)
 			}
 		}
 	}
 	m.until[id] = until
+	delete(m.done, id)
 	return true, nil
 }
 
@@ -200,7 +224,23 @@ func (m *memoryReplay) Release(_ context.Context, id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.until, id)
+	delete(m.done, id)
 	return nil
+}
+
+func (m *memoryReplay) Done(_ context.Context, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.until[id]; ok {
+		m.done[id] = true
+	}
+	return nil
+}
+
+func (m *memoryReplay) Handled(_ context.Context, id string) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.done[id] && m.until[id].After(m.now()), nil
 }
 
 type statusWriter struct {
