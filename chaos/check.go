@@ -157,7 +157,7 @@ func Check(h *History) []Violation {
 		}
 		t := ix.tasks[c.TaskID]
 		if t == nil {
-			add(PropClientDisagrees, c.ID, "the client saw task "+c.TaskID+" end, but it is not in pep.tasks", []string{c.ID}, nil, nil)
+			add(PropClientDisagrees, c.ID, "the client saw task "+c.TaskID+" end, but the front-end has no such task", []string{c.ID}, nil, nil)
 			continue
 		}
 		if t.Status != c.Final || (c.Disp != "" && c.Disp != t.Disposition) {

@@ -84,7 +84,7 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 			}
 		}
 	}
-	out, runErr := tool.Run(runCtx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: args})
+	out, runErr := runClaimed(runCtx, tool, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: args})
 	cancel()
 	if brokenBuild && broken(violateSecondExecution) && runErr == nil {
 		_, _ = tool.Run(ctx, Invocation{DB: g.cfg.DB, TaskID: a.TaskID, Principal: b.Principal, Args: b.Args})
@@ -150,6 +150,26 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 
 // recordReserve is the part of the execution deadline kept for writing a
 // run's outcome: a fifth, at most 5s.
+// runClaimed runs a claimed call's tool. A call its upstream never received
+// for a reason that may pass (no connection: a restart, a network blip) is
+// tried again until the run's deadline: after the claim an approved call
+// has no second chance, and sending what was never sent cannot run it
+// twice. Anything that may have reached the tool is never sent again.
+func runClaimed(ctx context.Context, tool *offered, x Invocation) (Output, error) {
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		out, err := tool.Run(ctx, x)
+		var ue *UpstreamError
+		if !errors.As(err, &ue) || !ue.Transient || ue.MaybeRan {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return out, err
+		case <-time.After(wait):
+		}
+	}
+}
+
 func recordReserve(execTimeout time.Duration) time.Duration {
 	return min(execTimeout/5, 5*time.Second)
 }

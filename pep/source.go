@@ -57,7 +57,10 @@ type UpstreamError struct {
 	Upstream string
 	Message  string
 	MaybeRan bool
-	Err      error
+	// Transient: not sent, for a reason that may pass (no connection); the
+	// same call may be tried again.
+	Transient bool
+	Err       error
 }
 
 func (e *UpstreamError) Error() string {

@@ -71,14 +71,18 @@ func quoted(names []string) string {
 
 // TestOneOwnerPerTable: the front-end's tables have one owner each. No
 // non-test Go file in the module names pep.approval_tasks or pep.intents
-// but pep/state.go, and none names pep.tasks outside mcp/tasks.
+// but pep/state.go, and none names pep.tasks outside mcp/tasks. The chaos
+// checker's snapshot (chaos/snapshot.go) reads them as an outside auditor,
+// so that the system is judged by its data rather than through its own code;
+// it writes nothing.
 func TestOneOwnerPerTable(t *testing.T) {
+	auditor := func(p string) bool { return p == "chaos/snapshot.go" }
 	owners := []struct {
 		table *regexp.Regexp
 		owner func(path string) bool
 	}{
-		{regexp.MustCompile(`\bpep\.(approval_tasks|intents)\b`), func(p string) bool { return p == "pep/state.go" }},
-		{regexp.MustCompile(`\bpep\.tasks\b`), func(p string) bool { return strings.HasPrefix(p, "mcp/tasks/") }},
+		{regexp.MustCompile(`\bpep\.(approval_tasks|intents)\b`), func(p string) bool { return p == "pep/state.go" || auditor(p) }},
+		{regexp.MustCompile(`\bpep\.tasks\b`), func(p string) bool { return strings.HasPrefix(p, "mcp/tasks/") || auditor(p) }},
 	}
 	scanned := 0
 	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {

@@ -123,7 +123,7 @@ func upstreamOutput(name string, res *sdk.CallToolResult, err error) (Output, er
 	case errors.As(err, &ue) && ue.Kind == upstream.Rejected:
 		return Output{Text: fmt.Sprintf("Upstream %s answered with an error: %s", name, ue.Reason), IsError: true}, nil
 	case errors.As(err, &ue):
-		return Output{}, &UpstreamError{Upstream: name, Message: ue.Reason, MaybeRan: ue.Kind != upstream.NotSent, Err: err}
+		return Output{}, &UpstreamError{Upstream: name, Message: ue.Reason, MaybeRan: ue.Kind != upstream.NotSent, Transient: ue.Transient(), Err: err}
 	default:
 		return Output{}, &UpstreamError{Upstream: name, Message: "the call failed", MaybeRan: true, Err: err}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,7 +82,7 @@ func startExt(t *testing.T) *extServer {
 }
 
 // gatewayPEP is the real gate in front of ext through a real registry.
-func gatewayPEP(t *testing.T, ext *extServer, call time.Duration) (*stack, *up.Registry) {
+func gatewayPEP(t *testing.T, ext *extServer, call time.Duration, opts ...pepOptions) (*stack, *up.Registry) {
 	t.Helper()
 	cfg, err := up.Parse("upstreams.yaml", []byte(`
 upstreams:
@@ -95,7 +96,12 @@ upstreams:
 	t.Cleanup(func() { _ = reg.Close(context.Background()) })
 	require.NoError(t, reg.Reload(context.Background(), cfg))
 	require.Eventually(t, func() bool { return len(reg.Tools()) == 2 }, 30*time.Second, 20*time.Millisecond, "the upstream's tools are listed")
-	return newPEP(t, pepOptions{policy: []byte(gatewayPolicy), sources: []pep.ToolSource{pep.NewUpstreams(reg, nil)}}), reg
+	var o pepOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	o.policy, o.sources = []byte(gatewayPolicy), []pep.ToolSource{pep.NewUpstreams(reg, nil)}
+	return newPEP(t, o), reg
 }
 
 // TestUpstreamToolsThroughTheGate: a real upstream MCP server's tools are
@@ -173,12 +179,12 @@ func TestUpstreamNotConnectedIsNotGone(t *testing.T) {
 }
 
 // TestUpstreamDownBeforeClaim: an approved call whose upstream cannot be
-// reached ends failed, saying which upstream and that the tool did not run,
-// without the upstream's address.
+// reached until the run's deadline ends failed, saying which upstream and
+// that the tool did not run, without the upstream's address.
 func TestUpstreamDownBeforeClaim(t *testing.T) {
 	t.Parallel()
 	ext := startExt(t)
-	p, _ := gatewayPEP(t, ext, 5*time.Second)
+	p, _ := gatewayPEP(t, ext, 5*time.Second, pepOptions{execTimeout: 3 * time.Second})
 	ctx := context.Background()
 	r, err := p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "logs"}, nil)
 	require.NoError(t, err)
@@ -194,6 +200,50 @@ func TestUpstreamDownBeforeClaim(t *testing.T) {
 	require.Contains(t, string(raw), "did not run")
 	require.NotContains(t, string(raw), "127.0.0.1", "the upstream's address is not shown")
 	require.Zero(t, ext.purges.Load())
+}
+
+// TestUpstreamBlipAfterClaim: an approved call whose upstream refuses
+// connections when it is claimed is sent once the upstream is back, within
+// the run's deadline: it runs exactly once and ends approved-executed,
+// rather than failed for a network blip (found by the chaos run).
+func TestUpstreamBlipAfterClaim(t *testing.T) {
+	t.Parallel()
+	ext := startExt(t)
+	p, _ := gatewayPEP(t, ext, 5*time.Second)
+	ctx := context.Background()
+	r, err := p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "cache"}, nil)
+	require.NoError(t, err)
+	id := r.Task.TaskID
+	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
+	addr := strings.TrimSuffix(strings.TrimPrefix(ext.url, "http://"), "/mcp")
+	handler := ext.http.Handler
+	require.NoError(t, ext.http.Close())
+
+	advanced := make(chan error, 1)
+	go func() { _, err := p.gate.Advance(ctx, id); advanced <- err }()
+	// Claimed while the upstream is down: then it comes back, on the same
+	// address.
+	require.Eventually(t, func() bool {
+		var phase string
+		err := p.db.QueryRow(ctx, `SELECT phase FROM pep.approval_tasks WHERE task_id = $1`, id).Scan(&phase)
+		return err == nil && phase == "claimed"
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Zero(t, ext.purges.Load())
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	back := &http.Server{Handler: handler}
+	go func() { _ = back.Serve(ln) }()
+	t.Cleanup(func() { _ = back.Close() })
+
+	select {
+	case err := <-advanced:
+		require.NoError(t, err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the claimed run did not end")
+	}
+	d := p.get(t, id)
+	require.Equal(t, "approved-executed", disposition(t, d), "%s", d.Result)
+	require.EqualValues(t, 1, ext.purges.Load(), "sent once it could be, and once only")
 }
 
 // connecting is a source that says it connects to its upstreams.

@@ -74,6 +74,15 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.cause }
 
+// Transient says the request was not sent for a reason that may pass (no
+// connection, the request could not be written), as opposed to a tool that
+// is unknown or changed, or a caller that gave up: the same request may be
+// sent again, and nothing can have run twice.
+func (e *Error) Transient() bool {
+	return e.Kind == NotSent && !errors.Is(e.cause, ErrUnknownTool) && !errors.Is(e.cause, ErrToolChanged) &&
+		!errors.Is(e.cause, context.Canceled) && !errors.Is(e.cause, context.DeadlineExceeded)
+}
+
 // CallOptions are optional parameters of Call and of the other forwarded
 // requests (ReadResource, GetPrompt, Complete).
 type CallOptions struct {
