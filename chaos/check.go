@@ -35,6 +35,7 @@ const (
 	PropRequestUntracked    = "request-not-terminal-nor-tracked"
 	PropIntentWithout       = "intent-without-outcome"
 	PropDispositionMismatch = "disposition-disagrees"
+	PropApprovalDropped     = "approved-yet-denied" // its request approved and never revoked, the task ended denied-not-executed
 	PropClientDisagrees     = "client-disagrees"
 	PropAuditBreak          = "audit-chain-break"
 	PropCallbackMissing     = "callback-not-delivered"
@@ -125,6 +126,13 @@ func Check(h *History) []Violation {
 		case pep.OutcomeUnknown:
 			if t.ClaimedAt == nil {
 				add(PropDispositionMismatch, t.ID, "outcome-unknown without an execution claim", nil, []string{t.ID}, []string{t.BackendID})
+			}
+		case pep.DeniedNotExecuted:
+			// The run's policy does not change and its approvals outlast it:
+			// nothing but a fault can turn an approval into a denial, and a
+			// fault must only delay it (or end it outcome-unknown or failed).
+			if r := ix.reqs[t.BackendID]; r != nil && r.Status == "approved" && r.RevokedSeq == 0 {
+				add(PropApprovalDropped, t.ID, "its request is approved and was never revoked, yet it ended denied-not-executed: "+t.Reason, nil, []string{t.ID}, []string{t.BackendID})
 			}
 		}
 	}

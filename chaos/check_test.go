@@ -93,7 +93,12 @@ func TestCheckCatchesEachViolation(t *testing.T) {
 			h.Tasks[0].ClaimedAt = nil
 			h.Tasks[0].Disposition = pep.DeniedNotExecuted
 			h.Calls[0].Disp = pep.DeniedNotExecuted
-		}, []string{PropExecutedWhenEnded}},
+		}, []string{PropApprovalDropped, PropExecutedWhenEnded}},
+		{"an approved, unrevoked request's task ended denied", func(h *History) {
+			h.Executions = h.Executions[1:]
+			h.Tasks[0].Disposition, h.Tasks[0].ClaimedAt = pep.DeniedNotExecuted, nil
+			h.Calls[0].Disp = pep.DeniedNotExecuted
+		}, []string{PropApprovalDropped}},
 		{"the denied tool ran", func(h *History) {
 			h.Executions = append(h.Executions, Execution{CallID: "f1", Tool: ToolForbidden, At: at(1)})
 		}, []string{PropDeniedToolExecuted}},

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/omcp/arap/bench"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/internal/fault"
+	"github.com/omcp/arap/internal/mailsink"
 	"github.com/omcp/arap/internal/pgembed"
 )
 
@@ -43,6 +45,7 @@ type system struct {
 	px       *proxies
 	lb       *balancer
 	up       *upstream
+	mail     *mailsink.Sink // the SMTP server notifications go to
 	creds    *bench.Credentials
 	procs    []*proc
 	mcpURLs  []string // client -> front-end proxies
@@ -134,6 +137,20 @@ func (s *system) start(ctx context.Context) error {
 	if s.creds, err = bench.Provision(ctx, s.bin, env, s.db, o.Callers, "chaos"); err != nil {
 		return err
 	}
+	// A treasury member with an e-mail address, so that wire_transfer
+	// requests notify someone (through a real SMTP server) and the
+	// notifications' window (notify.after-send) is under fire too.
+	for _, args := range [][]string{{"users", "create", "--name", "bob", "--email", "bob@chaos.example"},
+		{"groups", "create", "treasury"}, {"groups", "add", "treasury", "bob"}} {
+		cmd := exec.CommandContext(ctx, filepath.Join(s.bin, "arapctl"), args...)
+		cmd.Env = append(os.Environ(), env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("chaos: arapctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	if s.mail, err = mailsink.Start(mailsink.Options{}); err != nil {
+		return err
+	}
 	policy := filepath.Join(s.dir, "policy.yaml")
 	if err := os.WriteFile(policy, chaosPolicy(o.RequestTTL), 0o600); err != nil {
 		return err
@@ -175,7 +192,7 @@ func (s *system) start(ctx context.Context) error {
 		s.procs = append(s.procs, &proc{s: s, name: name, addr: addr,
 			env: []string{"DATABASE_URL=" + url, env[1], "ARAP_FAULT=" + armed},
 			args: []string{"serve", "--policy", policy, "--log-level", "warn", "--rate-limit", "100000000", "--public-url", public,
-				"--job-timeout", o.JobTimeout.String()}})
+				"--job-timeout", o.JobTimeout.String(), "--smtp-url", "smtp+insecure://" + s.mail.Addr(), "--mail-from", "arap@chaos.example"}})
 	}
 	for i := 1; i <= 2; i++ {
 		name := fmt.Sprintf("mcp-%d", i)
@@ -293,6 +310,9 @@ func (s *system) stop() {
 	}
 	if s.lb != nil {
 		s.lb.close()
+	}
+	if s.mail != nil {
+		_ = s.mail.Close()
 	}
 	if s.db != nil {
 		s.db.Close()
