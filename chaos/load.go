@@ -100,12 +100,8 @@ func (c *caller) oneCall(ctx context.Context, settled <-chan struct{}) *Call {
 		var err error
 		a := Attempt{Method: "tools/call"}
 		if prev != nil {
-			responses := map[string]any{}
-			for k := range prev.InputRequests {
-				responses[k] = map[string]any{"action": "accept", "content": map[string]any{"business_justification": "Chaos run review of " + id}}
-			}
 			a.Method = "tools/call+input"
-			r, err = c.client().Retry(actx, call.Tool, args, prev, responses)
+			r, err = c.client().Retry(actx, call.Tool, args, prev, justification(prev.InputRequests, id))
 		} else {
 			r, err = c.client().CallTool(actx, call.Tool, args, nil)
 		}
@@ -141,7 +137,7 @@ func (c *caller) oneCall(ctx context.Context, settled <-chan struct{}) *Call {
 		}
 		a.Outcome = "result"
 		if r.IsError {
-			a.Outcome = "error-result"
+			a.Outcome, a.Detail = "error-result", resultText(r.Raw)
 		}
 		call.Attempts = append(call.Attempts, a)
 		call.Final = a.Outcome
@@ -189,6 +185,19 @@ func (c *caller) follow(ctx context.Context, call *Call, settled <-chan struct{}
 			call.Final = string(d.Status)
 			call.Disp = disposition(raw)
 			return
+		} else if d.Status == tasks.InputRequired && len(d.InputRequests) > 0 {
+			// The task asks for input again (a new approval after a
+			// revocation needs a new justification): answer, as the
+			// client that made the call would.
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := c.client().Update(actx, call.TaskID, justification(d.InputRequests, call.ID))
+			cancel()
+			a := Attempt{At: time.Now(), Method: "tasks/update", Outcome: "ok"}
+			if err != nil {
+				_, a.Outcome = retryable(err)
+				a.Detail = trim(err.Error())
+			}
+			call.Attempts = append(call.Attempts, a)
 		}
 		select {
 		case <-ctx.Done():
@@ -198,6 +207,29 @@ func (c *caller) follow(ctx context.Context, call *Call, settled <-chan struct{}
 		case <-time.After(time.Duration(500+c.rng.IntN(1000)) * time.Millisecond):
 		}
 	}
+}
+
+// resultText is the text of a tool result's content, trimmed.
+func resultText(raw []byte) string {
+	var r struct {
+		Content []struct {
+			Text string `json:"text"`
+		} `json:"content"`
+	}
+	if jsonUnmarshal(raw, &r) != nil || len(r.Content) == 0 {
+		return trim(string(raw))
+	}
+	return trim(r.Content[0].Text)
+}
+
+// justification answers each of a call's input requests with a business
+// justification naming the call.
+func justification[V any](requests map[string]V, callID string) map[string]any {
+	responses := map[string]any{}
+	for k := range requests {
+		responses[k] = map[string]any{"action": "accept", "content": map[string]any{"business_justification": "Chaos run review of " + callID}}
+	}
+	return responses
 }
 
 // disposition finds the tool-approval disposition anywhere in a terminal
