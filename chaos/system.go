@@ -160,7 +160,10 @@ func (s *system) start(ctx context.Context) error {
 		a, err := s.px.add("db:"+name, pgAddr)
 		return fmt.Sprintf("postgres://postgres@%s/arap?sslmode=disable&connect_timeout=5", a), err
 	}
-	armed := fmt.Sprintf("*@%g", o.PointP)
+	// Every point at PointP; a cancellation (the only single-request
+	// transition a run makes often) is rare, so its window gets ten times
+	// that, to be hit many times per run too.
+	armed := fmt.Sprintf("*@%g,requests.after-transition-commit@%g", o.PointP, min(1, 10*o.PointP))
 	if o.PointP <= 0 {
 		armed = ""
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/internal/fault"
 )
 
 // Expiry is a sweep, not a job per request: every second a periodic job
@@ -111,6 +112,7 @@ func (s *Service) ExpireDue(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	if len(ended) > 0 {
+		fault.Point("requests.after-expire-commit")
 		s.cfg.Log.Info("requests expired", "count", len(ended))
 	}
 	return len(ended), nil

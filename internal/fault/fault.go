@@ -32,7 +32,8 @@ var Names = []string{
 	"pep.after-invoke", // the tool ran, its outcome is not recorded
 	"requests.after-decision-commit",
 	"requests.after-transition-commit",
-	"callbacks.after-send", // the receiver has the callback, the delivery is not marked
+	"requests.after-expire-commit", // a batch expired, its job not finished
+	"callbacks.after-send",         // the receiver has the callback, the delivery is not marked
 	"notify.after-send",
 }
 
