@@ -32,6 +32,7 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/identity"
+	"github.com/omcp/arap/internal/dbdown"
 	"github.com/omcp/arap/internal/schemamsg"
 	"github.com/omcp/arap/signing"
 )
@@ -185,6 +186,9 @@ func (e *Engine) Evaluate(ctx context.Context, callerID string, req authzen.Eval
 		return e.reevaluate(ctx, p, callerID, req, approval, evalID, now)
 	}
 	rule, err := e.match(ctx, p, req, now)
+	if noVerdict(err) {
+		return Outcome{}, err
+	}
 	if err != nil {
 		// Fail closed: a rule we could not evaluate might have denied.
 		e.opts.Log.Warn("policy rule failed to evaluate; denying", "error", err)
@@ -243,6 +247,22 @@ func (e *Engine) activation(ctx context.Context, p *Policy, req authzen.Evaluati
 	}}, nil
 }
 
+// inputsUnreadable: the decision's inputs (the attributes) could not be
+// read at all.
+type inputsUnreadable struct{ error }
+
+func (e inputsUnreadable) Unwrap() error { return e.error }
+
+// noVerdict says a failed match is no decision: its inputs could not be read
+// (the attributes, or a lookup while the database is unavailable). The
+// caller gets an error it may retry, never a denial it would act on, and
+// never an allow. A rule that fails on readable inputs denies instead (fail
+// closed).
+func noVerdict(err error) bool {
+	var u inputsUnreadable
+	return err != nil && (errors.As(err, &u) || dbdown.Is(err))
+}
+
 // activation resolves condition variables for one evaluation. The subject
 // lookup and the definitions are lazy: computed the first time a condition
 // reads them, then kept for the rest of the evaluation, so rules that do not
@@ -297,7 +317,7 @@ func (a *activation) Parent() interpreter.Activation { return nil }
 func (e *Engine) match(ctx context.Context, p *Policy, req authzen.EvaluationRequest, now time.Time) (*Rule, error) {
 	vars, err := e.activation(ctx, p, req, now)
 	if err != nil {
-		return nil, err
+		return nil, inputsUnreadable{err}
 	}
 	for _, r := range p.Rules {
 		if !r.Match.matches(req) {

@@ -116,6 +116,9 @@ func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req
 	}
 
 	rule, err := e.match(ctx, p, req, now)
+	if noVerdict(err) {
+		return Outcome{}, err
+	}
 	if err != nil {
 		e.opts.Log.Warn("policy rule failed to evaluate; denying", "error", err)
 		out.Decision, out.Reason = deny(authzen.ReasonPolicyDenied, authzen.NextActionNone), authzen.ReasonPolicyDenied

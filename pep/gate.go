@@ -17,6 +17,7 @@ import (
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/dbdown"
 	"github.com/omcp/arap/internal/schemamsg"
 	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/mcp/tasks"
@@ -355,7 +356,17 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 	if errors.As(err, &ue) {
 		// Not the cause: it may hold the upstream's URL.
 		g.cfg.Log.Warn("upstream failed", "tool", tool.Name, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
+		if ue.Transient && !ue.MaybeRan {
+			// Nothing was sent: the caller may simply send it again.
+			return nil, tasks.Unavailable("the upstream " + ue.Upstream + " cannot be reached; the tool did not run")
+		}
 		return nil, rpcError(tasks.CodeInternalError, ue.shown())
+	}
+	if dbdown.Is(err) {
+		// A built-in tool's side effect is its database write: it did not
+		// happen. Retryable (the route answers -31001), and not the
+		// driver's text, which names the database's host and user.
+		return nil, err
 	}
 	if err != nil {
 		// Not the error's text: a tool's message may quote its arguments.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
@@ -263,4 +264,47 @@ func TestUnusableUpstreamToolDoesNotStopStartup(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(r.Result), `"x_fine"`)
 	require.NotContains(t, string(r.Result), `"x_bad"`)
+}
+
+// TestAllowedCallOutageIsRetryable: an allowed call that could not run for
+// a passing reason answers the retryable -31001, never an internal error or
+// a tool error carrying a driver's text (found by the chaos run): an
+// upstream that cannot be reached (nothing was sent), and a built-in tool
+// whose database cannot be reached (its write did not happen).
+func TestAllowedCallOutageIsRetryable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ext := startExt(t)
+	p, _ := gatewayPEP(t, ext, 5*time.Second)
+	require.NoError(t, ext.http.Close())
+	r, err := p.alice.Call(ctx, "tools/call", "ext_lookup", map[string]any{"name": "ext_lookup", "arguments": map[string]any{"q": "x"}})
+	require.NoError(t, err)
+	require.NotNil(t, r.Error, "%s", r.Raw)
+	require.EqualValues(t, tasks.CodeUnavailable, r.Error.Code, "%s", r.Raw)
+	require.Contains(t, r.Error.Message, "upstream ext")
+	require.Contains(t, r.Error.Message, "did not run")
+	require.NotContains(t, string(r.Raw), "127.0.0.1", "not the upstream's address")
+
+	// A built-in tool whose database write fails on a real refused
+	// connection.
+	flaky := pep.Tool{Name: "flaky_write", Description: "Writes to a database that is down.", InputSchema: map[string]any{"type": "object"},
+		Run: func(ctx context.Context, _ pep.Invocation) (pep.Output, error) {
+			conn, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:1/arap?sslmode=disable&connect_timeout=2")
+			if err == nil {
+				conn.Close(ctx)
+			}
+			return pep.Output{Text: "written"}, err
+		}}
+	q := newPEP(t, pepOptions{sources: []pep.ToolSource{pep.StaticTools{flaky}}, policy: []byte(`version: 1
+rules:
+  - name: flaky
+    match: {action: tools/call, resource_type: mcp_tool, resource_id: flaky_write}
+    effect: allow
+`)})
+	r, err = q.alice.Call(ctx, "tools/call", "flaky_write", map[string]any{"name": "flaky_write", "arguments": map[string]any{}})
+	require.NoError(t, err)
+	require.NotNil(t, r.Error, "%s", r.Raw)
+	require.EqualValues(t, tasks.CodeUnavailable, r.Error.Code, "%s", r.Raw)
+	require.NotContains(t, string(r.Raw), "127.0.0.1", "not the driver's text")
+	require.NotContains(t, string(r.Raw), "postgres")
 }

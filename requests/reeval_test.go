@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/attributes"
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
@@ -247,4 +248,33 @@ func TestReevaluationOutageIsNoVerdict(t *testing.T) {
 	require.Error(t, err, "an outage is no verdict: %+v", out.Decision)
 
 	require.True(t, f.reevaluate(f.pepID, call, approval).Decision, "allowed once the approvals can be read")
+}
+
+// TestEvaluationInputsOutageIsNoVerdict: chaos run finding. While the
+// policy's attributes cannot be read (PostgreSQL down or unreachable), the
+// PDP answered decision false (policy_error), so the PEP told callers "not
+// allowed by policy" for allowed and requestable calls alike, and after an
+// approval ended the call denied. An outage is no verdict: an error (the PEP
+// retries, the client is told to retry), on first evaluation and on
+// re-evaluation; once the store answers, the decisions come back.
+func TestEvaluationInputsOutageIsNoVerdict(t *testing.T) {
+	f := setupWith(t, "testdata/resolution.yaml")
+	call, approval := f.approved(bob, "wire_transfer", map[string]any{"to": "acct-992", "amount": 50000})
+
+	down, err := pgxpool.New(context.Background(), f.db.Config().ConnString())
+	require.NoError(t, err)
+	down.Close()
+	engine, err := evaluation.New(evaluation.Options{PolicyFile: "testdata/resolution.yaml", Keys: f.keys, Issuer: issuer,
+		RequestsURL: requestsURL, Now: f.clock.Now, SchemaURL: func(s string) string { return issuer + "/s/" + s },
+		Attributes: attributes.NewStore(down), Approvals: &requests.ApprovalStore{DB: f.db, Now: f.clock.Now}})
+	require.NoError(t, err)
+	first := authzen.EvaluationRequest{Subject: call.Subject, Resource: call.Resource, Action: call.Action}
+	out, err := engine.Evaluate(context.Background(), f.pepID, first)
+	require.Error(t, err, "an outage is no verdict: %+v", out.Decision)
+	again := first
+	again.Context = authzen.Object{"approval": approval}
+	out, err = engine.Evaluate(context.Background(), f.pepID, again)
+	require.Error(t, err, "an outage is no verdict on re-evaluation either: %+v", out.Decision)
+
+	require.True(t, f.reevaluate(f.pepID, call, approval).Decision, "allowed once the attributes can be read")
 }
