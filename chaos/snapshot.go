@@ -18,7 +18,7 @@ func (s *system) liveCount(ctx context.Context, deadline time.Time) (live, pendi
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	err = s.db.QueryRow(qctx, `SELECT (SELECT count(*) FROM pep.tasks WHERE status NOT IN ('completed','failed','cancelled')),
-		(SELECT count(*) FROM arap.requests WHERE status = 'pending') + (SELECT count(*) FROM arap.deliveries d WHERE status = 'pending' AND NOT EXISTS (SELECT 1 FROM pep.webhook_ids w WHERE w.id = d.id)
+		(SELECT count(*) FROM arap.requests WHERE status = 'pending') + (SELECT count(*) FROM arap.deliveries d WHERE status = 'pending' AND NOT EXISTS (SELECT 1 FROM pep.webhook_ids w WHERE w.id = d.id AND w.handled)
 			AND d.next_attempt_at < $1)`, deadline).Scan(&live, &pending)
 	return
 }
@@ -54,6 +54,9 @@ func (s *system) snapshot(ctx context.Context, h *History) error {
 		}
 		h.Intents = append(h.Intents, i)
 	}
+	if rows.Err() != nil {
+		return rows.Err()
+	}
 	rows, err = s.db.Query(ctx, `SELECT r.id, r.status,
 			COALESCE(r.resource->'properties'->'arguments'->>'call_id', r.resource->'properties'->'arguments'->>'to',
 				r.resource->'properties'->'arguments'->>'customer_id', ''),
@@ -61,7 +64,7 @@ func (s *system) snapshot(ctx context.Context, h *History) error {
 			COALESCE((SELECT d.status || ' attempts=' || d.attempts || COALESCE(' next=' || d.next_attempt_at::text, '') || COALESCE(' last=' || left(d.last_error, 100), '') FROM arap.deliveries d WHERE d.request_id = r.id
 				ORDER BY array_position(ARRAY['delivered','gone','pending','failed'], d.status) LIMIT 1), ''),
 			(SELECT min(d.next_attempt_at) FROM arap.deliveries d WHERE d.request_id = r.id AND d.status = 'pending'),
-			EXISTS (SELECT 1 FROM arap.deliveries d JOIN pep.webhook_ids w ON w.id = d.id WHERE d.request_id = r.id),
+			EXISTS (SELECT 1 FROM arap.deliveries d JOIN pep.webhook_ids w ON w.id = d.id AND w.handled WHERE d.request_id = r.id),
 			COALESCE((SELECT min(seq) FROM arap.audit_events e WHERE e.chain = r.id AND e.kind = 'approval.revoked'), 0),
 			COALESCE((SELECT min(seq) FROM arap.audit_events e WHERE e.chain = r.id AND e.kind = 'approval.evaluated' AND (e.data->>'decision')::boolean), 0),
 			r.created_at,
@@ -82,6 +85,9 @@ func (s *system) snapshot(ctx context.Context, h *History) error {
 		}
 		h.Requests = append(h.Requests, r)
 	}
+	if rows.Err() != nil {
+		return rows.Err()
+	}
 	rows, err = s.db.Query(ctx, `SELECT COALESCE(task_id, ''), tool, at FROM pep.ledger`)
 	if err != nil {
 		return fmt.Errorf("chaos: snapshot ledger: %w", err)
@@ -92,6 +98,9 @@ func (s *system) snapshot(ctx context.Context, h *History) error {
 			return err
 		}
 		h.Ledger = append(h.Ledger, l)
+	}
+	if rows.Err() != nil {
+		return rows.Err()
 	}
 	rep, err := audit.Verify(ctx, s.db)
 	if err != nil {

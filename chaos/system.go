@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"os/exec"
@@ -345,7 +346,10 @@ type proc struct {
 
 func (p *proc) startOnce() error {
 	p.mu.Lock()
-	seed := fmt.Sprintf("ARAP_FAULT_SEED=%d", p.s.o.Seed*100+int64(len(p.name))*10+int64(p.restarts))
+	// Each process and each of its lives draws differently, reproducibly.
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%s/%d", p.s.o.Seed, p.name, p.restarts)
+	seed := fmt.Sprintf("ARAP_FAULT_SEED=%d", h.Sum64()>>1)
 	p.mu.Unlock()
 	w := &pointWriter{p: p}
 	bp, err := bench.StartProcess(filepath.Join(p.s.bin, "arapd"), append(append([]string{}, p.env...), seed), p.addr, w, p.args...)

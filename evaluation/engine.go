@@ -247,21 +247,12 @@ func (e *Engine) activation(ctx context.Context, p *Policy, req authzen.Evaluati
 	}}, nil
 }
 
-// inputsUnreadable: the decision's inputs (the attributes) could not be
-// read at all.
-type inputsUnreadable struct{ error }
-
-func (e inputsUnreadable) Unwrap() error { return e.error }
-
-// noVerdict says a failed match is no decision: its inputs could not be read
-// (the attributes, or a lookup while the database is unavailable). The
-// caller gets an error it may retry, never a denial it would act on, and
-// never an allow. A rule that fails on readable inputs denies instead (fail
-// closed).
-func noVerdict(err error) bool {
-	var u inputsUnreadable
-	return err != nil && (errors.As(err, &u) || dbdown.Is(err))
-}
+// noVerdict says a failure is no decision: the decision's inputs (the
+// attributes, a subject lookup, the approval, the keys) could not be read
+// because the database is unavailable, which passes. The caller gets an
+// error it may retry, never a denial it would act on, and never an allow.
+// Any other failure fails closed (a denial), since waiting would not end it.
+func noVerdict(err error) bool { return dbdown.Is(err) }
 
 // activation resolves condition variables for one evaluation. The subject
 // lookup and the definitions are lazy: computed the first time a condition
@@ -317,7 +308,7 @@ func (a *activation) Parent() interpreter.Activation { return nil }
 func (e *Engine) match(ctx context.Context, p *Policy, req authzen.EvaluationRequest, now time.Time) (*Rule, error) {
 	vars, err := e.activation(ctx, p, req, now)
 	if err != nil {
-		return nil, inputsUnreadable{err}
+		return nil, err
 	}
 	for _, r := range p.Rules {
 		if !r.Match.matches(req) {

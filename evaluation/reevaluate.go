@@ -95,12 +95,17 @@ func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req
 	}
 	out := Outcome{Effect: EffectDeny, Reeval: true}
 	rec, problem, err := e.verifyApproval(ctx, callerID, raw, now)
-	if err != nil {
+	if noVerdict(err) {
 		// Not a verdict on the approval: the keys or the approval could not
 		// be read (the database is down). An error, which the PEP retries,
 		// not approval_unverifiable, which would end an approved call as
 		// denied for a passing outage.
 		return Outcome{}, err
+	}
+	if err != nil {
+		// Anything else will not pass by waiting: fail closed.
+		e.opts.Log.Warn("approval could not be checked; denying", "error", err)
+		problem = "approval.state could not be checked"
 	}
 	if problem != "" {
 		e.opts.Log.Info("approval unverifiable", "reason", problem, "client", callerID)

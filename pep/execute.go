@@ -148,8 +148,6 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	return g.finish(recordCtx, a, moveRan, res, disposition, "The tool ran after approval.", AuditCompleted, nil)
 }
 
-// recordReserve is the part of the execution deadline kept for writing a
-// run's outcome: a fifth, at most 5s.
 // runClaimed runs a claimed call's tool. A call its upstream never received
 // for a reason that may pass (no connection: a restart, a network blip) is
 // tried again until the run's deadline: after the claim an approved call
@@ -170,6 +168,8 @@ func runClaimed(ctx context.Context, tool *offered, x Invocation) (Output, error
 	}
 }
 
+// recordReserve is the part of the execution deadline kept for writing a
+// run's outcome: a fifth, at most 5s.
 func recordReserve(execTimeout time.Duration) time.Duration {
 	return min(execTimeout/5, 5*time.Second)
 }

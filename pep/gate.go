@@ -363,10 +363,18 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 		return nil, rpcError(tasks.CodeInternalError, ue.shown())
 	}
 	if dbdown.Is(err) {
-		// A built-in tool's side effect is its database write: it did not
-		// happen. Retryable (the route answers -31001), and not the
-		// driver's text, which names the database's host and user.
-		return nil, err
+		if dbdown.NotSent(err) {
+			// A built-in tool's side effect is its database write, and
+			// this statement never reached the server: retryable (the
+			// route answers -31001).
+			return nil, err
+		}
+		// The write may have committed before the connection was lost:
+		// not "retry", which could do it twice. Never the driver's text,
+		// which names the database's host and user.
+		g.cfg.Log.Warn("tool failed: the database was lost mid-statement", "tool", tool.Name)
+		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
+			Text: "The tool failed: the database became unavailable while it ran; its effect may or may not have been recorded. Check before calling it again."}}}, nil
 	}
 	if err != nil {
 		// Not the error's text: a tool's message may quote its arguments.

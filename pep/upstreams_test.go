@@ -295,16 +295,45 @@ func TestAllowedCallOutageIsRetryable(t *testing.T) {
 			}
 			return pep.Output{Text: "written"}, err
 		}}
-	q := newPEP(t, pepOptions{sources: []pep.ToolSource{pep.StaticTools{flaky}}, policy: []byte(`version: 1
+	// One whose connection is cut mid-statement (its session terminated
+	// between connecting and writing): the write may have committed, so
+	// not "retry", and still no driver text.
+	var dsn atomic.Value
+	cut := pep.Tool{Name: "cut_write", Description: "Loses its database mid-write.", InputSchema: map[string]any{"type": "object"},
+		Run: func(ctx context.Context, x pep.Invocation) (pep.Output, error) {
+			conn, err := pgx.Connect(ctx, dsn.Load().(string))
+			if err != nil {
+				return pep.Output{}, err
+			}
+			defer conn.Close(ctx)
+			if _, err := x.DB.Exec(ctx, `SELECT pg_terminate_backend($1)`, conn.PgConn().PID()); err != nil {
+				return pep.Output{}, err
+			}
+			_, err = conn.Exec(ctx, `SELECT 1`)
+			return pep.Output{Text: "written"}, err
+		}}
+	q := newPEP(t, pepOptions{sources: []pep.ToolSource{pep.StaticTools{flaky, cut}}, policy: []byte(`version: 1
 rules:
   - name: flaky
     match: {action: tools/call, resource_type: mcp_tool, resource_id: flaky_write}
     effect: allow
+  - name: cut
+    match: {action: tools/call, resource_type: mcp_tool, resource_id: cut_write}
+    effect: allow
 `)})
+	dsn.Store(q.db.Config().ConnString())
 	r, err = q.alice.Call(ctx, "tools/call", "flaky_write", map[string]any{"name": "flaky_write", "arguments": map[string]any{}})
 	require.NoError(t, err)
 	require.NotNil(t, r.Error, "%s", r.Raw)
 	require.EqualValues(t, tasks.CodeUnavailable, r.Error.Code, "%s", r.Raw)
 	require.NotContains(t, string(r.Raw), "127.0.0.1", "not the driver's text")
 	require.NotContains(t, string(r.Raw), "postgres")
+
+	r, err = q.alice.Call(ctx, "tools/call", "cut_write", map[string]any{"name": "cut_write", "arguments": map[string]any{}})
+	require.NoError(t, err)
+	require.Nil(t, r.Error, "not a retryable error: the write may have happened: %s", r.Raw)
+	require.Contains(t, string(r.Raw), `"isError":true`)
+	require.Contains(t, string(r.Raw), "may or may not")
+	require.NotContains(t, string(r.Raw), "127.0.0.1")
+	require.NotContains(t, string(r.Raw), "terminat", "not the driver's text")
 }

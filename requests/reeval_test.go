@@ -236,9 +236,10 @@ func TestReevaluationOutageIsNoVerdict(t *testing.T) {
 	f := setupWith(t, "testdata/resolution.yaml")
 	call, approval := f.approved(bob, "wire_transfer", map[string]any{"to": "acct-991", "amount": 50000})
 
-	down, err := pgxpool.New(context.Background(), f.db.Config().ConnString())
+	// A database that refuses connections, as a stopped one does.
+	down, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/arap?sslmode=disable&connect_timeout=2")
 	require.NoError(t, err)
-	down.Close()
+	defer down.Close()
 	engine, err := evaluation.New(evaluation.Options{PolicyFile: "testdata/resolution.yaml", Keys: f.keys, Issuer: issuer,
 		RequestsURL: requestsURL, Now: f.clock.Now, SchemaURL: func(s string) string { return issuer + "/s/" + s },
 		Attributes: f.attrs, Approvals: &requests.ApprovalStore{DB: down, Now: f.clock.Now}})
@@ -261,9 +262,10 @@ func TestEvaluationInputsOutageIsNoVerdict(t *testing.T) {
 	f := setupWith(t, "testdata/resolution.yaml")
 	call, approval := f.approved(bob, "wire_transfer", map[string]any{"to": "acct-992", "amount": 50000})
 
-	down, err := pgxpool.New(context.Background(), f.db.Config().ConnString())
+	// A database that refuses connections, as a stopped one does.
+	down, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/arap?sslmode=disable&connect_timeout=2")
 	require.NoError(t, err)
-	down.Close()
+	defer down.Close()
 	engine, err := evaluation.New(evaluation.Options{PolicyFile: "testdata/resolution.yaml", Keys: f.keys, Issuer: issuer,
 		RequestsURL: requestsURL, Now: f.clock.Now, SchemaURL: func(s string) string { return issuer + "/s/" + s },
 		Attributes: attributes.NewStore(down), Approvals: &requests.ApprovalStore{DB: f.db, Now: f.clock.Now}})

@@ -63,3 +63,17 @@ func unavailableCode(code string) bool {
 	}
 	return len(code) == 5 && code[:2] == "08"
 }
+
+// NotSent reports whether err (an unavailability, Is) happened before the
+// statement reached the server, so that sending it again cannot apply it
+// twice: no connection could be made (or the server refused one while
+// starting, or had too many), or the driver says nothing was sent. A
+// connection lost mid-statement is not: the statement may have committed.
+func NotSent(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "57P03" || pe.Code == "53300") {
+		return true
+	}
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce) || pgconn.SafeToRetry(err)
+}

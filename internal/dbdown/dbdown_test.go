@@ -53,6 +53,7 @@ func TestIs(t *testing.T) {
 	_, err = victim.Exec(ctx, `SELECT 1`)
 	require.Error(t, err)
 	require.True(t, dbdown.Is(err), "terminated session: %T %v", err, err)
+	require.False(t, dbdown.NotSent(err), "a statement on a terminated session may have reached the server")
 
 	// A fast stop under an open session and a pooled connection.
 	open, err := pgx.Connect(ctx, db.URL)
@@ -77,6 +78,9 @@ func TestIs(t *testing.T) {
 	// Nothing listens: connection refused.
 	_, err = pgx.Connect(ctx, db.URL)
 	require.True(t, dbdown.Is(err), "connect to a stopped server: %T %v", err, err)
+	require.True(t, dbdown.NotSent(err), "no connection: nothing was sent")
+	_, err = pool.Exec(ctx, `INSERT INTO u VALUES (3)`)
+	require.True(t, dbdown.Is(err) && dbdown.NotSent(err), "a pool that cannot connect sent nothing: %T %v", err, err)
 	tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	_, err = pool.Acquire(tctx)

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,6 +71,10 @@ func parse(v string) map[string]float64 {
 				m[n] = f
 			}
 			continue
+		}
+		if !slices.Contains(Names, name) {
+			fmt.Fprintf(os.Stderr, "ARAP_FAULT: %q: no such fault point (fault.Names lists them)\n", name)
+			os.Exit(2)
 		}
 		m[name] = f
 	}

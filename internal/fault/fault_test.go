@@ -16,7 +16,7 @@ import (
 )
 
 func TestParse(t *testing.T) {
-	require.Equal(t, map[string]float64{"a": 1, "b": 0.25}, parse(" a , b@0.25,"))
+	require.Equal(t, map[string]float64{"pep.after-claim": 1, "pep.after-invoke": 0.25}, parse(" pep.after-claim , pep.after-invoke@0.25,"))
 	all := parse("*@0.5,pep.after-claim")
 	require.Len(t, all, len(Names))
 	require.Equal(t, 1.0, all["pep.after-claim"], "a later entry overrides the wildcard")
@@ -68,6 +68,24 @@ func TestPointKills(t *testing.T) {
 		ws := exit.Sys().(syscall.WaitStatus)
 		require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "%s: %v", arm, ws)
 		require.Equal(t, Prefix+"pep.after-claim\n", stderr.String(), arm)
+	}
+}
+
+// TestMisspeltPointIsFatal: a point that does not exist, or a probability
+// out of range, stops the process at start-up (exit 2) rather than arming
+// nothing, which would let a crash test pass for the wrong reason.
+func TestMisspeltPointIsFatal(t *testing.T) {
+	if os.Getenv("FAULT_CHILD") == "2" {
+		return // parse ran at package initialisation
+	}
+	for _, arm := range []string{"pep.after-clam", "pep.after-claim@1.5", "pep.after-claim@0"} {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestMisspeltPointIsFatal$")
+		cmd.Env = append(os.Environ(), "FAULT_CHILD=2", "ARAP_FAULT="+arm)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		require.True(t, errors.As(err, &exit), "%s: %v %s", arm, err, out)
+		require.Equal(t, 2, exit.ExitCode(), "%s: %s", arm, out)
+		require.Contains(t, string(out), "ARAP_FAULT", arm)
 	}
 }
 
