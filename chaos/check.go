@@ -62,9 +62,10 @@ func Check(h *History) []Violation {
 		case ToolForbidden:
 			add(PropDeniedToolExecuted, callID, fmt.Sprintf("the denied tool %s ran %d time(s)", tool, len(es)), []string{callID}, nil, nil)
 		case ToolNote:
-			// Allowed: arap forwards each attempt of the client at most once.
-			if c := ix.calls[callID]; c != nil && len(es) > c.sent() {
-				add(PropExecutedTwice, callID, fmt.Sprintf("allowed call ran %d times for %d attempts", len(es), c.sent()), []string{callID}, nil, nil)
+			// Allowed: arap forwards each attempt of the client at most once,
+			// and none it answered "unavailable" (which says it did not run).
+			if c := ix.calls[callID]; c != nil && len(es) > c.mayHaveRun() {
+				add(PropExecutedTwice, callID, fmt.Sprintf("allowed call ran %d times for %d attempts that may have run it", len(es), c.mayHaveRun()), []string{callID}, nil, nil)
 			}
 		case ToolPay:
 			tasks := ix.tasksOfCall(callID)
@@ -83,10 +84,19 @@ func Check(h *History) []Violation {
 			}
 		}
 	}
-	ledger := map[string]int{}
+	ledger, direct := map[string]int{}, map[string]int{}
 	for _, l := range h.Ledger {
 		if l.TaskID != "" {
 			ledger[l.TaskID]++
+		} else if l.CallID != "" {
+			direct[l.CallID]++
+		}
+	}
+	// A direct (allowed) run of a demo tool: at most one per attempt that
+	// may have run it.
+	for callID, n := range direct {
+		if c := ix.calls[callID]; c != nil && n > c.mayHaveRun() {
+			add(PropExecutedTwice, callID, fmt.Sprintf("allowed call ran %d times (pep.ledger) for %d attempts that may have run it", n, c.mayHaveRun()), []string{callID}, nil, nil)
 		}
 	}
 	for id, n := range ledger {
@@ -195,10 +205,13 @@ func (r *RequestRow) Deferred(at time.Time) bool {
 	return r.Delivery == "pending" && r.NextAttempt != nil && r.NextAttempt.After(at)
 }
 
-func (c *Call) sent() int {
+// mayHaveRun counts the call's tools/call attempts that may have run the
+// tool: all but those answered "unavailable" (-31001, 429, 5xx), which say
+// it did not run.
+func (c *Call) mayHaveRun() int {
 	n := 0
 	for _, a := range c.Attempts {
-		if strings.HasPrefix(a.Method, "tools/call") {
+		if strings.HasPrefix(a.Method, "tools/call") && a.Outcome != "unavailable" {
 			n++
 		}
 	}

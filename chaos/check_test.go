@@ -99,6 +99,15 @@ func TestCheckCatchesEachViolation(t *testing.T) {
 			h.Tasks[0].Disposition, h.Tasks[0].ClaimedAt = pep.DeniedNotExecuted, nil
 			h.Calls[0].Disp = pep.DeniedNotExecuted
 		}, []string{PropApprovalDropped}},
+		{"an allowed call answered unavailable ran anyway", func(h *History) {
+			h.Calls[2].Attempts = append([]Attempt{{At: at(0), Method: "tools/call", Outcome: "unavailable"}}, h.Calls[2].Attempts...)
+			h.Executions = append(h.Executions, Execution{CallID: "n1", Tool: ToolNote, At: at(0)})
+		}, []string{PropExecutedTwice}},
+		{"a direct demo-tool call ran twice (ledger)", func(h *History) {
+			h.Calls = append(h.Calls, &Call{ID: "d1", Tool: "wire_transfer", Kind: "allowed", Final: "result", Start: at(0), End: at(2),
+				Attempts: []Attempt{{At: at(0), Method: "tools/call", Outcome: "unavailable"}, {At: at(1), Method: "tools/call", Outcome: "result"}}})
+			h.Ledger = append(h.Ledger, LedgerRow{Tool: "wire_transfer", CallID: "d1", At: at(0)}, LedgerRow{Tool: "wire_transfer", CallID: "d1", At: at(1)})
+		}, []string{PropExecutedTwice}},
 		{"the denied tool ran", func(h *History) {
 			h.Executions = append(h.Executions, Execution{CallID: "f1", Tool: ToolForbidden, At: at(1)})
 		}, []string{PropDeniedToolExecuted}},
@@ -229,6 +238,7 @@ func TestRetryable(t *testing.T) {
 		{&tasksRPCError{HTTPStatus: 200, Code: -31001}, true, "unavailable"},
 		{&tasksRPCError{HTTPStatus: 503, Code: -31001}, true, "unavailable"},
 		{&tasksRPCError{HTTPStatus: 503, Code: -32000}, true, "unavailable"},
+		{&tasksRPCError{HTTPStatus: 500, Code: -32000}, true, "internal"},
 		{&tasksRPCError{HTTPStatus: 200, Code: -32603}, true, "internal"},
 		{&tasksRPCError{HTTPStatus: 200, Code: -32602}, false, "error"},
 		{&tasksRPCError{HTTPStatus: 200, Code: 0, Message: "failed to connect to database"}, true, "internal"},

@@ -105,6 +105,7 @@ type RequestRow struct {
 // LedgerRow is a demo tool's side effect.
 type LedgerRow struct {
 	TaskID string    `json:"task_id"`
+	CallID string    `json:"call_id,omitempty"` // wire_transfer's "to", less "acct-"
 	Tool   string    `json:"tool"`
 	At     time.Time `json:"at"`
 }

@@ -16,17 +16,18 @@ import (
 )
 
 // retryable says whether a client would send the request again, and why:
-// "unavailable" for the answers of a passing outage (JSON-RPC -31001, HTTP
-// 429 or 5xx), "internal" for an internal error (-32603, or code 0, which is
-// no JSON-RPC code; a client may retry, but an outage should never be
+// "unavailable" for the answers of a passing outage, which say nothing ran
+// (JSON-RPC -31001, HTTP 429 or 503; the checker holds arap to that),
+// "internal" for an internal error (-32603, code 0, which is no JSON-RPC
+// code, or another 5xx; a client may retry, but an outage should never be
 // answered so: the summary counts them), "lost" for no answer at all.
 func retryable(err error) (bool, string) {
 	var rpc *tasks.RPCError
 	if errors.As(err, &rpc) {
 		switch {
-		case rpc.Code == tasks.CodeUnavailable || rpc.HTTPStatus == http.StatusTooManyRequests || rpc.HTTPStatus >= 500:
+		case rpc.Code == tasks.CodeUnavailable || rpc.HTTPStatus == http.StatusTooManyRequests || rpc.HTTPStatus == http.StatusServiceUnavailable:
 			return true, "unavailable"
-		case rpc.Code == tasks.CodeInternalError || rpc.Code == 0:
+		case rpc.Code == tasks.CodeInternalError || rpc.Code == 0 || rpc.HTTPStatus >= 500:
 			return true, "internal"
 		}
 		return false, "error"
@@ -77,8 +78,12 @@ func (c *caller) oneCall(ctx context.Context, settled <-chan struct{}) *Call {
 	switch x := c.rng.IntN(100); {
 	case x < 15:
 		call.Tool, call.Kind, args = upstreamPfx+ToolNote, "allowed", map[string]any{"call_id": id}
-	case x < 22:
+	case x < 19:
 		call.Tool, call.Kind, args = "get_balance", "allowed", map[string]any{}
+	case x < 22:
+		// Allowed without approval (up to 25,000): a direct run whose side
+		// effect (a pep.ledger row without a task) the checker counts.
+		call.Tool, call.Kind, args = "wire_transfer", "allowed", map[string]any{"to": "acct-" + id, "amount": 100 + c.rng.IntN(1000)}
 	case x < 30:
 		call.Tool, call.Kind, args = upstreamPfx+ToolForbidden, "denied", map[string]any{"call_id": id}
 	case x < 62:

@@ -88,15 +88,16 @@ func (s *system) snapshot(ctx context.Context, h *History) error {
 	if rows.Err() != nil {
 		return rows.Err()
 	}
-	rows, err = s.db.Query(ctx, `SELECT COALESCE(task_id, ''), tool, at FROM pep.ledger`)
+	rows, err = s.db.Query(ctx, `SELECT COALESCE(task_id, ''), tool, at, COALESCE(effect->>'to', '') FROM pep.ledger`)
 	if err != nil {
 		return fmt.Errorf("chaos: snapshot ledger: %w", err)
 	}
 	for rows.Next() {
 		var l LedgerRow
-		if err := rows.Scan(&l.TaskID, &l.Tool, &l.At); err != nil {
+		if err := rows.Scan(&l.TaskID, &l.Tool, &l.At, &l.CallID); err != nil {
 			return err
 		}
+		l.CallID = strings.TrimPrefix(l.CallID, "acct-")
 		h.Ledger = append(h.Ledger, l)
 	}
 	if rows.Err() != nil {
