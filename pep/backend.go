@@ -53,12 +53,17 @@ func backoff(attempt int, err error) time.Duration {
 }
 
 // backendUnavailable reports whether err says the backend cannot answer
-// now: it answered 503 (its database is unavailable) or could not be
-// reached. Nothing changed there; the caller may retry.
+// now: it answered 503 (its database is unavailable), could not be
+// reached, or a proxy in front of it could not reach it (502, 504: a
+// replica restarting behind the load balancer). The caller may retry.
 func backendUnavailable(err error) bool {
 	var pe *arapclient.ProblemError
 	if errors.As(err, &pe) {
-		return pe.Status == http.StatusServiceUnavailable
+		switch pe.Status {
+		case http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusGatewayTimeout:
+			return true
+		}
+		return false
 	}
 	var ne net.Error
 	return errors.As(err, &ne)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"testing"
 	"time"
 
@@ -32,6 +33,19 @@ func TestRetryable(t *testing.T) {
 	own := rpcError(tasks.CodeInvalidParams, "bad")
 	require.Equal(t, error(own), s.retryable("tools/call", own))
 	require.NoError(t, s.retryable("tools/list", nil))
+}
+
+// TestBackendUnavailable: the backend's own 503, a proxy's 502 or 504 in
+// front of it (found by the chaos run: a replica restarting behind the load
+// balancer was answered -32603) and no connection are "unavailable"; its
+// definite answers are not.
+func TestBackendUnavailable(t *testing.T) {
+	for status, want := range map[int]bool{503: true, 502: true, 504: true, 500: false, 400: false, 401: false, 429: false} {
+		require.Equal(t, want, backendUnavailable(&arapclient.ProblemError{Status: status}), "%d", status)
+	}
+	_, err := http.Get("http://127.0.0.1:1/")
+	require.True(t, backendUnavailable(err), "refused: %v", err)
+	require.False(t, backendUnavailable(errors.New("something else")))
 }
 
 // TestBackoff: the wait before a retry is 200ms per attempt, or the
