@@ -161,10 +161,13 @@ func (s *system) start(ctx context.Context) error {
 		a, err := s.px.add("db:"+name, pgAddr)
 		return fmt.Sprintf("postgres://postgres@%s/arap?sslmode=disable&connect_timeout=5", a), err
 	}
-	// Every point at PointP; a cancellation (the only single-request
-	// transition a run makes often) is rare, so its window gets ten times
-	// that, to be hit many times per run too.
-	armed := fmt.Sprintf("*@%g,requests.after-transition-commit@%g", o.PointP, min(1, 10*o.PointP))
+	// Every point at PointP. Windows a run passes less often get more, so
+	// each is hit many times per run: a cancellation (the only
+	// single-request transition a run makes often) ten times that, and the
+	// execution claim's two windows, the narrowest for at-most-once (one
+	// pass per approved call), three times.
+	armed := fmt.Sprintf("*@%g,requests.after-transition-commit@%g,pep.after-claim@%g,pep.after-invoke@%g",
+		o.PointP, min(1, 10*o.PointP), min(1, 3*o.PointP), min(1, 3*o.PointP))
 	if o.PointP <= 0 {
 		armed = ""
 	}
