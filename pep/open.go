@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
+	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/fault"
 	"github.com/omcp/arap/mcp/tasks"
@@ -282,6 +283,23 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 	return nil
 }
 
+// submitFailure says why a submission failed in words a caller may read: the
+// backend's refusal by its problem code, or that it could not be reached or
+// did not confirm; never the error's text, which names the backend's
+// endpoints (ARAP URLs never reach an MCP client). The audit keeps the text.
+func submitFailure(cause error) string {
+	var pe *arapclient.ProblemError
+	switch {
+	case errors.As(cause, &pe) && !backendUnavailable(cause):
+		return fmt.Sprintf("the approval service refused it (%d %s)", pe.Status, sanitize(pe.Code(), 80))
+	case errors.Is(cause, errUncertain):
+		return "the approval service did not confirm it"
+	case backendUnavailable(cause):
+		return "the approval service could not be reached"
+	}
+	return "internal error"
+}
+
 // failIntent ends a task whose request could not be made: failed (before any
 // claim, so failed is allowed). An uncertain submission leaves the intent
 // abandoned, so Reconcile finds and cancels a request that may exist.
@@ -298,7 +316,7 @@ func (g *Gate) failIntent(ctx context.Context, in *intent, refused bool, cause e
 		}
 		why := "approval request could not be submitted: " + sanitize(cause.Error(), 200)
 		t, err := g.tasks.TransitionTx(ctx, tx, in.TaskID, tasks.Change{To: tasks.Failed, StatusMessage: "The approval request could not be submitted; the tool did not run.",
-			Error: &tasks.Error{Code: tasks.CodeInternalError, Message: why}, KeepUntil: g.retained()})
+			Error: &tasks.Error{Code: tasks.CodeInternalError, Message: "approval request could not be submitted: " + submitFailure(cause)}, KeepUntil: g.retained()})
 		if err != nil {
 			return err
 		}

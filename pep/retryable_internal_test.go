@@ -3,6 +3,7 @@ package pep
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
+	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -56,4 +58,27 @@ func TestBackoff(t *testing.T) {
 	require.Equal(t, 400*time.Millisecond, backoff(2, pe(0)))
 	require.Equal(t, time.Second, backoff(1, pe(1)))
 	require.Equal(t, time.Second, backoff(1, pe(2)), "capped")
+}
+
+// TestSubmitFailureNamesNoEndpoint: a failed submission's error, which the
+// task's caller reads, says why in words of its own, never the error's
+// text, which names the backend's endpoint (found by the chaos run: a lost
+// submission's task showed "Post http://127.0.0.1:…/access/v1/requests").
+func TestSubmitFailureNamesNoEndpoint(t *testing.T) {
+	_, refused := http.Post("http://127.0.0.1:1/access/v1/requests", "application/json", nil)
+	require.Error(t, refused)
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("%w: %w", errUncertain, refused), "the approval service did not confirm it"},
+		{refused, "the approval service could not be reached"},
+		{&arapclient.ProblemError{Status: 503}, "the approval service could not be reached"},
+		{&arapclient.ProblemError{Status: 403, Problem: authzen.Problem{Type: authzen.ProblemPrefix + "forbidden", Detail: "see http://127.0.0.1:8480/x"}}, "the approval service refused it (403 forbidden)"},
+		{errors.New("post http://127.0.0.1:8480/access/v1/requests: boom"), "internal error"},
+	} {
+		got := submitFailure(tc.err)
+		require.Equal(t, tc.want, got)
+		require.NotContains(t, got, "127.0.0.1")
+	}
 }
