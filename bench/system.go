@@ -95,21 +95,11 @@ func (s *System) start(ctx context.Context, o Options) error {
 	if s.cluster, err = pgembed.Start(ctx, pgembed.Options{DataDir: filepath.Join(s.dir, "pg")}); err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, s.cluster.ConnString("postgres"))
-	if err != nil {
+	if s.DBURL, s.DB, err = Database(ctx, s.cluster); err != nil {
 		return err
 	}
-	_, err = conn.Exec(ctx, "CREATE DATABASE arap")
-	conn.Close(ctx)
-	if err != nil {
-		return err
-	}
-	s.DBURL = s.cluster.ConnString("arap")
 	fmt.Fprintf(o.Log, "database %s\n", s.DBURL)
-	if s.DB, err = pgxpool.New(ctx, s.DBURL); err != nil {
-		return err
-	}
-	env := []string{"DATABASE_URL=" + s.DBURL, "ARAP_MASTER_KEY=" + randomKey(), "ARAP_PEP_MASTER_KEY=" + randomKey()}
+	env := Env(s.DBURL)
 	creds, err := Provision(ctx, bin, env, s.DB, max(o.Callers, 1), "bench")
 	if err != nil {
 		return err
@@ -264,6 +254,29 @@ func (s *System) Stop() {
 		_ = s.cluster.Stop(context.Background())
 	}
 	_ = os.RemoveAll(s.dir)
+}
+
+// Database creates database arap on cluster and returns its URL and a pool
+// on it.
+func Database(ctx context.Context, cluster *pgembed.Cluster) (string, *pgxpool.Pool, error) {
+	conn, err := pgx.Connect(ctx, cluster.ConnString("postgres"))
+	if err != nil {
+		return "", nil, err
+	}
+	_, err = conn.Exec(ctx, "CREATE DATABASE arap")
+	conn.Close(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	url := cluster.ConnString("arap")
+	pool, err := pgxpool.New(ctx, url)
+	return url, pool, err
+}
+
+// Env is the environment arapd and arapctl need on database url: the URL
+// and fresh master keys for both processes, in that order.
+func Env(url string) []string {
+	return []string{"DATABASE_URL=" + url, "ARAP_MASTER_KEY=" + randomKey(), "ARAP_PEP_MASTER_KEY=" + randomKey()}
 }
 
 func randomKey() string {

@@ -3,8 +3,6 @@ package chaos
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
@@ -16,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/bench"
@@ -55,12 +52,6 @@ type system struct {
 	hitsMu sync.Mutex
 	hits   map[string]int // fault point -> kills reported on stderr
 	events *eventLog
-}
-
-func randomKey() string {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b)
-	return base64.StdEncoding.EncodeToString(b)
 }
 
 // chaosPolicy is the dev seed policy with short request expiry (a request
@@ -121,20 +112,12 @@ func (s *system) start(ctx context.Context) error {
 	if err := s.pgStart(ctx); err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, s.cluster.ConnString("postgres"))
+	dbURL, db, err := bench.Database(ctx, s.cluster)
+	s.db = db // closed by stop, even on an error
 	if err != nil {
 		return err
 	}
-	_, err = conn.Exec(ctx, "CREATE DATABASE arap")
-	conn.Close(ctx)
-	if err != nil {
-		return err
-	}
-	dbURL := s.cluster.ConnString("arap")
-	if s.db, err = pgxpool.New(ctx, dbURL); err != nil {
-		return err
-	}
-	env := []string{"DATABASE_URL=" + dbURL, "ARAP_MASTER_KEY=" + randomKey(), "ARAP_PEP_MASTER_KEY=" + randomKey()}
+	env := bench.Env(dbURL)
 	if s.creds, err = bench.Provision(ctx, s.bin, env, s.db, o.Callers, "chaos"); err != nil {
 		return err
 	}
@@ -183,17 +166,20 @@ func (s *system) start(ctx context.Context) error {
 		return err
 	}
 	public := "http://" + front
+	// slot is a process's address and its database URL (through its proxy).
+	slot := func(name string) (addr, url string, err error) {
+		if addr, err = bench.FreeAddr(); err != nil {
+			return "", "", err
+		}
+		url, err = dbVia(name)
+		return addr, url, err
+	}
 	for i := 1; i <= 2; i++ {
 		name := fmt.Sprintf("serve-%d", i)
-		addr, err := bench.FreeAddr()
+		addr, url, err := slot(name)
 		if err != nil {
 			return err
 		}
-		url, err := dbVia(name)
-		if err != nil {
-			return err
-		}
-
 		s.backends = append(s.backends, "http://"+addr)
 		s.lb.add("http://" + addr)
 		s.procs = append(s.procs, &proc{s: s, name: name, addr: addr,
@@ -203,11 +189,7 @@ func (s *system) start(ctx context.Context) error {
 	}
 	for i := 1; i <= 2; i++ {
 		name := fmt.Sprintf("mcp-%d", i)
-		addr, err := bench.FreeAddr()
-		if err != nil {
-			return err
-		}
-		url, err := dbVia(name)
+		addr, url, err := slot(name)
 		if err != nil {
 			return err
 		}

@@ -227,56 +227,44 @@ func flipChar(c byte) byte {
 	return 'A'
 }
 
-// TestReevaluationOutageIsNoVerdict: chaos run finding. While the approvals
-// cannot be read (PostgreSQL down or unreachable), re-evaluation answered
-// approval_unverifiable with next_action none, so the PEP ended an approved
-// call denied-not-executed for a passing outage. It must fail instead (the
-// PEP retries) and allow once the store answers again.
-func TestReevaluationOutageIsNoVerdict(t *testing.T) {
-	f := setupWith(t, "testdata/resolution.yaml")
-	call, approval := f.approved(bob, "wire_transfer", map[string]any{"to": "acct-991", "amount": 50000})
-
+// TestOutageIsNoVerdict: chaos run findings. While a decision's inputs
+// cannot be read because the database is unreachable, the PDP answered as if
+// they had been: with the approvals unreadable, re-evaluation said
+// approval_unverifiable (next_action none); with the policy's attributes
+// unreadable, evaluation said decision false (policy_error). The PEP then
+// told callers "not allowed by policy" and ended approved calls
+// denied-not-executed for a passing outage. An outage is no verdict: an
+// error the PEP retries, on first evaluation and on re-evaluation; once the
+// store answers, the decisions come back.
+func TestOutageIsNoVerdict(t *testing.T) {
 	// A database that refuses connections, as a stopped one does.
 	down, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/arap?sslmode=disable&connect_timeout=2")
 	require.NoError(t, err)
 	defer down.Close()
-	engine, err := evaluation.New(evaluation.Options{PolicyFile: "testdata/resolution.yaml", Keys: f.keys, Issuer: issuer,
-		RequestsURL: requestsURL, Now: f.clock.Now, SchemaURL: func(s string) string { return issuer + "/s/" + s },
-		Attributes: f.attrs, Approvals: &requests.ApprovalStore{DB: down, Now: f.clock.Now}})
-	require.NoError(t, err)
-	c := authzen.EvaluationRequest{Subject: call.Subject, Resource: call.Resource, Action: call.Action, Context: authzen.Object{"approval": approval}}
-	out, err := engine.Evaluate(context.Background(), f.pepID, c)
-	require.Error(t, err, "an outage is no verdict: %+v", out.Decision)
-
-	require.True(t, f.reevaluate(f.pepID, call, approval).Decision, "allowed once the approvals can be read")
-}
-
-// TestEvaluationInputsOutageIsNoVerdict: chaos run finding. While the
-// policy's attributes cannot be read (PostgreSQL down or unreachable), the
-// PDP answered decision false (policy_error), so the PEP told callers "not
-// allowed by policy" for allowed and requestable calls alike, and after an
-// approval ended the call denied. An outage is no verdict: an error (the PEP
-// retries, the client is told to retry), on first evaluation and on
-// re-evaluation; once the store answers, the decisions come back.
-func TestEvaluationInputsOutageIsNoVerdict(t *testing.T) {
-	f := setupWith(t, "testdata/resolution.yaml")
-	call, approval := f.approved(bob, "wire_transfer", map[string]any{"to": "acct-992", "amount": 50000})
-
-	// A database that refuses connections, as a stopped one does.
-	down, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/arap?sslmode=disable&connect_timeout=2")
-	require.NoError(t, err)
-	defer down.Close()
-	engine, err := evaluation.New(evaluation.Options{PolicyFile: "testdata/resolution.yaml", Keys: f.keys, Issuer: issuer,
-		RequestsURL: requestsURL, Now: f.clock.Now, SchemaURL: func(s string) string { return issuer + "/s/" + s },
-		Attributes: attributes.NewStore(down), Approvals: &requests.ApprovalStore{DB: f.db, Now: f.clock.Now}})
-	require.NoError(t, err)
-	first := authzen.EvaluationRequest{Subject: call.Subject, Resource: call.Resource, Action: call.Action}
-	out, err := engine.Evaluate(context.Background(), f.pepID, first)
-	require.Error(t, err, "an outage is no verdict: %+v", out.Decision)
-	again := first
-	again.Context = authzen.Object{"approval": approval}
-	out, err = engine.Evaluate(context.Background(), f.pepID, again)
-	require.Error(t, err, "an outage is no verdict on re-evaluation either: %+v", out.Decision)
-
-	require.True(t, f.reevaluate(f.pepID, call, approval).Decision, "allowed once the attributes can be read")
+	for _, unreadable := range []string{"approvals", "attributes"} {
+		t.Run(unreadable, func(t *testing.T) {
+			f := setupWith(t, "testdata/resolution.yaml")
+			call, approval := f.approved(bob, "wire_transfer", map[string]any{"to": "acct-991", "amount": 50000})
+			attrs, approvals := f.attrs, &requests.ApprovalStore{DB: f.db, Now: f.clock.Now}
+			if unreadable == "approvals" {
+				approvals.DB = down
+			} else {
+				attrs = attributes.NewStore(down)
+			}
+			engine, err := evaluation.New(evaluation.Options{PolicyFile: "testdata/resolution.yaml", Keys: f.keys, Issuer: issuer,
+				RequestsURL: requestsURL, Now: f.clock.Now, SchemaURL: func(s string) string { return issuer + "/s/" + s },
+				Attributes: attrs, Approvals: approvals})
+			require.NoError(t, err)
+			again := authzen.EvaluationRequest{Subject: call.Subject, Resource: call.Resource, Action: call.Action, Context: authzen.Object{"approval": approval}}
+			out, err := engine.Evaluate(context.Background(), f.pepID, again)
+			require.Error(t, err, "an outage is no verdict on re-evaluation: %+v", out.Decision)
+			if unreadable == "attributes" {
+				first := again
+				first.Context = nil
+				out, err = engine.Evaluate(context.Background(), f.pepID, first)
+				require.Error(t, err, "an outage is no verdict on first evaluation: %+v", out.Decision)
+			}
+			require.True(t, f.reevaluate(f.pepID, call, approval).Decision, "allowed once the store can be read")
+		})
+	}
 }
