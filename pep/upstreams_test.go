@@ -82,6 +82,16 @@ func startExt(t *testing.T) *extServer {
 	return e
 }
 
+// approvedPurge opens an ext_purge task on target and approves its request.
+func (p *stack) approvedPurge(t *testing.T, target string) string {
+	t.Helper()
+	r, err := p.alice.CallTool(context.Background(), "ext_purge", map[string]any{"target": target}, nil)
+	require.NoError(t, err)
+	require.Equal(t, tasks.ResultTypeTask, r.ResultType, "%s", r.Raw)
+	p.approve(t, p.request(t, r.Task.TaskID), time.Now().Add(time.Hour))
+	return r.Task.TaskID
+}
+
 // gatewayPEP is the real gate in front of ext through a real registry.
 func gatewayPEP(t *testing.T, ext *extServer, call time.Duration, opts ...pepOptions) (*stack, *up.Registry) {
 	t.Helper()
@@ -142,12 +152,8 @@ func TestUpstreamResponseLostAfterClaim(t *testing.T) {
 	t.Parallel()
 	ext := startExt(t)
 	p, _ := gatewayPEP(t, ext, 5*time.Second)
-	ctx := context.Background()
 	ext.stall.Store(true)
-	r, err := p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "db"}, nil)
-	require.NoError(t, err)
-	id := r.Task.TaskID
-	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
+	id := p.approvedPurge(t, "db")
 	p.advance(t, id)
 	select {
 	case <-ext.entered:
@@ -168,12 +174,9 @@ func TestUpstreamNotConnectedIsNotGone(t *testing.T) {
 	ext := startExt(t)
 	p, reg := gatewayPEP(t, ext, 5*time.Second)
 	ctx := context.Background()
-	r, err := p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "tmp"}, nil)
-	require.NoError(t, err)
-	id := r.Task.TaskID
-	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
+	id := p.approvedPurge(t, "tmp")
 	require.NoError(t, reg.Close(ctx)) // its tools are unknown now
-	_, err = p.gate.Advance(ctx, id)
+	_, err := p.gate.Advance(ctx, id)
 	require.ErrorContains(t, err, "not connected")
 	require.Equal(t, tasks.Working, p.get(t, id).Status, "still waiting, not denied")
 	require.Zero(t, ext.purges.Load())
@@ -187,10 +190,7 @@ func TestUpstreamDownBeforeClaim(t *testing.T) {
 	ext := startExt(t)
 	p, _ := gatewayPEP(t, ext, 5*time.Second, pepOptions{execTimeout: 3 * time.Second})
 	ctx := context.Background()
-	r, err := p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "logs"}, nil)
-	require.NoError(t, err)
-	id := r.Task.TaskID
-	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
+	id := p.approvedPurge(t, "logs")
 	require.NoError(t, ext.http.Close())
 	p.advance(t, id)
 	d := p.get(t, id)
@@ -212,10 +212,7 @@ func TestUpstreamBlipAfterClaim(t *testing.T) {
 	ext := startExt(t)
 	p, _ := gatewayPEP(t, ext, 5*time.Second)
 	ctx := context.Background()
-	r, err := p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "cache"}, nil)
-	require.NoError(t, err)
-	id := r.Task.TaskID
-	p.approve(t, p.request(t, id), time.Now().Add(time.Hour))
+	id := p.approvedPurge(t, "cache")
 	addr := strings.TrimSuffix(strings.TrimPrefix(ext.url, "http://"), "/mcp")
 	handler := ext.http.Handler
 	require.NoError(t, ext.http.Close())
