@@ -253,3 +253,18 @@ func TestRetryable(t *testing.T) {
 type tasksRPCError = tasks.RPCError
 
 var errLost = errors.New("Post: connection reset by peer")
+
+// TestFailures: a run fails on a violation, on a task unsettled at the
+// bound, and, with the points armed, on no outcome-unknown ending at all.
+func TestFailures(t *testing.T) {
+	h := good()
+	h.Tasks = append(h.Tasks, TaskRow{ID: "tsk_u", Status: "completed", Disposition: pep.OutcomeUnknown, ClaimedAt: ptr(at(3))})
+	require.Empty(t, Summarize(h, nil, nil).Failures(h, true))
+	require.Len(t, Summarize(h, []Violation{{Property: PropExecutedTwice}}, nil).Failures(h, true), 1)
+	h.Settle.Unsettled = []string{"tsk_w1"}
+	require.Len(t, Summarize(h, nil, nil).Failures(h, true), 1)
+
+	h = good()
+	require.Equal(t, []string{"no task ended outcome-unknown: the execution claim's windows were not exercised"}, Summarize(h, nil, nil).Failures(h, true))
+	require.Empty(t, Summarize(h, nil, nil).Failures(h, false), "unarmed points need not produce one")
+}

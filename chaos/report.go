@@ -23,6 +23,24 @@ type Summary struct {
 	Deferred       int // callbacks not yet received, retry scheduled after the settle
 }
 
+// Failures says why a run fails, if it does: violations, tasks not terminal
+// at the settle bound, and, when the fault points were armed (armed), no
+// outcome-unknown ending: the run must show the one ending at-most-once
+// rests on, and that it is handled.
+func (s *Summary) Failures(h *History, armed bool) []string {
+	var out []string
+	if s.Violations > 0 {
+		out = append(out, fmt.Sprintf("%d violations", s.Violations))
+	}
+	if n := len(h.Settle.Unsettled); n > 0 {
+		out = append(out, fmt.Sprintf("%d tasks not terminal at the settle bound", n))
+	}
+	if armed && s.OutcomeUnknown == 0 {
+		out = append(out, "no task ended outcome-unknown: the execution claim's windows were not exercised")
+	}
+	return out
+}
+
 // KindSummary is one fault kind's figures.
 type KindSummary struct {
 	Injected     int

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -40,7 +41,8 @@ func main() {
 	s := chaos.Summarize(r.History, r.Violations, r.PointHits)
 	fmt.Printf("arapchaos: seed %d, %d faults over %s, run took %s\n", o.Seed, o.Faults, o.Duration, r.Elapsed.Round(time.Second))
 	s.Print(os.Stdout, r.History, r.Violations)
-	if len(r.Violations) > 0 || len(r.History.Settle.Unsettled) > 0 {
+	if failed := s.Failures(r.History, o.PointP > 0); len(failed) > 0 {
+		fmt.Println("arapchaos: FAILED:", strings.Join(failed, "; "))
 		os.Exit(1)
 	}
 }
