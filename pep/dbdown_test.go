@@ -99,10 +99,12 @@ func TestDatabaseDown(t *testing.T) {
 }
 
 // TestBackendDatabaseDown: while only the backend's database is stopped,
-// a call that needs the backend's request store answers the retryable
-// error naming the approval service (the backend answered 503; the gate
-// retried within its bounds), the front-end's own tasks still read, and
-// after the restart the call opens its task.
+// a call that needs the backend answers the retryable error naming the
+// service that could not answer (the backend answered 503; the gate retried
+// within its bounds): the authorization service once the PDP's attribute
+// cache (a second) has aged, the approval service before that. The
+// front-end's own tasks still read, and after the restart the call opens
+// its task.
 func TestBackendDatabaseDown(t *testing.T) {
 	db := dbtest.NewPrivate(t)
 	p := newPEP(t, pepOptions{privateBackend: db})
@@ -114,7 +116,7 @@ func TestBackendDatabaseDown(t *testing.T) {
 	var re *tasks.RPCError
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, tasks.CodeUnavailable, re.Code, "%s", re.Message)
-	require.Contains(t, re.Message, "temporarily unavailable: the approval service is unavailable")
+	require.Regexp(t, `^temporarily unavailable: the (approval|authorization) service is unavailable`, re.Message)
 	require.Contains(t, re.Message, "retry after 2 s")
 	require.Equal(t, http.StatusOK, re.HTTPStatus, "dispatched by the SDK")
 	require.Equal(t, tasks.Working, p.get(t, id).Status)
