@@ -293,8 +293,8 @@ func TestAllowedCallOutageIsRetryable(t *testing.T) {
 			return pep.Output{Text: "written"}, err
 		}}
 	// One whose connection is cut mid-statement (its session terminated
-	// between connecting and writing): the write may have committed, so
-	// not "retry", and still no driver text.
+	// while the statement runs on the server): the write may have
+	// committed, so not "retry", and still no driver text.
 	var dsn atomic.Value
 	cut := pep.Tool{Name: "cut_write", Description: "Loses its database mid-write.", InputSchema: map[string]any{"type": "object"},
 		Run: func(ctx context.Context, x pep.Invocation) (pep.Output, error) {
@@ -303,10 +303,20 @@ func TestAllowedCallOutageIsRetryable(t *testing.T) {
 				return pep.Output{}, err
 			}
 			defer conn.Close(ctx)
-			if _, err := x.DB.Exec(ctx, `SELECT pg_terminate_backend($1)`, conn.PgConn().PID()); err != nil {
-				return pep.Output{}, err
-			}
-			_, err = conn.Exec(ctx, `SELECT 1`)
+			pid := conn.PgConn().PID()
+			go func() {
+				// Once the statement runs on the server, end its session.
+				for ctx.Err() == nil {
+					var ended bool
+					err := x.DB.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+						WHERE pid = $1 AND state = 'active' AND query LIKE 'SELECT pg_sleep%'`, pid).Scan(&ended)
+					if err == nil && ended {
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}()
+			_, err = conn.Exec(ctx, `SELECT pg_sleep(30)`)
 			return pep.Output{Text: "written"}, err
 		}}
 	q := newPEP(t, pepOptions{sources: []pep.ToolSource{pep.StaticTools{flaky, cut}}, policy: []byte(`version: 1
