@@ -150,7 +150,7 @@ func TestSystemdUnits(t *testing.T) {
 			text := string(b)
 			lines := strings.Split(text, "\n")
 			for _, h := range hardening {
-				require.Contains(t, lines, h, "missing %s", h)
+				require.True(t, slices.Contains(lines, h), "missing %s", h)
 			}
 			cred := regexp.MustCompile(`(?m)^LoadCredential=([a-z-]+):/etc/arap/[a-z-]+$`).FindStringSubmatch(text)
 			require.NotNil(t, cred, "no LoadCredential for the master key")
