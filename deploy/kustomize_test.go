@@ -329,7 +329,7 @@ func TestOverlay(t *testing.T) {
 		require.Regexp(t, `^registry\.example\.com/arap:v\d+\.\d+\.\d+$`, c.Image, "a pinned image")
 		switch c.Args[0] {
 		case "serve":
-			require.Regexp(t, `^https://`, envValue(c, "ARAP_PUBLIC_URL"))
+			require.Equal(t, "https://arap.example.com", envValue(c, "ARAP_PUBLIC_URL"), "the overlay's public URL replaces the base's placeholder")
 		case "mcp":
 			require.Equal(t, "http://arap-serve:8480", envValue(c, "ARAP_BACKEND_URL"))
 			require.Equal(t, "http://arap-mcp.arap.svc:8481", envValue(c, "ARAP_MCP_PUBLIC_URL"))
