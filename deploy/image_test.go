@@ -94,9 +94,13 @@ func TestImage(t *testing.T) {
 		p := filepath.Join(dir, name)
 		key := make([]byte, 32)
 		_, _ = rand.Read(key)
-		// Readable by uid 65532 in the container (a Secret volume does the
-		// same with fsGroup or its defaultMode).
-		require.NoError(t, os.WriteFile(p, []byte(base64.StdEncoding.EncodeToString(key)), 0o444))
+		require.NoError(t, os.WriteFile(p, []byte(base64.StdEncoding.EncodeToString(key)), 0o440))
+		// As a Secret volume with fsGroup gives it: root's, group 65532,
+		// mode 0440. Without root, readable by all instead.
+		if err := os.Chown(p, 0, 65532); err != nil {
+			t.Logf("key file not given to group 65532 (%v): mode 0444", err)
+			require.NoError(t, os.Chmod(p, 0o444))
+		}
 		return p
 	}
 	serveKey, pepKey := keyFile("master-key"), keyFile("pep-master-key")

@@ -155,6 +155,9 @@ func validate(r *rendered) error {
 			fail("%s: %s=%q is not in a mounted Secret", name, keyFileEnv[proc], file)
 		}
 		keySecrets[proc] = secret
+		if secret != "" && !keyReadableByPodOnly(spec, volumeAt(spec, c, file).Secret) {
+			fail("%s: the master key must be readable by the pod's group only (defaultMode 0440 and fsGroup), not by others, and not root's alone", name)
+		}
 		// arapd serve: the policy from the ConfigMap, and it must load.
 		if proc == "serve" {
 			checkPolicy(fail, r, spec, c)
@@ -268,6 +271,23 @@ func volumeAt(spec corev1.PodSpec, c corev1.Container, file string) *corev1.Volu
 	return nil
 }
 
+// keyReadableByPodOnly: Secret volume files belong to root, and to the
+// pod's fsGroup when it has one. The process (uid 65532) reads the key
+// through the group; others must not read it at all.
+func keyReadableByPodOnly(spec corev1.PodSpec, v *corev1.SecretVolumeSource) bool {
+	mode := int32(0o644) // Kubernetes' default
+	if v.DefaultMode != nil {
+		mode = *v.DefaultMode
+	}
+	for _, it := range v.Items {
+		if it.Mode != nil {
+			mode = *it.Mode
+		}
+	}
+	sc := spec.SecurityContext
+	return mode&0o007 == 0 && mode&0o040 != 0 && sc != nil && sc.FSGroup != nil && sc.RunAsGroup != nil && *sc.FSGroup == *sc.RunAsGroup
+}
+
 func secretMountedAt(spec corev1.PodSpec, c corev1.Container, file string) string {
 	v := volumeAt(spec, c, file)
 	if v == nil || v.Secret == nil {
@@ -351,7 +371,10 @@ func TestValidatorCatchesMutations(t *testing.T) {
 		{"writable root", "migrate-job.yaml", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false", "job arap-migrate: readOnlyRootFilesystem"},
 		{"no resources", "mcp.yaml", "requests:\n              cpu: 100m\n", "requests:\n", "arap-mcp: resources"},
 		{"literal database URL", "migrate-job.yaml", "valueFrom:\n                secretKeyRef:\n                  name: arap-database\n                  key: url", "value: postgres://arap:hunter2@db/arap", "job arap-migrate: DATABASE_URL must come from a Secret"},
-		{"master key in a ConfigMap", "serve.yaml", "secret:\n            secretName: arap-master-key\n            defaultMode: 0400", "configMap:\n            name: arap-policy", "ARAP_MASTER_KEY_FILE=\"/run/secrets/arap/master-key\" is not in a mounted Secret"},
+		{"master key in a ConfigMap", "serve.yaml", "secret:\n            secretName: arap-master-key\n            defaultMode: 0440", "configMap:\n            name: arap-policy", "ARAP_MASTER_KEY_FILE=\"/run/secrets/arap/master-key\" is not in a mounted Secret"},
+		{"key readable by root only", "serve.yaml", "defaultMode: 0440", "defaultMode: 0400", "arap-serve: the master key must be readable by the pod's group only"},
+		{"key readable by all", "mcp.yaml", "defaultMode: 0440", "defaultMode: 0444", "arap-mcp: the master key must be readable by the pod's group only"},
+		{"no fsGroup", "serve.yaml", "fsGroup: 65532", "supplementalGroups: [65532]", "arap-serve: the master key must be readable by the pod's group only"},
 		{"shared key Secret", "mcp.yaml", "secretName: arap-mcp", "secretName: arap-master-key", "one Secret \"arap-master-key\""},
 		{"job does not migrate", "migrate-job.yaml", `args: ["migrate"]`, `args: ["serve"]`, "want one Job running `arapd migrate`"},
 		{"unknown field", "serve.yaml", "terminationGracePeriodSeconds: 40", "terminationGracePeriodSecond: 40", `unknown field "terminationGracePeriodSecond"`},
