@@ -50,6 +50,9 @@ type Config struct {
 	PolicyFile  string
 	// MasterKey (32 bytes) seals signing keys in the database.
 	MasterKey []byte
+	// PreviousMasterKeys (32 bytes each) open values sealed before a master-key
+	// rotation; they never seal.
+	PreviousMasterKeys [][]byte
 	// Migrate applies pending migrations at start.
 	Migrate bool
 	// Workers is the number of concurrent River jobs; default 20.
@@ -144,7 +147,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	pool := b.host.Pool()
 	var err error
-	if b.keys, err = signing.Open(ctx, pool, signing.Options{MasterKey: cfg.MasterKey}); err != nil {
+	if b.keys, err = signing.Open(ctx, pool, signing.Options{MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys}); err != nil {
 		return err
 	}
 	requestsURL := public + authzen.PathRequests
@@ -170,7 +173,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	statusEndpoint := func(id string) string { return requestsURL + "/" + id }
 	if b.callbacks, err = callbacks.NewService(callbacks.Config{
-		DB: pool, Jobs: inserter, MasterKey: cfg.MasterKey, StatusEndpoint: statusEndpoint,
+		DB: pool, Jobs: inserter, MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys, StatusEndpoint: statusEndpoint,
 		Schedule: cfg.CallbackSchedule, Log: cfg.Log,
 	}); err != nil {
 		return err

@@ -37,6 +37,9 @@ type Config struct {
 	DatabaseURL string
 	// MasterKey (32 bytes) seals stored arguments and submission bodies.
 	MasterKey []byte
+	// PreviousMasterKeys (32 bytes each) open values sealed before a master-key
+	// rotation; they never seal.
+	PreviousMasterKeys [][]byte
 	// BackendURL and BackendToken reach the PDP and Access Request Service.
 	BackendURL   string
 	BackendToken string
@@ -146,7 +149,7 @@ func (f *Frontend) build(ctx context.Context) error {
 		}
 	}
 	if f.gate, err = pep.NewGate(pep.Config{
-		DB: pool, Backend: &arapclient.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
+		DB: pool, Backend: &arapclient.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys,
 		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, Sources: sources, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
 		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Metrics: cfg.Metrics, Log: cfg.Log,
 	}); err != nil {
