@@ -104,11 +104,14 @@ func Read(ctx context.Context, q Querier, c Cursor, limit int) (Page, error) {
 	if !c.since.IsZero() {
 		since = &c.since
 	}
-	rows, err := q.Query(ctx, `SELECT id, chain, seq, at, kind, actor, data::text, prev_hash, hash, txid::text FROM arap.audit_events
-		WHERE (txid, id) > ($1::text::xid8, $2::bigint)
-		  AND txid < pg_snapshot_xmin(pg_current_snapshot())
-		  AND ($3::timestamptz IS NULL OR at >= $3)
-		ORDER BY txid, id LIMIT $4`, strconv.FormatUint(c.txid, 10), c.id, since, limit)
+	// e.txid, qualified: ORDER BY txid would sort by the text output column
+	// of that name (and put 1000 before 999).
+	rows, err := q.Query(ctx, `SELECT e.id, e.chain, e.seq, e.at, e.kind, e.actor, e.data::text, e.prev_hash, e.hash, e.txid::text AS position
+		FROM arap.audit_events e
+		WHERE (e.txid, e.id) > ($1::text::xid8, $2::bigint)
+		  AND e.txid < pg_snapshot_xmin(pg_current_snapshot())
+		  AND ($3::timestamptz IS NULL OR e.at >= $3)
+		ORDER BY e.txid, e.id LIMIT $4`, strconv.FormatUint(c.txid, 10), c.id, since, limit)
 	if err != nil {
 		return Page{}, fmt.Errorf("audit: read stream: %w", err)
 	}
