@@ -134,16 +134,19 @@ func TestAuditStreamCompleteUnderConcurrentWrites(t *testing.T) {
 	// events has ended (the backend's own workers write too); an event the
 	// cursor had passed would never come, and this would time out.
 	var ids []int64
-	require.Eventually(t, func() bool {
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		for read() > 0 {
 		}
 		rows, err := env.Pool.Query(ctx, `SELECT id FROM arap.audit_events`)
-		if err != nil {
-			return false
-		}
+		require.NoError(t, err)
 		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
-		return err == nil && len(seen) >= len(ids)
-	}, 30*time.Second, 20*time.Millisecond, "every event served")
+		require.NoError(t, err)
+		if len(seen) >= len(ids) {
+			break
+		}
+		require.False(t, time.Now().After(deadline), "every event served: %d of %d after 30s", len(seen), len(ids))
+		time.Sleep(20 * time.Millisecond) // polling
+	}
 	require.Len(t, seen, len(ids))
 	for _, id := range ids {
 		require.Equal(t, 1, seen[id], "event %d served once", id)
