@@ -30,6 +30,7 @@ import (
 	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
+	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
 	"github.com/omcp/arap/passkeys"
@@ -299,7 +300,10 @@ func (b *Backend) build(ctx context.Context) error {
 	b.host.Mount(host.Parts{
 		Handler: h, Workers: jobs, Reload: func() { _ = b.Reload() },
 		Started: func() []any {
-			return []any{"policy", cfg.PolicyFile, "rules", len(b.engine.Policy().Rules), "signing_key", b.keys.ActiveKid()}
+			// The master key's id (which says nothing about the key) shows
+			// which key each replica seals under during a rotation.
+			return []any{"policy", cfg.PolicyFile, "rules", len(b.engine.Policy().Rules), "signing_key", b.keys.ActiveKid(),
+				"master_key_id", seal.KeyID(cfg.MasterKey)}
 		},
 	})
 	return nil

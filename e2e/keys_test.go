@@ -185,6 +185,9 @@ func TestMasterKeyRotationUnderLoad(t *testing.T) {
 
 	restartBackend("ARAP_MASTER_KEY=" + b64(newKey))
 	restartMCP("ARAP_PEP_MASTER_KEY=" + b64(newPep))
+	// Each process names the key it seals under (by its id).
+	require.Equal(t, seal.KeyID(newKey), s.backend.waitLog("backend started", 10*time.Second)["master_key_id"])
+	require.Equal(t, seal.KeyID(newPep), s.mcp.waitLog("mcp front-end started", 10*time.Second)["master_key_id"])
 	last := append(append([]string{}, before...), waiting...)
 	for _, id := range last {
 		require.Equal(t, 200, s.decide(s.requestOf(id), "approve"))

@@ -22,6 +22,7 @@ import (
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
+	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
@@ -193,7 +194,11 @@ func (f *Frontend) build(ctx context.Context) error {
 		// Shutdown waits for open requests, and a listen stream never ends
 		// by itself: ending them is the first thing Shutdown does.
 		OnShutdown: []func(){notifier.Stop},
-		Started:    func() []any { return []any{"mcp", f.host.URL() + pep.PathMCP, "backend", cfg.BackendURL} },
+		// The master key's id (which says nothing about the key) shows which
+		// key each replica seals under during a rotation.
+		Started: func() []any {
+			return []any{"mcp", f.host.URL() + pep.PathMCP, "backend", cfg.BackendURL, "master_key_id", seal.KeyID(cfg.MasterKey)}
+		},
 	})
 	return nil
 }
