@@ -81,6 +81,9 @@ func (s *Server) routes() http.Handler {
 		r.Post("/v1/approvals/{id}/revoke", s.revokeApproval)
 	})
 
+	// The audit trail, for SIEMs: problem+json errors.
+	r.With(s.authenticate, s.rateLimit, s.require(clients.ScopeAudit)).Get("/v1/audit", s.auditStream)
+
 	// Callback deliveries: for the client that registered them, and admins.
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate, s.rateLimit, s.require(clients.ScopeRequest, clients.ScopeAdmin))

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
@@ -63,6 +64,8 @@ type Deps struct {
 	Ready func(ctx context.Context) error
 	// UI, when set, is the approvers' web interface, served under /ui/.
 	UI http.Handler
+	// Audit reads the audit trail for GET /v1/audit (404 without it).
+	Audit audit.Querier
 	// People is the directory, for decisions on a person's behalf; without
 	// it on_behalf_of is refused.
 	People People

@@ -30,6 +30,7 @@ import (
 	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
+	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
 	"github.com/omcp/arap/passkeys"
@@ -50,6 +51,9 @@ type Config struct {
 	PolicyFile  string
 	// MasterKey (32 bytes) seals signing keys in the database.
 	MasterKey []byte
+	// PreviousMasterKeys (32 bytes each) open values sealed before a master-key
+	// rotation; they never seal.
+	PreviousMasterKeys [][]byte
 	// Migrate applies pending migrations at start.
 	Migrate bool
 	// Workers is the number of concurrent River jobs; default 20.
@@ -144,7 +148,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	pool := b.host.Pool()
 	var err error
-	if b.keys, err = signing.Open(ctx, pool, signing.Options{MasterKey: cfg.MasterKey}); err != nil {
+	if b.keys, err = signing.Open(ctx, pool, signing.Options{MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys}); err != nil {
 		return err
 	}
 	requestsURL := public + authzen.PathRequests
@@ -170,7 +174,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	statusEndpoint := func(id string) string { return requestsURL + "/" + id }
 	if b.callbacks, err = callbacks.NewService(callbacks.Config{
-		DB: pool, Jobs: inserter, MasterKey: cfg.MasterKey, StatusEndpoint: statusEndpoint,
+		DB: pool, Jobs: inserter, MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys, StatusEndpoint: statusEndpoint,
 		Schedule: cfg.CallbackSchedule, Log: cfg.Log,
 	}); err != nil {
 		return err
@@ -287,7 +291,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
-		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people, DevMail: cfg.DevMail,
+		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people, DevMail: cfg.DevMail, Audit: pool,
 		Slack: slackApp,
 	})
 	if err != nil {
@@ -296,7 +300,10 @@ func (b *Backend) build(ctx context.Context) error {
 	b.host.Mount(host.Parts{
 		Handler: h, Workers: jobs, Reload: func() { _ = b.Reload() },
 		Started: func() []any {
-			return []any{"policy", cfg.PolicyFile, "rules", len(b.engine.Policy().Rules), "signing_key", b.keys.ActiveKid()}
+			// The master key's id (which says nothing about the key) shows
+			// which key each replica seals under during a rotation.
+			return []any{"policy", cfg.PolicyFile, "rules", len(b.engine.Policy().Rules), "signing_key", b.keys.ActiveKid(),
+				"master_key_id", seal.KeyID(cfg.MasterKey)}
 		},
 	})
 	return nil

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/webhook"
 )
 
@@ -77,3 +78,7 @@ func (s *Service) secretKeys(ctx context.Context, clientID string) ([][]byte, er
 	}
 	return keys, rows.Err()
 }
+
+// Sealed lists the columns this package seals under the master key, for a
+// re-seal after a master-key rotation (internal/seal.Reseal).
+var Sealed = []seal.Column{{Schema: "arap", Table: "webhook_secrets", Key: "id", Value: "sealed", AD: "id"}}

@@ -65,6 +65,9 @@ type Config struct {
 	DB        *pgxpool.Pool
 	Jobs      requests.JobInserter
 	MasterKey []byte
+	// PreviousMasterKeys (32 bytes each) open values sealed before a master-key
+	// rotation; they never seal.
+	PreviousMasterKeys [][]byte
 	// StatusEndpoint renders a request's status URL for the task handle.
 	StatusEndpoint func(requestID string) string
 	// Resolver resolves callback hosts; net.DefaultResolver when nil.
@@ -91,7 +94,7 @@ func NewService(cfg Config) (*Service, error) {
 	if cfg.DB == nil || cfg.Jobs == nil || cfg.StatusEndpoint == nil {
 		return nil, errors.New("callbacks: DB, Jobs and StatusEndpoint are required")
 	}
-	box, err := seal.New(cfg.MasterKey)
+	box, err := seal.New(cfg.MasterKey, cfg.PreviousMasterKeys...)
 	if err != nil {
 		return nil, fmt.Errorf("callbacks: %w", err)
 	}

@@ -33,6 +33,7 @@ const (
 	ScopeRequest  = "request"  // submit, read and cancel its own access requests
 	ScopeDecide   = "decide"   // decision API
 	ScopeAdmin    = "admin"    // operator endpoints
+	ScopeAudit    = "audit"    // read the audit trail (GET /v1/audit)
 	// ScopeDecideForPeople lets a client that may use the decision API
 	// record a decision as a named directory user (on_behalf_of), as an
 	// ITSM approval or a chat bot would; the person's eligibility applies.
@@ -40,7 +41,7 @@ const (
 )
 
 // AllScopes lists every scope.
-var AllScopes = []string{ScopeEvaluate, ScopeRequest, ScopeDecide, ScopeAdmin, ScopeDecideForPeople}
+var AllScopes = []string{ScopeEvaluate, ScopeRequest, ScopeDecide, ScopeAdmin, ScopeDecideForPeople, ScopeAudit}
 
 // Resolver kinds.
 const (

@@ -22,6 +22,7 @@ import (
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
+	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
@@ -37,6 +38,9 @@ type Config struct {
 	DatabaseURL string
 	// MasterKey (32 bytes) seals stored arguments and submission bodies.
 	MasterKey []byte
+	// PreviousMasterKeys (32 bytes each) open values sealed before a master-key
+	// rotation; they never seal.
+	PreviousMasterKeys [][]byte
 	// BackendURL and BackendToken reach the PDP and Access Request Service.
 	BackendURL   string
 	BackendToken string
@@ -146,7 +150,7 @@ func (f *Frontend) build(ctx context.Context) error {
 		}
 	}
 	if f.gate, err = pep.NewGate(pep.Config{
-		DB: pool, Backend: &arapclient.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey,
+		DB: pool, Backend: &arapclient.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys,
 		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, Sources: sources, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
 		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Metrics: cfg.Metrics, Log: cfg.Log,
 	}); err != nil {
@@ -190,7 +194,11 @@ func (f *Frontend) build(ctx context.Context) error {
 		// Shutdown waits for open requests, and a listen stream never ends
 		// by itself: ending them is the first thing Shutdown does.
 		OnShutdown: []func(){notifier.Stop},
-		Started:    func() []any { return []any{"mcp", f.host.URL() + pep.PathMCP, "backend", cfg.BackendURL} },
+		// The master key's id (which says nothing about the key) shows which
+		// key each replica seals under during a rotation.
+		Started: func() []any {
+			return []any{"mcp", f.host.URL() + pep.PathMCP, "backend", cfg.BackendURL, "master_key_id", seal.KeyID(cfg.MasterKey)}
+		},
 	})
 	return nil
 }

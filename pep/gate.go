@@ -35,6 +35,9 @@ type Config struct {
 	Backend *arapclient.Client
 	// MasterKey (32 bytes) seals tool arguments and submission bodies.
 	MasterKey []byte
+	// PreviousMasterKeys (32 bytes each) open values sealed before a master-key
+	// rotation; they never seal.
+	PreviousMasterKeys [][]byte
 	// CallbackURL is where the backend is asked to call back (this server's
 	// callback endpoint); empty means poll only.
 	CallbackURL string
@@ -97,7 +100,7 @@ func NewGate(cfg Config) (*Gate, error) {
 	if cfg.DB == nil || cfg.Backend == nil || cfg.Jobs == nil {
 		return nil, errors.New("pep: DB, Backend and Jobs are required")
 	}
-	box, err := seal.New(cfg.MasterKey)
+	box, err := seal.New(cfg.MasterKey, cfg.PreviousMasterKeys...)
 	if err != nil {
 		return nil, fmt.Errorf("pep: %w", err)
 	}
@@ -385,4 +388,14 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 		return g.relayInput(p, tool, args, out.Input)
 	}
 	return out.result(""), nil
+}
+
+// Sealed lists the columns the gate seals under the front-end's master key,
+// for a re-seal after a master-key rotation (internal/seal.Reseal). The
+// request-state tokens of input requests (input.go) are sealed too but never
+// stored: those sealed under a retired key stop opening, and the client is
+// asked again.
+var Sealed = []seal.Column{
+	{Schema: "pep", Table: "approval_tasks", Key: "task_id", Value: "args_sealed", AD: "task_id"},
+	{Schema: "pep", Table: "intents", Key: "key", Value: "body_sealed", AD: "key"},
 }

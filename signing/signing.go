@@ -88,13 +88,16 @@ type Keys struct {
 type Options struct {
 	// MasterKey (32 bytes) seals private keys at rest.
 	MasterKey []byte
+	// PreviousMasterKeys (32 bytes each) open values sealed before a master-key
+	// rotation; they never seal.
+	PreviousMasterKeys [][]byte
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
 
 // Open loads the key set, creating the first key if there is none.
 func Open(ctx context.Context, db *pgxpool.Pool, opts Options) (*Keys, error) {
-	box, err := seal.New(opts.MasterKey)
+	box, err := seal.New(opts.MasterKey, opts.PreviousMasterKeys...)
 	if err != nil {
 		return nil, fmt.Errorf("signing: %w", err)
 	}
@@ -405,3 +408,7 @@ func List(ctx context.Context, db *pgxpool.Pool) ([]KeyInfo, error) {
 		return k, err
 	})
 }
+
+// Sealed lists the columns this package seals under the master key, for a
+// re-seal after a master-key rotation (internal/seal.Reseal).
+var Sealed = []seal.Column{{Schema: "arap", Table: "signing_keys", Key: "kid", Value: "private_key", AD: "kid"}}

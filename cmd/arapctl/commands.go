@@ -34,12 +34,14 @@ var commands = []*command{
 		"a named webhook target (ITSM) that rules name in notify.webhooks; the URL must pass the client's callback allow-list", 1, webhooksCreate},
 	{"webhooks list", "[--json]", "list webhook targets", 0, webhooksList},
 	{"webhooks delete", "NAME", "delete a webhook target; its pending deliveries fail until one of that name exists again", 1, webhooksDelete},
-	{"keys rotate", "[--verify-window 192h] [--master-key-file FILE]", "new signing key; the old one keeps verifying for --verify-window", 0, keysRotate},
+	{"keys rotate", "[--verify-window 192h] [--master-key-file FILE] [--master-key-previous-file FILE]", "new signing key; the old one keeps verifying for --verify-window", 0, keysRotate},
 	{"keys list", "", "signing keys and their state", 0, keysList},
+	{"keys reseal", "[--pep] [--check] [--master-key-file FILE] [--master-key-previous-file FILE]", "re-seal every stored secret under the current master key (ARAP_MASTER_KEY; the old ones in ARAP_MASTER_KEY_PREVIOUS) while the services run; --check fails while any value is not under it", 0, keysReseal},
 	{"passkeys list", "[--user NAME]", "approvers' registered passkeys: credential ids and public key fingerprints, to pin", 0, passkeysList},
 	{"passkeys remove", "CREDENTIAL-ID --user NAME", "remove a person's passkey, even their last one (a lost key); recorded in the audit trail", 1, passkeysRemove},
 	{"audit verify", "[--pep]", "check every hash chain of the audit trail, and every passkey-signed decision against its registered key", 0, auditVerify},
-	{"audit export", "[--pep] [--out FILE]", "write the audit trail as JSON lines", 0, auditExport},
+	{"audit export", "[--pep] [--out FILE] | [--since RFC3339 | --after CURSOR] [--follow [--interval 2s]] [--cursor-file FILE] [--out FILE]",
+		"write the audit trail as JSON lines: from the database, chain by chain; or, with --since, --after, --follow or --cursor-file, through the API (ARAP_URL, ARAP_TOKEN with the audit scope) in stream order, --follow polling for new events", 0, auditExport},
 	{"users create", "--name NAME [--display-name N] [--email E] [--password-stdin]", "create an approver or requester", 0, usersCreate},
 	{"users list", "", "list users with their groups", 0, usersList},
 	{"users disable", "NAME", "disable a user (they can no longer sign in or decide)", 1, usersDisable},
@@ -89,8 +91,9 @@ var commandGroups, groupOrder = func() (map[string]bool, []string) {
 const (
 	noteDatabase = `The database commands use DATABASE_URL (or --database-url). When neither is
 set, they use the database that ` + "`arapd dev`" + ` records in ` + devDataDir + `/` + devDatabaseURLFile + `
-of the current directory, and say so. keys rotate and clients secret rotate
-also need the master key (ARAP_MASTER_KEY or --master-key-file).`
+of the current directory, and say so. keys rotate, keys reseal and clients
+secret rotate also need the master key (ARAP_MASTER_KEY or --master-key-file;
+the keys it replaced, if any, in ARAP_MASTER_KEY_PREVIOUS).`
 	noteAPI = `The requests, approvals and deliveries commands call the decision API at
 ARAP_URL (--url, default http://127.0.0.1:8480) with the token in ARAP_TOKEN
 (--token), which needs the decide scope; deliveries need the token of the

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/internal/seal"
 )
 
 // Where `arapd dev` records its database (internal/dev; a test keeps them
@@ -122,8 +124,12 @@ func masterKeyFlag(fs *flag.FlagSet) *string {
 }
 
 // readMasterKey reads the base64 master key from a file or ARAP_MASTER_KEY.
-func readMasterKey(file string) ([]byte, error) {
-	raw := os.Getenv("ARAP_MASTER_KEY")
+func readMasterKey(file string) ([]byte, error) { return readMasterKeyFrom("ARAP_MASTER_KEY", file) }
+
+// readMasterKeyFrom reads a base64 master key from a file or the
+// environment variable envName.
+func readMasterKeyFrom(envName, file string) ([]byte, error) {
+	raw := os.Getenv(envName)
 	if file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
@@ -133,7 +139,31 @@ func readMasterKey(file string) ([]byte, error) {
 	}
 	master, err := base64.StdEncoding.DecodeString(strings.TrimSpace(raw))
 	if err != nil || len(master) != 32 {
-		return nil, errors.New("the master key is needed: ARAP_MASTER_KEY or --master-key-file (base64 of 32 bytes)")
+		return nil, fmt.Errorf("the master key is needed: %s or --master-key-file (base64 of 32 bytes)", envName)
 	}
 	return master, nil
+}
+
+// previousKeysFlag is --master-key-previous-file: the master keys a rotation
+// replaced, which still open values sealed under them.
+func previousKeysFlag(fs *flag.FlagSet, envName string) *string {
+	return fs.String("master-key-previous-file", os.Getenv(envName+"_FILE"),
+		"file with the previous master keys, base64, comma or newline separated ("+envName+"_FILE; or the keys themselves in "+envName+")")
+}
+
+// readPreviousKeys reads the previous master keys from a file or envName.
+func readPreviousKeys(envName, file string) ([][]byte, error) {
+	raw := os.Getenv(envName)
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, err
+		}
+		raw = string(b)
+	}
+	keys, err := seal.ParseKeys(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", envName, err)
+	}
+	return keys, nil
 }

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/omcp/arap/callbacks"
+	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/passkeys"
+	"github.com/omcp/arap/pep"
 	"github.com/omcp/arap/signing"
 )
 
@@ -18,8 +22,13 @@ func keysRotate(fs *flag.FlagSet) action {
 	d := databaseFlag(fs)
 	window := fs.Duration("verify-window", signing.DefaultVerifyWindow, "how long the retired key keeps verifying (cover the longest approval)")
 	keyFile := masterKeyFlag(fs)
+	prevFile := previousKeysFlag(fs, "ARAP_MASTER_KEY_PREVIOUS")
 	return func(s streams, _ []string) error {
 		master, err := readMasterKey(*keyFile)
+		if err != nil {
+			return err
+		}
+		previous, err := readPreviousKeys("ARAP_MASTER_KEY_PREVIOUS", *prevFile)
 		if err != nil {
 			return err
 		}
@@ -28,7 +37,7 @@ func keysRotate(fs *flag.FlagSet) action {
 			return err
 		}
 		defer db.Close()
-		keys, err := signing.Open(ctx, db, signing.Options{MasterKey: master})
+		keys, err := signing.Open(ctx, db, signing.Options{MasterKey: master, PreviousMasterKeys: previous})
 		if err != nil {
 			return err
 		}
@@ -100,4 +109,78 @@ func passkeysRemove(fs *flag.FlagSet) action {
 		fmt.Fprintf(s.out, "removed passkey %s of %s\n", args[0], *user)
 		return nil
 	})
+}
+
+// keysReseal re-seals every sealed column of the backend (or, with --pep,
+// of the front-end) under the current master key, while the services run
+// with the current key and the previous ones; --check only reports, and
+// fails while any value is not under the current key.
+func keysReseal(fs *flag.FlagSet) action {
+	d := databaseFlag(fs)
+	frontEnd := fs.Bool("pep", false, "the MCP front-end's sealed values (schema pep, keys ARAP_PEP_MASTER_KEY and ARAP_PEP_MASTER_KEY_PREVIOUS) instead of the backend's")
+	check := fs.Bool("check", false, "change nothing; exit non-zero if any value is not sealed under the current key (run it before retiring a previous key)")
+	keyFile := fs.String("master-key-file", "", "file with the current base64 master key (default: ARAP_MASTER_KEY_FILE, or ARAP_PEP_MASTER_KEY_FILE with --pep; or the key itself in ARAP_MASTER_KEY / ARAP_PEP_MASTER_KEY)")
+	prevFile := fs.String("master-key-previous-file", "", "file with the previous master keys, base64, comma or newline separated (default: ARAP_MASTER_KEY_PREVIOUS_FILE, or ARAP_PEP_MASTER_KEY_PREVIOUS_FILE with --pep; or the keys themselves in ARAP_MASTER_KEY_PREVIOUS / ARAP_PEP_MASTER_KEY_PREVIOUS)")
+	return func(s streams, _ []string) error {
+		env, cols := "ARAP_MASTER_KEY", append(append([]seal.Column{}, signing.Sealed...), callbacks.Sealed...)
+		if *frontEnd {
+			env, cols = "ARAP_PEP_MASTER_KEY", pep.Sealed
+		}
+		if *keyFile == "" {
+			*keyFile = os.Getenv(env + "_FILE")
+		}
+		if *prevFile == "" {
+			*prevFile = os.Getenv(env + "_PREVIOUS_FILE")
+		}
+		current, err := readMasterKeyFrom(env, *keyFile)
+		if err != nil {
+			return err
+		}
+		var previous [][]byte
+		if !*check {
+			if previous, err = readPreviousKeys(env+"_PREVIOUS", *prevFile); err != nil {
+				return err
+			}
+		}
+		box, err := seal.New(current, previous...)
+		if err != nil {
+			return err
+		}
+		ctx, db, err := d.open(s)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		if !*check {
+			counts, err := seal.Reseal(ctx, db, box, cols)
+			for _, n := range counts {
+				fmt.Fprintf(s.out, "%s: %d values, %d re-sealed, %d already under key %s", n.Column, n.Rows, n.Resealed, n.Current, box.CurrentID())
+				if n.Stale > 0 {
+					fmt.Fprintf(s.out, ", %d opened by none of the keys given", n.Stale)
+				}
+				fmt.Fprintln(s.out)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		// Whatever the re-seal did, what counts is what is stored now: a
+		// replica still sealing under an old key shows here.
+		counts, err := seal.Check(ctx, db, box, cols)
+		if err != nil {
+			return err
+		}
+		stale := 0
+		for _, n := range counts {
+			stale += n.Stale
+			if *check || n.Stale > 0 {
+				fmt.Fprintf(s.out, "%s: %d values, %d not under key %s\n", n.Column, n.Rows, n.Stale, box.CurrentID())
+			}
+		}
+		if stale > 0 {
+			return fmt.Errorf("%d sealed values are not under the current key %s: do not retire the previous keys yet (run keys reseal again; check that every replica runs with the new key as current)", stale, box.CurrentID())
+		}
+		fmt.Fprintf(s.out, "every sealed value is under the current key %s; the previous keys can be retired\n", box.CurrentID())
+		return nil
+	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/mcp/fixtures"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
@@ -161,9 +162,16 @@ func serve(args []string) error {
 	oidcScopes := fs.String("oidc-scopes", env("ARAP_OIDC_SCOPES", "openid email profile"), "scopes requested, space-separated (ARAP_OIDC_SCOPES)")
 	oidcName := fs.String("oidc-name", env("ARAP_OIDC_NAME", ""), "the provider's name on the sign-in button (ARAP_OIDC_NAME)")
 	localPasswords := fs.Bool("local-passwords", envBool("ARAP_LOCAL_PASSWORDS", true), "allow sign-in to the web UI with local passwords (ARAP_LOCAL_PASSWORDS); false needs --oidc-issuer")
+	// issue21-keys
+	prevKeyFile := fs.String("master-key-previous-file", env("ARAP_MASTER_KEY_PREVIOUS_FILE", ""), "file with earlier master keys (base64, comma or newline separated) that still open values sealed before a rotation, never seal (ARAP_MASTER_KEY_PREVIOUS_FILE, or the keys themselves in ARAP_MASTER_KEY_PREVIOUS)")
 	_ = fs.Parse(args)
 	log := logger(*level)
 	key, err := masterKey(*keyFile)
+	if err != nil {
+		return err
+	}
+	// issue21-keys
+	prevKeys, err := previousKeys("ARAP_MASTER_KEY_PREVIOUS", *prevKeyFile)
 	if err != nil {
 		return err
 	}
@@ -186,7 +194,7 @@ func serve(args []string) error {
 	}
 	ctx, reload := signals()
 	b, err := backend.New(ctx, backend.Config{
-		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, PolicyFile: *policy, MasterKey: key, Migrate: *doMigrate, Log: log,
+		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, PolicyFile: *policy, MasterKey: key, PreviousMasterKeys: prevKeys /* issue21-keys */, Migrate: *doMigrate, Log: log,
 		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate}, Mail: mail, Slack: slackConf,
 		OIDC: oidcConf, NoLocalPasswords: !*localPasswords,
 	})
@@ -312,6 +320,24 @@ func masterKeyFrom(envName, file string) ([]byte, error) {
 	return key, nil
 }
 
+// previousKeys reads the open-only master keys of a rotation from a file or
+// the environment variable envName (issue21-keys).
+func previousKeys(envName, file string) ([][]byte, error) {
+	raw := os.Getenv(envName)
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("previous master keys: %w", err)
+		}
+		raw = string(b)
+	}
+	keys, err := seal.ParseKeys(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", envName, err)
+	}
+	return keys, nil
+}
+
 func migrate(args []string) error {
 	fs := flag.NewFlagSet("migrate", flag.ExitOnError)
 	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL)")
@@ -357,6 +383,8 @@ func runMCP(args []string) error {
 	backendURL := fs.String("backend-url", env("ARAP_BACKEND_URL", "http://127.0.0.1:8480"), "the backend (PDP and Access Request Service) base URL (ARAP_BACKEND_URL)")
 	upstreams := fs.String("upstreams", env("ARAP_UPSTREAMS", ""), "upstreams file: MCP servers whose tools are offered behind the PDP (ARAP_UPSTREAMS; reloaded on SIGHUP)")
 	keyFile := fs.String("master-key-file", env("ARAP_PEP_MASTER_KEY_FILE", ""), "file with the base64 32-byte key sealing stored arguments (or ARAP_PEP_MASTER_KEY)")
+	// issue21-keys
+	prevKeyFile := fs.String("master-key-previous-file", env("ARAP_PEP_MASTER_KEY_PREVIOUS_FILE", ""), "file with earlier keys (base64, comma or newline separated) that still open stored arguments sealed before a rotation, never seal (ARAP_PEP_MASTER_KEY_PREVIOUS_FILE, or the keys themselves in ARAP_PEP_MASTER_KEY_PREVIOUS)")
 	execTimeout := fs.Duration("exec-timeout", envDuration("ARAP_EXEC_TIMEOUT", 30*time.Second), "bound on one tool run and the writing of its outcome (the run gets all but a fifth, at most 5s); a claimed run not recorded by then ends outcome-unknown (ARAP_EXEC_TIMEOUT)")
 	maxWindow := fs.Duration("max-window", envDuration("ARAP_MAX_WINDOW", 7*24*time.Hour), "longest a task waits for a decision, whatever the backend allows; then it ends denied (ARAP_MAX_WINDOW)")
 	poll := fs.Duration("poll-interval", envDuration("ARAP_POLL_INTERVAL", 2*time.Second), "pollIntervalMs suggested to clients and the first backend poll delay (ARAP_POLL_INTERVAL)")
@@ -376,6 +404,11 @@ func runMCP(args []string) error {
 	if err != nil {
 		return err
 	}
+	// issue21-keys
+	prevKeys, err := previousKeys("ARAP_PEP_MASTER_KEY_PREVIOUS", *prevKeyFile)
+	if err != nil {
+		return err
+	}
 	var secrets []string
 	for _, s := range strings.Split(os.Getenv("ARAP_WEBHOOK_SECRETS"), ",") {
 		if s = strings.TrimSpace(s); s != "" {
@@ -385,7 +418,7 @@ func runMCP(args []string) error {
 	ctx, reload := signals()
 	log := logger(*level)
 	cfg := frontend.Config{
-		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, MasterKey: key, BackendURL: *backendURL, BackendToken: token,
+		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, MasterKey: key, PreviousMasterKeys: prevKeys /* issue21-keys */, BackendURL: *backendURL, BackendToken: token,
 		WebhookSecrets: secrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
 		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log,
 	}
