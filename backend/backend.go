@@ -30,6 +30,7 @@ import (
 	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
+	"github.com/omcp/arap/internal/version"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
 	"github.com/omcp/arap/passkeys"
@@ -223,6 +224,9 @@ func (b *Backend) build(ctx context.Context) error {
 		return err
 	}
 	if err := prometheus.Register(b.requests.PendingGauge()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+		return err
+	}
+	if err := prometheus.Register(version.Collector()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
 		return err
 	}
 	b.clients = clients.NewStore(pool)

@@ -253,6 +253,9 @@ func TestMetrics(t *testing.T) {
 		}
 	}, 10*time.Second, 20*time.Millisecond)
 
+	_, body := s.get(t, pep.PathMetrics)
+	require.Regexp(t, `(?m)^arap_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1$`, body)
+
 	req, _ := http.NewRequest(http.MethodPost, s.f.URL()+pep.PathMetrics, nil)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)

@@ -164,3 +164,10 @@ func TestExitStatus(t *testing.T) {
 	require.Contains(t, errOut, "arapctl: cannot reach the database: ")
 	require.NotContains(t, errOut, "usage:")
 }
+
+// TestVersion: arapctl --version prints the build on standard output.
+func TestVersion(t *testing.T) {
+	code, out, errOut := arapctlMain(t, nil, "--version")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `^arapctl \S+ \(revision \S+, go[0-9.]+\S*\)\n$`, out)
+}

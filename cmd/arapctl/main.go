@@ -15,6 +15,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/omcp/arap/internal/version"
 )
 
 func main() {
@@ -68,6 +70,10 @@ func isHelp(arg string) bool {
 func run(args []string, s streams) error {
 	if len(args) == 0 {
 		return usageError{"missing command", commandList()}
+	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "version" {
+		_, err := fmt.Fprintln(s.out, version.Get().String("arapctl"))
+		return err
 	}
 	if isHelp(args[0]) {
 		if len(args) == 1 {

@@ -30,6 +30,7 @@ import (
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/internal/version"
 	"github.com/omcp/arap/mcp/fixtures"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
@@ -45,7 +46,8 @@ commands:
   dev       run everything locally with a private PostgreSQL and seed data
   migrate   apply database migrations
 
-Run "arapd <command> -h" for the flags of a command.
+Run "arapd <command> -h" for the flags of a command, "arapd --version" for
+the build.
 `
 
 func main() {
@@ -74,6 +76,9 @@ func main() {
 		err = migrate(os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
+		return
+	case "--version", "-version", "version":
+		fmt.Println(version.Get().String("arapd"))
 		return
 	default:
 		fmt.Fprintf(os.Stderr, "arapd: unknown command %q\n\n%s", os.Args[1], usage)
