@@ -320,6 +320,7 @@ func masterKeyFrom(envName, file string) ([]byte, error) {
 func migrate(args []string) error {
 	fs := flag.NewFlagSet("migrate", flag.ExitOnError)
 	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL)")
+	status := fs.Bool("status", false, "print, per schema, the applied and pending migrations and whether this binary can run against the database; apply nothing")
 	_ = fs.Parse(args)
 	if *dbURL == "" {
 		return errors.New("--database-url or DATABASE_URL is required")
@@ -330,6 +331,13 @@ func migrate(args []string) error {
 		return err
 	}
 	defer pool.Close()
+	if *status {
+		st, err := migrations.Status(ctx, pool)
+		if err != nil {
+			return err
+		}
+		return migrations.WriteStatus(os.Stdout, st)
+	}
 	return migrations.Up(ctx, pool, logger("info"))
 }
 
