@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -57,6 +58,9 @@ type Config struct {
 	Workers int
 	Limits  arap.Limits
 	Log     *slog.Logger
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client (--trusted-proxies).
+	TrustedProxies []netip.Prefix
 	// RequestRetention, if set, overrides how long ended requests stay readable.
 	RequestRetention time.Duration
 	// CallbackSchedule, if set, overrides the callback retry schedule.
@@ -292,7 +296,7 @@ func (b *Backend) build(ctx context.Context) error {
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
 		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people, DevMail: cfg.DevMail,
-		Slack: slackApp,
+		Slack: slackApp, TrustedProxies: cfg.TrustedProxies,
 	})
 	if err != nil {
 		return err
