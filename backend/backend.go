@@ -119,7 +119,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		cfg.JobTimeout = time.Minute
 	}
 	if cfg.DatabaseURL == "" {
-		return nil, errors.New("backend: a database URL is required (--database-url or DATABASE_URL)")
+		return nil, errors.New("backend: a database URL is required (ARAP_DATABASE_URL or DATABASE_URL, or a file named by --database-url-file)")
 	}
 	if cfg.PolicyFile == "" {
 		return nil, errors.New("backend: a policy file is required (--policy)")

@@ -264,7 +264,7 @@ func riverStatus(ctx context.Context, pool *pgxpool.Pool, schema string) (Schema
 		return s, fmt.Errorf("migrations: river migrator: %w", err)
 	}
 	for _, m := range migrator.AllVersions() {
-		s.Known = append(s.Known, Migration{Schema: schema, Version: m.Version, Name: m.Name})
+		s.Known = append(s.Known, Migration{Schema: schema, Version: m.Version, Name: strings.ReplaceAll(m.Name, " ", "_")})
 	}
 	var exists bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, "river_migration"}.Sanitize()).Scan(&exists); err != nil {

@@ -21,6 +21,7 @@ package config
 
 import (
 	"bufio"
+	"encoding"
 	"errors"
 	"flag"
 	"fmt"
@@ -109,6 +110,12 @@ func (s *Set) Duration(name string, def time.Duration, usage string, env ...stri
 	return s.fs.Duration(name, def, usage)
 }
 
+// TextVar defines a setting parsed by p's UnmarshalText (a log level).
+func (s *Set) TextVar(p encoding.TextUnmarshaler, name string, def encoding.TextMarshaler, usage string, env ...string) {
+	s.define(name, env)
+	s.fs.TextVar(p, name, def, usage)
+}
+
 // Var defines a setting of any flag.Value.
 func (s *Set) Var(v flag.Value, name, usage string, env ...string) {
 	s.define(name, env)
@@ -159,10 +166,10 @@ func (s *Set) Parse(args []string) error {
 			s.Help(s.out)
 			return ErrHelp
 		}
-		return fmt.Errorf("%s: %s", s.cmd, s.flagProblem(err))
+		return errors.New(s.flagProblem(err))
 	}
 	if s.fs.NArg() > 0 {
-		return fmt.Errorf("%s: unexpected argument %q", s.cmd, s.fs.Arg(0))
+		return fmt.Errorf("unexpected argument %q", s.fs.Arg(0))
 	}
 	given := map[string]bool{}
 	s.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -176,7 +183,7 @@ func (s *Set) Parse(args []string) error {
 				continue
 			}
 			if err := s.fs.Set(name, val); err != nil {
-				return fmt.Errorf("%s: %s=%q: %s", s.cmd, v, val, s.valueProblem(name, err))
+				return fmt.Errorf("%s=%q: %s", v, val, s.valueProblem(name, err))
 			}
 			break
 		}
@@ -189,13 +196,13 @@ func (s *Set) Parse(args []string) error {
 	if err != nil {
 		var pe *parseError
 		if errors.As(err, &pe) {
-			return fmt.Errorf("%s: %w", s.cmd, pe)
+			return pe
 		}
-		return fmt.Errorf("%s: config file %s: %w", s.cmd, file, err)
+		return fmt.Errorf("config file %s: %w", file, err)
 	}
 	for _, sec := range s.secrets {
 		if err := s.readSecret(sec); err != nil {
-			return fmt.Errorf("%s: %w", s.cmd, err)
+			return err
 		}
 	}
 	return nil

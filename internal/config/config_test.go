@@ -75,25 +75,25 @@ func TestBadValues(t *testing.T) {
 		args []string
 		want string
 	}{
-		{args: []string{"--exec-timeout", "soon"}, want: `arapd test: --exec-timeout "soon": want a duration such as 30s, 5m or 1h30m`},
-		{env: map[string]string{"ARAP_EXEC_TIMEOUT": "30"}, want: `arapd test: ARAP_EXEC_TIMEOUT="30": want a duration such as 30s, 5m or 1h30m`},
-		{env: map[string]string{"ARAP_LISTEN_STREAMS": "ten"}, want: `arapd test: ARAP_LISTEN_STREAMS="ten": want a whole number`},
-		{env: map[string]string{"ARAP_LOCAL_PASSWORDS": "nope"}, want: `arapd test: ARAP_LOCAL_PASSWORDS="nope": want true or false`},
-		{args: []string{"--no-such"}, want: "arapd test: no such flag: --no-such"},
-		{args: []string{"stray"}, want: `arapd test: unexpected argument "stray"`},
+		{args: []string{"--exec-timeout", "soon"}, want: `--exec-timeout "soon": want a duration such as 30s, 5m or 1h30m`},
+		{env: map[string]string{"ARAP_EXEC_TIMEOUT": "30"}, want: `ARAP_EXEC_TIMEOUT="30": want a duration such as 30s, 5m or 1h30m`},
+		{env: map[string]string{"ARAP_LISTEN_STREAMS": "ten"}, want: `ARAP_LISTEN_STREAMS="ten": want a whole number`},
+		{env: map[string]string{"ARAP_LOCAL_PASSWORDS": "nope"}, want: `ARAP_LOCAL_PASSWORDS="nope": want true or false`},
+		{args: []string{"--no-such"}, want: "no such flag: --no-such"},
+		{args: []string{"stray"}, want: `unexpected argument "stray"`},
 	} {
 		err := newSettings(c.env).set.Parse(c.args)
 		require.EqualError(t, err, c.want)
 	}
 	file := write(t, "bad.conf", "addr 10.0.0.1:1\n\n# fine so far\nexec-timeout forever\n")
 	err := newSettings(nil).set.Parse([]string{"--config", file})
-	require.EqualError(t, err, `arapd test: `+file+`:4: exec-timeout "forever": want a duration such as 30s, 5m or 1h30m`)
+	require.EqualError(t, err, file+`:4: exec-timeout "forever": want a duration such as 30s, 5m or 1h30m`)
 	file = write(t, "unknown.conf", "addr 10.0.0.1:1\nadress 10.0.0.1:2\n")
 	err = newSettings(nil).set.Parse([]string{"--config", file})
-	require.EqualError(t, err, `arapd test: `+file+`:2: unknown key "adress"`)
+	require.EqualError(t, err, file+`:2: unknown key "adress"`)
 	file = write(t, "secret.conf", "master-key c2VjcmV0\n")
 	err = newSettings(nil).set.Parse([]string{"--config", file})
-	require.EqualError(t, err, `arapd test: `+file+`:1: unknown key "master-key" (a secret is never in the config file: name a file holding it with master-key-file)`)
+	require.EqualError(t, err, file+`:1: unknown key "master-key" (a secret is never in the config file: name a file holding it with master-key-file)`)
 	err = newSettings(map[string]string{"ARAP_CONFIG": "/nonexistent/arap.conf"}).set.Parse(nil)
 	require.ErrorContains(t, err, "config file /nonexistent/arap.conf")
 }
@@ -127,11 +127,11 @@ func TestSecrets(t *testing.T) {
 	}
 
 	err := newSettings(map[string]string{"ARAP_PEP_MASTER_KEY": "a2V5", "ARAP_PEP_MASTER_KEY_FILE": keyFile}).set.Parse(nil)
-	require.EqualError(t, err, "arapd test: the master key is set both in ARAP_PEP_MASTER_KEY and as a file (--master-key-file, ARAP_PEP_MASTER_KEY_FILE or the config file's master-key-file); set one")
+	require.EqualError(t, err, "the master key is set both in ARAP_PEP_MASTER_KEY and as a file (--master-key-file, ARAP_PEP_MASTER_KEY_FILE or the config file's master-key-file); set one")
 	err = newSettings(map[string]string{"ARAP_PEP_MASTER_KEY_FILE": "/nonexistent"}).set.Parse(nil)
 	require.ErrorContains(t, err, "the master key (--master-key-file): open /nonexistent")
 	err = newSettings(nil).set.Parse([]string{"--master-key", "a2V5"})
-	require.EqualError(t, err, "arapd test: no such flag: --master-key", "never a flag")
+	require.EqualError(t, err, "no such flag: --master-key", "never a flag")
 	err = newSettings(nil).set.Parse([]string{"--master-key-file", write(t, "empty", "\n")})
 	require.ErrorContains(t, err, "is empty")
 }
