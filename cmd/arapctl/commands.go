@@ -87,22 +87,30 @@ var commandGroups, groupOrder = func() (map[string]bool, []string) {
 // Notes on what the commands of each kind need, shown in the overview and
 // in the help of each command and group.
 const (
-	noteDatabase = `The database commands use DATABASE_URL (or --database-url). When neither is
-set, they use the database that ` + "`arapd dev`" + ` records in ` + devDataDir + `/` + devDatabaseURLFile + `
-of the current directory, and say so. keys rotate and clients secret rotate
-also need the master key (ARAP_MASTER_KEY or --master-key-file).`
+	noteDatabase = `The database commands use ARAP_DATABASE_URL or DATABASE_URL (or a file
+named by --database-url-file). When none is set, they use the database that
+` + "`arapd dev`" + ` records in ` + devDataDir + `/` + devDatabaseURLFile + ` of the current directory, and say
+so. keys rotate and clients secret rotate also need the master key
+(ARAP_MASTER_KEY or --master-key-file).` + noteSettings
 	noteAPI = `The requests, approvals and deliveries commands call the decision API at
 ARAP_URL (--url, default http://127.0.0.1:8480) with the token in ARAP_TOKEN
-(--token), which needs the decide scope; deliveries need the token of the
-client that submitted.`
+(or a file named by --token-file), which needs the decide scope; deliveries
+need the token of the client that submitted.` + noteSettings
 	noteMCP = `The mcp commands are an MCP client that speaks only the tasks extension: at
 ARAP_MCP_URL (--url, default http://127.0.0.1:8481/mcp) with the caller token
-in ARAP_MCP_TOKEN (--token). call prints the task and waits for its result,
-polling as often as the server asks; unfinished task ids are kept in
-ARAP_MCP_STATE (--state, default ~/.local/state/arapctl/tasks.json) so that
-wait resumes them after a restart. Exit status: 0 the tool ran, 1 an error
-result or a failed or cancelled task, 2 a usage error, 3 input is needed,
-4 interrupted.`
+in ARAP_MCP_TOKEN (or a file named by --token-file). call prints the task and
+waits for its result, polling as often as the server asks; unfinished task
+ids are kept in ARAP_MCP_STATE (--state, default
+~/.local/state/arapctl/tasks.json) so that wait resumes them after a
+restart. Exit status: 0 the tool ran, 1 an error result or a failed or
+cancelled task, 2 a usage error, 3 input is needed, 4 interrupted.` + noteSettings
+	noteSettings = `
+
+Each of these settings is a flag, an environment variable or a key of the
+config file (--config FILE, ARAP_CONFIG; one "key value" a line: url,
+token-file, mcp-url, mcp-token-file, mcp-state, database-url-file,
+master-key-file); a flag wins over the variable, the variable over the file.
+Tokens, keys and the database URL are never flags.`
 )
 
 // note is what the commands of group need.
@@ -156,6 +164,9 @@ func (c *command) help(fs *flag.FlagSet) string {
 		typ, usage := flag.UnquoteUsage(f)
 		if f.DefValue != "" && f.DefValue != "false" {
 			usage += " (default " + f.DefValue + ")"
+		}
+		if src := sources(fs, f.Name); src != "" {
+			usage += "; " + src
 		}
 		fmt.Fprintf(&b, "  %s\n%s", strings.TrimSpace("--"+f.Name+" "+typ), wrap("      ", usage, 80))
 	})

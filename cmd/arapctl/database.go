@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/internal/config"
 )
 
 // Where `arapd dev` records its database (internal/dev; a test keeps them
@@ -22,14 +24,16 @@ const (
 	devDatabaseURLFile = "database-url"
 )
 
-// database is the --database-url flag of a database command.
-type database struct{ url *string }
+// database is the database URL of a database command: ARAP_DATABASE_URL,
+// DATABASE_URL or --database-url-file (it may hold a password, so never a
+// flag), else the one arapd dev recorded.
+type database struct{ url *config.Secret }
 
 func databaseFlag(fs *flag.FlagSet) database {
-	return database{fs.String("database-url", "", "PostgreSQL URL (default: DATABASE_URL, else the one arapd dev recorded in "+devDataDir+"/"+devDatabaseURLFile+")")}
+	return database{settings(fs).Secret("database-url", "the PostgreSQL URL (default: the one arapd dev recorded in "+devDataDir+"/"+devDatabaseURLFile+")", "ARAP_DATABASE_URL", "DATABASE_URL")}
 }
 
-// withDatabase is an action on the database: it registers --database-url
+// withDatabase is an action on the database: it registers the database URL
 // on fs, and connects before run and closes after it.
 func withDatabase(fs *flag.FlagSet, run func(ctx context.Context, db *pgxpool.Pool, s streams, args []string) error) action {
 	d := databaseFlag(fs)
@@ -43,15 +47,13 @@ func withDatabase(fs *flag.FlagSet, run func(ctx context.Context, db *pgxpool.Po
 	}
 }
 
-// open connects to the database: --database-url, else DATABASE_URL, else
+// open connects to the database: ARAP_DATABASE_URL, DATABASE_URL or
+// --database-url-file, else
 // the database `arapd dev` records in ./.arap-dev/database-url, which it
 // names on s.note. The caller closes the pool.
 func (d database) open(s streams) (context.Context, *pgxpool.Pool, error) {
 	ctx := context.Background()
-	url, from := *d.url, ""
-	if url == "" {
-		url = os.Getenv("DATABASE_URL")
-	}
+	url, from := d.url.Value(), ""
 	if url == "" {
 		var err error
 		if url, err = devDatabaseURL(); err != nil {
@@ -86,7 +88,7 @@ func devDatabaseURL() (string, error) {
 	path := filepath.Join(devDataDir, devDatabaseURLFile)
 	info, err := os.Stat(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("no database: set DATABASE_URL or --database-url (with `arapd dev` running, run arapctl in the directory it runs in, or set DATABASE_URL=$(cat DATA-DIR/%s))", devDatabaseURLFile)
+		return "", fmt.Errorf("no database: set DATABASE_URL (or ARAP_DATABASE_URL, or --database-url-file) (with `arapd dev` running, run arapctl in the directory it runs in, or set DATABASE_URL=$(cat DATA-DIR/%s))", devDatabaseURLFile)
 	}
 	if err != nil {
 		return "", err
@@ -115,25 +117,17 @@ func operator() string {
 	return "operator:" + name
 }
 
-// masterKeyFlag is --master-key-file of the commands that need the master
-// key.
-func masterKeyFlag(fs *flag.FlagSet) *string {
-	return fs.String("master-key-file", os.Getenv("ARAP_MASTER_KEY_FILE"), "file with the base64 master key (ARAP_MASTER_KEY_FILE; or the key itself in ARAP_MASTER_KEY)")
+// masterKeyFlag is the master key of the commands that need it:
+// ARAP_MASTER_KEY or --master-key-file.
+func masterKeyFlag(fs *flag.FlagSet) *config.Secret {
+	return settings(fs).Secret("master-key", "the base64 master key", "ARAP_MASTER_KEY")
 }
 
-// readMasterKey reads the base64 master key from a file or ARAP_MASTER_KEY.
-func readMasterKey(file string) ([]byte, error) {
-	raw := os.Getenv("ARAP_MASTER_KEY")
-	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return nil, err
-		}
-		raw = string(b)
-	}
-	master, err := base64.StdEncoding.DecodeString(strings.TrimSpace(raw))
+// readMasterKey decodes the base64 master key.
+func readMasterKey(key *config.Secret) ([]byte, error) {
+	master, err := base64.StdEncoding.DecodeString(key.Value())
 	if err != nil || len(master) != 32 {
-		return nil, errors.New("the master key is needed: ARAP_MASTER_KEY or --master-key-file (base64 of 32 bytes)")
+		return nil, errors.New("the master key is needed: " + key.Describe() + " (base64 of 32 bytes)")
 	}
 	return master, nil
 }

@@ -19,7 +19,7 @@ func keysRotate(fs *flag.FlagSet) action {
 	window := fs.Duration("verify-window", signing.DefaultVerifyWindow, "how long the retired key keeps verifying (cover the longest approval)")
 	keyFile := masterKeyFlag(fs)
 	return func(s streams, _ []string) error {
-		master, err := readMasterKey(*keyFile)
+		master, err := readMasterKey(keyFile)
 		if err != nil {
 			return err
 		}

@@ -132,6 +132,9 @@ func (c *command) run(args []string, s streams) error {
 	if c.nargs >= 0 && len(pos) != c.nargs {
 		return usageError{msg: c.countProblem(pos)}
 	}
+	if err := resolve(fs); err != nil {
+		return usageError{msg: err.Error()}
+	}
 	return act(s, pos)
 }
 
@@ -179,10 +182,3 @@ type multi []string
 
 func (m *multi) String() string     { return strings.Join(*m, ",") }
 func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}

@@ -53,16 +53,50 @@ type Set struct {
 	config  *string
 	out     io.Writer
 	lookup  func(string) (string, bool)
+	keys    map[string]string // config key -> flag name, where they differ
+	keyOf   map[string]string // flag name -> config key, where they differ
+	ignore  map[string]bool   // keys other commands read from the same file
 }
 
 // New starts the configuration of command (e.g. "arapd serve"), with
 // --config. Help and errors go to out.
 func New(command string, out io.Writer) *Set {
-	s := &Set{cmd: command, fs: flag.NewFlagSet(command, flag.ContinueOnError), env: map[string][]string{}, out: out, lookup: os.LookupEnv}
-	s.fs.SetOutput(io.Discard) // Parse words the errors; Usage writes help
-	s.fs.Usage = func() {}
-	s.config = s.String(ConfigFlag, "", "config `FILE`: one setting a line, its key (the flag name), a space, its value; # starts a comment")
+	fs := flag.NewFlagSet(command, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // Parse words the errors; Usage writes help
+	fs.Usage = func() {}
+	return Wrap(fs, command, out)
+}
+
+// Wrap defines the settings on fs, which the caller parses itself (arapctl,
+// whose flags and arguments interleave) before calling Resolve.
+func Wrap(fs *flag.FlagSet, command string, out io.Writer) *Set {
+	s := &Set{cmd: command, fs: fs, env: map[string][]string{}, out: out, lookup: os.LookupEnv,
+		keys: map[string]string{}, keyOf: map[string]string{}, ignore: map[string]bool{}}
+	s.config = s.String(ConfigFlag, "", "read settings from `FILE`: one a line, its key (the flag name), a space, its value; # starts a comment")
 	return s
+}
+
+// Key makes key the config-file key of flag name (default: the name), for
+// a flag whose name means different things in different commands sharing
+// one file (arapctl's --url).
+func (s *Set) Key(name, key string) {
+	s.keys[key] = name
+	s.keyOf[name] = key
+}
+
+// Ignore names keys of the config file that other commands read: they are
+// not errors here.
+func (s *Set) Ignore(keys ...string) {
+	for _, k := range keys {
+		s.ignore[k] = true
+	}
+}
+
+func (s *Set) key(name string) string {
+	if k, ok := s.keyOf[name]; ok {
+		return k
+	}
+	return name
 }
 
 // WithLookup replaces the environment (tests).
@@ -141,7 +175,7 @@ func (s *Set) Secret(name, what string, env ...string) *Secret {
 		env = []string{EnvName(name)}
 	}
 	sec := &Secret{name: name, env: env, what: what}
-	sec.file = s.String(name+"-file", "", "file holding "+what, env[0]+"_FILE")
+	sec.file = s.String(name+"-file", "", "file holding "+what+" (instead of "+strings.Join(env, " or ")+")", env[0]+"_FILE")
 	s.secrets = append(s.secrets, sec)
 	return sec
 }
@@ -171,6 +205,12 @@ func (s *Set) Parse(args []string) error {
 	if s.fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", s.fs.Arg(0))
 	}
+	return s.Resolve()
+}
+
+// Resolve sets, after the command line was parsed, what it left unset: from
+// the environment, then from the config file; then it reads the secrets.
+func (s *Set) Resolve() error {
 	given := map[string]bool{}
 	s.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	for _, name := range s.order {
@@ -188,11 +228,11 @@ func (s *Set) Parse(args []string) error {
 			break
 		}
 	}
-	// ff parses the command line again (the same values) and then the
+	// The command line is parsed already (no arguments here); ff reads the
 	// config file, setting only flags neither the command line nor the
 	// environment set.
 	file := *s.config
-	err := ff.Parse(s.fs, args, ff.WithConfigFileFlag(ConfigFlag), ff.WithConfigFileParser(s.fileParser(file)))
+	err := ff.Parse(s.fs, nil, ff.WithConfigFileFlag(ConfigFlag), ff.WithConfigFileParser(s.fileParser(file)))
 	if err != nil {
 		var pe *parseError
 		if errors.As(err, &pe) {
@@ -220,7 +260,7 @@ func (s *Set) readSecret(c *Secret) error {
 	}
 	if *c.file != "" {
 		if fromEnv != "" {
-			return fmt.Errorf("%s is set both in %s and as a file (--%s-file, %s_FILE or the config file's %s-file); set one", c.what, fromEnv, c.name, c.env[0], c.name)
+			return fmt.Errorf("%s is set both in %s and as a file (--%s-file, %s_FILE or the config file's %s); set one", c.what, fromEnv, c.name, c.env[0], s.key(c.name+"-file"))
 		}
 		b, err := os.ReadFile(*c.file)
 		if err != nil {
@@ -253,15 +293,24 @@ func (s *Set) fileParser(file string) ff.ConfigFileParser {
 		sc := bufio.NewScanner(r)
 		for n := 1; sc.Scan(); n++ {
 			err := ff.PlainParser(strings.NewReader(sc.Text()), func(name, value string) error {
-				name = strings.TrimLeft(name, "-")
+				key := strings.TrimLeft(name, "-")
+				name = key
+				if n, ok := s.keys[key]; ok {
+					name = n
+				} else if _, renamed := s.keyOf[key]; renamed {
+					name = "" // the flag's key is another
+				}
 				if name == ConfigFlag {
 					return errors.New("a config file cannot name another config file")
 				}
-				if s.fs.Lookup(name) == nil {
-					return fmt.Errorf("unknown key %q%s", name, s.secretHint(name))
+				if name == "" || s.fs.Lookup(name) == nil {
+					if s.ignore[key] {
+						return nil
+					}
+					return fmt.Errorf("unknown key %q%s", key, s.secretHint(key))
 				}
 				if err := set(name, value); err != nil {
-					return fmt.Errorf("%s %q: %s", name, value, s.valueProblem(name, errors.Unwrap(err)))
+					return fmt.Errorf("%s %q: %s", key, value, s.valueProblem(name, errors.Unwrap(err)))
 				}
 				return nil
 			})
@@ -321,6 +370,19 @@ func (s *Set) valueProblem(name string, err error) string {
 	}
 }
 
+// Sources names a flag's variable and config key ("env ARAP_URL; config
+// key url"), or "" for a flag not defined here.
+func (s *Set) Sources(name string) string {
+	env, ok := s.env[name]
+	if !ok {
+		return ""
+	}
+	if name == ConfigFlag {
+		return "env " + strings.Join(env, " or ")
+	}
+	return fmt.Sprintf("env %s; config key %s", strings.Join(env, " or "), s.key(name))
+}
+
 // Help writes the command's settings: each flag with its variable and
 // config key, and the secrets.
 func (s *Set) Help(w io.Writer) {
@@ -349,12 +411,12 @@ func (s *Set) Help(w io.Writer) {
 			fmt.Fprintf(&b, "\n      env %s\n", strings.Join(s.env[name], " or "))
 			continue
 		}
-		fmt.Fprintf(&b, "\n      env %s; config key %s\n", strings.Join(s.env[name], " or "), name)
+		fmt.Fprintf(&b, "\n      env %s; config key %s\n", strings.Join(s.env[name], " or "), s.key(name))
 	}
 	if len(s.secrets) > 0 {
 		b.WriteString("\nSecrets are never flags (the process list shows flags): each is read from its\nvariable, or from a file named by its -file flag, variable or config key.\n\n")
 		for _, c := range s.secrets {
-			fmt.Fprintf(&b, "  %s\n      env %s, or a file: --%s-file, env %s_FILE, config key %s-file\n", c.what, strings.Join(c.env, " or "), c.name, c.env[0], c.name)
+			fmt.Fprintf(&b, "  %s\n      env %s, or a file: --%s-file, env %s_FILE, config key %s\n", c.what, strings.Join(c.env, " or "), c.name, c.env[0], s.key(c.name+"-file"))
 		}
 	}
 	_, _ = io.WriteString(w, b.String())

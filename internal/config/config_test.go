@@ -1,6 +1,8 @@
 package config_test
 
 import (
+	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -144,7 +146,7 @@ func TestHelp(t *testing.T) {
 	h := s.help.String()
 	require.Contains(t, h, "usage: arapd test [flags]\n")
 	require.Contains(t, h, "a flag wins over the variable, the variable over the file")
-	require.Contains(t, h, "  --config FILE\n      config FILE: one setting a line, its key (the flag name), a space, its value; # starts a comment\n      env ARAP_CONFIG\n")
+	require.Contains(t, h, "  --config FILE\n      read settings from FILE: one a line, its key (the flag name), a space, its value; # starts a comment\n      env ARAP_CONFIG\n")
 	t.Log(h)
 	require.Contains(t, h, "  --addr string\n      listen address (default 127.0.0.1:8481)\n      env ARAP_TEST_ADDR; config key addr\n")
 	require.Contains(t, h, "  --exec-timeout duration\n      bound on a run (default 30s)\n      env ARAP_EXEC_TIMEOUT; config key exec-timeout\n")
@@ -152,4 +154,32 @@ func TestHelp(t *testing.T) {
 	require.Contains(t, h, "  the master key\n      env ARAP_PEP_MASTER_KEY, or a file: --master-key-file, env ARAP_PEP_MASTER_KEY_FILE, config key master-key-file\n")
 	require.Contains(t, h, "  the PostgreSQL URL\n      env ARAP_DATABASE_URL or DATABASE_URL, or a file: --database-url-file, env ARAP_DATABASE_URL_FILE, config key database-url-file\n")
 	require.NotContains(t, h, "--master-key-file string\n", "a secret's file flag is listed with its secret")
+}
+
+// TestSharedFile: commands reading one config file (arapctl's) can give a
+// flag a key of its own, and skip the keys of the others; other unknown
+// keys are still errors. Wrap leaves the command line to the caller.
+func TestSharedFile(t *testing.T) {
+	tokenFile := write(t, "token", "tok\n")
+	file := write(t, "arapctl.conf", "url http://backend\nmcp-url http://mcp/mcp\nmcp-token-file "+tokenFile+"\ndatabase-url-file /elsewhere\n")
+	fs := flag.NewFlagSet("arapctl mcp call", flag.ContinueOnError)
+	c := config.Wrap(fs, "arapctl mcp call", io.Discard).WithLookup(func(string) (string, bool) { return "", false })
+	endpoint := c.String("url", "http://127.0.0.1:8481/mcp", "MCP endpoint", "ARAP_MCP_URL")
+	c.Key("url", "mcp-url")
+	token := c.Secret("token", "the MCP caller's token", "ARAP_MCP_TOKEN")
+	c.Key("token-file", "mcp-token-file")
+	c.Ignore("url", "token-file", "database-url-file")
+	require.NoError(t, fs.Parse([]string{"--config", file}))
+	require.NoError(t, c.Resolve())
+	require.Equal(t, "http://mcp/mcp", *endpoint, "its own key, not the API commands' url")
+	require.Equal(t, "tok", token.Value())
+
+	bad := write(t, "typo.conf", "mcp-url http://mcp/mcp\nmcp-urll x\n")
+	fs = flag.NewFlagSet("arapctl mcp call", flag.ContinueOnError)
+	c = config.Wrap(fs, "arapctl mcp call", io.Discard).WithLookup(func(string) (string, bool) { return "", false })
+	c.String("url", "", "MCP endpoint", "ARAP_MCP_URL")
+	c.Key("url", "mcp-url")
+	c.Ignore("url")
+	require.NoError(t, fs.Parse([]string{"--config", bad}))
+	require.EqualError(t, c.Resolve(), bad+`:2: unknown key "mcp-urll"`)
 }
