@@ -1,6 +1,8 @@
 package version
 
 import (
+	"os/exec"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -50,4 +52,22 @@ func TestCollector(t *testing.T) {
 arap_build_info{goversion="` + i.GoVersion + `",revision="cafe",version="v9.9.9"} 1
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "arap_build_info"))
+}
+
+// TestLinkerFlags builds arapctl with the -X flags a release build passes
+// (the Dockerfile's) and checks that --version reports them: the variable
+// paths in the package comment are the ones that work.
+func TestLinkerFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a binary")
+	}
+	bin := filepath.Join(t.TempDir(), "arapctl")
+	build := exec.Command("go", "build", "-o", bin, "-ldflags",
+		"-X github.com/omcp/arap/internal/version.version=v9.8.7 -X github.com/omcp/arap/internal/version.revision=0123abc",
+		"github.com/omcp/arap/cmd/arapctl")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	out, err = exec.Command(bin, "--version").Output()
+	require.NoError(t, err)
+	require.Regexp(t, `^arapctl v9\.8\.7 \(revision 0123abc, go[0-9.]+\S*\)\n$`, string(out))
 }
