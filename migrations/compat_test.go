@@ -68,12 +68,13 @@ func TestSchemaCompatibility(t *testing.T) {
 	require.NoError(t, err)
 	p.Close()
 
-	// One that is not: refused, with the message.
-	_, err = db.Exec(ctx, "INSERT INTO public.arap_schema_migrations (schema, version, name, compatible_with) VALUES ('arap', $1, 'breaking_future', $1)", next+1)
+	// One that is not: refused, with the message. It needs a binary
+	// knowing the migration just after this binary's newest: the boundary.
+	_, err = db.Exec(ctx, "INSERT INTO public.arap_schema_migrations (schema, version, name, compatible_with) VALUES ('arap', $1, 'breaking_future', $2)", next+1, next)
 	require.NoError(t, err)
 	err = migrations.Check(ctx, db)
 	require.ErrorAs(t, err, &ie)
-	require.Equal(t, "database schema: schema arap is newer than this binary: the database has "+pad(next+1)+"_breaking_future, which needs a binary knowing at least "+pad(next+1)+
+	require.Equal(t, "database schema: schema arap is newer than this binary: the database has "+pad(next+1)+"_breaking_future, which needs a binary knowing at least "+pad(next)+
 		", and this binary knows up to "+pad(last.Version)+"; run the newer arapd (or `arapd migrate --status` with it)", err.Error())
 	_, err = migrations.Open(ctx, url, false, nil)
 	require.ErrorAs(t, err, &ie, "Open refuses it too")
