@@ -258,7 +258,7 @@ func decodeMasterKey(key *config.Secret) ([]byte, error) {
 func migrate(args []string) error {
 	c := config.New("arapd migrate", os.Stdout)
 	dbURL := databaseURL(c)
-	status := c.Bool("status", false, "print, per schema, the applied and pending migrations and whether this binary can run against the database; apply nothing")
+	status := c.Bool("status", false, "print, per schema, the applied and pending migrations and whether this binary can run against the database; apply nothing", "ARAP_MIGRATE_STATUS")
 	level := logLevel(c)
 	if err := c.Parse(args); err != nil {
 		return err
