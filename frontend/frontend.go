@@ -23,7 +23,6 @@ import (
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
-	"github.com/omcp/arap/internal/version"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
@@ -177,7 +176,7 @@ func (f *Frontend) build(ctx context.Context) error {
 		return fmt.Errorf("frontend: %w", err)
 	}
 	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
-	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: version.Get().Version, WebhookSecrets: cfg.WebhookSecrets, TrustedProxies: cfg.TrustedProxies,
+	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, TrustedProxies: cfg.TrustedProxies,
 		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Ready: f.ready, Upstreams: f.upstreams, Log: cfg.Log})
 	if err != nil {
 		return err
