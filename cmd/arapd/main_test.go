@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -160,4 +161,22 @@ func TestSchemaCheckAtStartUp(t *testing.T) {
 	require.Contains(t, out, "  0001_init  applied\n")
 	require.NotContains(t, out, "  pending\n")
 	require.True(t, strings.HasSuffix(out, "\nthis binary can run against the database\n"), out)
+
+	// A later binary's migrations, recorded as it would: one declared
+	// compatible with this binary, then one that is not.
+	var newest int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT max(version) FROM public.arap_schema_migrations WHERE schema = 'arap'").Scan(&newest))
+	_, err = pool.Exec(context.Background(), "INSERT INTO public.arap_schema_migrations (schema, version, name, compatible_with) VALUES ('arap', $1, 'additive', $2)", newest+1, newest)
+	require.NoError(t, err)
+	code, out, errOut = arapd(t, env, "migrate", "--status")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, fmt.Sprintf("  %04d_additive  applied, unknown to this binary (compatible with binaries knowing %04d or later)\n", newest+1, newest))
+	require.True(t, strings.HasSuffix(out, "\nthis binary can run against the database\n"), out)
+	_, err = pool.Exec(context.Background(), "INSERT INTO public.arap_schema_migrations (schema, version, name, compatible_with) VALUES ('arap', $1, 'breaking', $1)", newest+2)
+	require.NoError(t, err)
+	for _, cmd := range []string{"serve", "mcp"} {
+		code, _, errOut := arapd(t, env, cmd, "--addr", "127.0.0.1:0")
+		require.Equal(t, 1, code, errOut)
+		require.Contains(t, errOut, fmt.Sprintf("database schema: schema arap is newer than this binary: the database has %04d_breaking, which needs a binary knowing at least %04d, and this binary knows up to %04d; run the newer arapd", newest+2, newest+2, newest))
+	}
 }
