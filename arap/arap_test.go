@@ -139,6 +139,7 @@ func TestDiscoveryJWKSAndOperations(t *testing.T) {
 	m := anon.do("GET", "/metrics", nil)
 	require.Equal(t, 200, m.status)
 	require.Contains(t, string(m.body), "arap_http_requests_total")
+	require.Regexp(t, `(?m)^arap_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1$`, string(m.body))
 	doc := anon.do("GET", "/openapi.yaml", nil)
 	require.Equal(t, 200, doc.status)
 	require.Equal(t, openapi.Spec, doc.body)

@@ -18,8 +18,8 @@ import (
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/clientip"
 	"github.com/omcp/arap/internal/logs"
-	"github.com/omcp/arap/internal/ratelimit"
 )
 
 var (
@@ -84,7 +84,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		httpRequests.WithLabelValues(r.Method, route, strconv.Itoa(rec.Status)).Inc()
 		httpDuration.WithLabelValues(r.Method, route).Observe(elapsed.Seconds())
 		attrs := []any{"method", r.Method, "route", route, "status", rec.Status, "bytes", rec.Bytes,
-			"duration_ms", float64(elapsed.Microseconds()) / 1000, "request_id", r.Context().Value(requestIDKey)}
+			"duration_ms", float64(elapsed.Microseconds()) / 1000, "request_id", r.Context().Value(requestIDKey), "remote", clientip.Addr(r).String()}
 		if info.client != "" {
 			attrs = append(attrs, "client", info.client)
 		}
@@ -155,7 +155,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			c, err = s.d.Clients.Authenticate(r.Context(), token)
 		}
 		if !ok || errors.Is(err, clients.ErrUnauthenticated) {
-			if !s.perIP.Serve(w, r, ratelimit.ClientIP(r), tooMany, s.internal) {
+			if !s.perIP.Serve(w, r, clientip.Key(r), tooMany, s.internal) {
 				return
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="arap"`)

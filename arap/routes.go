@@ -8,13 +8,14 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/internal/clientip"
 	"github.com/omcp/arap/openapi"
 )
 
 // routes lists the whole HTTP surface.
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(recoverer(s.d.Log), requestID, s.accessLog, securityHeaders, cleanURLs)
+	r.Use(clientip.Trust(s.d.TrustedProxies), recoverer(s.d.Log), requestID, s.accessLog, securityHeaders, cleanURLs)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, authzen.ProblemNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path, nil)
 	})

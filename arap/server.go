@@ -10,6 +10,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/omcp/arap/audit"
@@ -60,6 +61,9 @@ type Deps struct {
 	Counters *ratelimit.Counters
 	Limits   Limits
 	Log      *slog.Logger
+	// TrustedProxies are the peers whose X-Forwarded-For is believed
+	// (internal/clientip); none: every request's address is its peer.
+	TrustedProxies []netip.Prefix
 	// Ready reports whether the service can take traffic (database, workers).
 	Ready func(ctx context.Context) error
 	// UI, when set, is the approvers' web interface, served under /ui/.

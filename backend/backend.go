@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -31,6 +32,7 @@ import (
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/internal/seal"
+	"github.com/omcp/arap/internal/version"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
 	"github.com/omcp/arap/passkeys"
@@ -60,6 +62,9 @@ type Config struct {
 	Workers int
 	Limits  arap.Limits
 	Log     *slog.Logger
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client (--trusted-proxies).
+	TrustedProxies []netip.Prefix
 	// RequestRetention, if set, overrides how long ended requests stay readable.
 	RequestRetention time.Duration
 	// CallbackSchedule, if set, overrides the callback retry schedule.
@@ -118,7 +123,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		cfg.JobTimeout = time.Minute
 	}
 	if cfg.DatabaseURL == "" {
-		return nil, errors.New("backend: a database URL is required (--database-url or DATABASE_URL)")
+		return nil, errors.New("backend: a database URL is required (ARAP_DATABASE_URL or DATABASE_URL, or a file named by --database-url-file)")
 	}
 	if cfg.PolicyFile == "" {
 		return nil, errors.New("backend: a policy file is required (--policy)")
@@ -229,6 +234,9 @@ func (b *Backend) build(ctx context.Context) error {
 	if err := prometheus.Register(b.requests.PendingGauge()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
 		return err
 	}
+	if err := prometheus.Register(version.Collector()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+		return err
+	}
 	b.clients = clients.NewStore(pool)
 	counters := ratelimit.NewCounters(pool, pgx.Identifier{"arap", "rate_counters"})
 	counters.Now = cfg.RateLimitClock
@@ -292,7 +300,7 @@ func (b *Backend) build(ctx context.Context) error {
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
 		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people, DevMail: cfg.DevMail, Audit: pool,
-		Slack: slackApp,
+		Slack: slackApp, TrustedProxies: cfg.TrustedProxies,
 	})
 	if err != nil {
 		return err

@@ -22,7 +22,8 @@ if (!arapctl) {
 // mcp runs one arapctl mcp command against the scenario's server; the
 // token is a placeholder, these servers ask for none.
 function mcp(args, { mayFail = false } = {}) {
-  const r = spawnSync(arapctl, ["mcp", ...args, "--url", url, "--token", "conformance"], {
+  const r = spawnSync(arapctl, ["mcp", ...args, "--url", url], {
+    env: { ...process.env, ARAP_MCP_TOKEN: "conformance" },
     encoding: "utf8",
     timeout: 20000,
   });

@@ -30,8 +30,8 @@ var backendDomain = []string{
 // backend state or logic and import no backend package.
 var shared = []string{
 	"arapclient", "authzen", "identity", "migrations", "webhook",
-	"internal/chain", "internal/clean", "internal/dbdown", "internal/fault", "internal/host", "internal/logs", "internal/ratelimit",
-	"internal/schemamsg", "internal/seal", "internal/visible", "internal/yamlfile",
+	"internal/chain", "internal/clean", "internal/clientip", "internal/dbdown", "internal/fault", "internal/host", "internal/logs", "internal/ratelimit",
+	"internal/schemamsg", "internal/seal", "internal/version", "internal/visible", "internal/yamlfile",
 }
 
 // TestFrontEndLinksNoBackendPackage: what the front-end's packages link

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -46,6 +47,9 @@ type Config struct {
 	BackendToken string
 	// WebhookSecrets verify the backend's callbacks; none: poll only.
 	WebhookSecrets []string
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client (--trusted-proxies).
+	TrustedProxies []netip.Prefix
 	Migrate        bool
 	// Tools are the built-in tools (default: the demo tools, the built-in
 	// upstream "demo"); Sources offer more (upstream MCP servers), read on
@@ -176,7 +180,7 @@ func (f *Frontend) build(ctx context.Context) error {
 		return fmt.Errorf("frontend: %w", err)
 	}
 	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
-	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
+	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, TrustedProxies: cfg.TrustedProxies,
 		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Ready: f.ready, Upstreams: f.upstreams, Log: cfg.Log})
 	if err != nil {
 		return err

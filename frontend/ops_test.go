@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,7 +42,11 @@ func newOpsStack(t *testing.T) *opsStack { return newOpsStackOn(t, nil) }
 
 // newOpsStackOn is newOpsStack with the backend and the front-end on one
 // database of the test's own (as arapd dev runs them), when db is set.
-func newOpsStackOn(t *testing.T, db *dbtest.Private) *opsStack {
+func newOpsStackOn(t *testing.T, db *dbtest.Private) *opsStack { return newOpsStackWith(t, db, nil) }
+
+// newOpsStackWith is newOpsStackOn with the front-end's configuration
+// changed by edit.
+func newOpsStackWith(t *testing.T, db *dbtest.Private, edit func(*frontend.Config)) *opsStack {
 	t.Helper()
 	ctx := context.Background()
 	backendDB, frontDB := "", ""
@@ -52,10 +57,14 @@ func newOpsStackOn(t *testing.T, db *dbtest.Private) *opsStack {
 	}
 	s := &opsStack{env: backendtest.Start(t, backendtest.Options{DatabaseURL: backendDB}), log: &lockedBuffer{}}
 	s.upstreams.Store(&map[string]error{"crm": nil})
-	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: frontDB, MasterKey: make([]byte, 32),
+	cfg := frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: frontDB, MasterKey: make([]byte, 32),
 		BackendURL: s.env.URL, BackendToken: dev.PEPToken,
 		UpstreamsReady: func(context.Context) map[string]error { return *s.upstreams.Load() },
-		Log:            slog.New(slog.NewJSONHandler(s.log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		Log:            slog.New(slog.NewJSONHandler(s.log, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	if edit != nil {
+		edit(&cfg)
+	}
+	f, err := frontend.New(ctx, cfg)
 	require.NoError(t, err)
 	s.f = f
 	require.NoError(t, f.Start(ctx))
@@ -253,6 +262,9 @@ func TestMetrics(t *testing.T) {
 		}
 	}, 10*time.Second, 20*time.Millisecond)
 
+	_, body := s.get(t, pep.PathMetrics)
+	require.Regexp(t, `(?m)^arap_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1$`, body)
+
 	req, _ := http.NewRequest(http.MethodPost, s.f.URL()+pep.PathMetrics, nil)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -301,6 +313,36 @@ func TestAccessLog(t *testing.T) {
 	require.NotContains(t, all, secretArg, "tool arguments are never logged")
 	require.NotContains(t, all, alice.Token, "tokens are never logged")
 	require.NotContains(t, all, secretQuery, "query strings are never logged")
+}
+
+// TestAccessLogClientAddress: the access line's remote is the peer, and
+// X-Forwarded-For names the client only when the peer is a configured
+// trusted proxy (--trusted-proxies), as in the backend.
+func TestAccessLogClientAddress(t *testing.T) {
+	remote := func(s *opsStack, xff string) string {
+		req, _ := http.NewRequest(http.MethodGet, s.f.URL()+pep.PathHealth, nil)
+		req.Header.Set("X-Forwarded-For", xff)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		var got string
+		require.Eventually(t, func() bool {
+			for _, l := range s.log.lines() {
+				var rec map[string]any
+				if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "http request" && rec["route"] == pep.PathHealth {
+					got, _ = rec["remote"].(string)
+					return true
+				}
+			}
+			return false
+		}, 10*time.Second, 10*time.Millisecond)
+		return got
+	}
+	require.Equal(t, "127.0.0.1", remote(newOpsStack(t), "198.51.100.9"), "an untrusted peer's header is ignored")
+	trusting := newOpsStackWith(t, nil, func(c *frontend.Config) {
+		c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	})
+	require.Equal(t, "198.51.100.9", remote(trusting, "198.51.100.9, 127.0.0.1"), "a trusted proxy's header names the client")
 }
 
 // lockedBuffer is an io.Writer safe for concurrent log writes.

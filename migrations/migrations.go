@@ -47,6 +47,11 @@ type Migration struct {
 	Version int
 	Name    string
 	SQL     string
+	// CompatibleWith is the oldest binary, by the newest migration it
+	// knows, that still runs against a database with this migration: a
+	// "-- compatible-with: NNNN" line in the file's leading comment. Without
+	// one it is the migration's own version (only binaries that know it).
+	CompatibleWith int
 }
 
 // All returns every embedded migration, ordered by schema then version.
@@ -69,7 +74,11 @@ func All() ([]Migration, error) {
 			if err != nil {
 				return nil, err
 			}
-			ms = append(ms, Migration{Schema: schema, Version: v, Name: strings.TrimSuffix(rest, ".sql"), SQL: string(body)})
+			compat, err := compatibleWith(string(body), v)
+			if err != nil {
+				return nil, fmt.Errorf("migrations: %s/%s: %w", schema, name, err)
+			}
+			ms = append(ms, Migration{Schema: schema, Version: v, Name: strings.TrimSuffix(rest, ".sql"), SQL: string(body), CompatibleWith: compat})
 		}
 		sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 		for i, m := range ms {
@@ -106,9 +115,12 @@ func Up(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 			return fmt.Errorf("migrations: create schema %s: %w", s, err)
 		}
 	}
+	// compatible_with is recorded as each migration is applied, so that an
+	// older binary, which lacks the file, can still read what it declared.
 	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.arap_schema_migrations (
 		schema text NOT NULL, version int NOT NULL, name text NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (schema, version))`); err != nil {
+		applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (schema, version));
+		ALTER TABLE public.arap_schema_migrations ADD COLUMN IF NOT EXISTS compatible_with int`); err != nil {
 		return fmt.Errorf("migrations: bookkeeping table: %w", err)
 	}
 	for _, m := range all {
@@ -124,7 +136,8 @@ func Up(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO public.arap_schema_migrations (schema, version, name) VALUES ($1, $2, $3)`, m.Schema, m.Version, m.Name)
+			_, err := tx.Exec(ctx, `INSERT INTO public.arap_schema_migrations (schema, version, name, compatible_with) VALUES ($1, $2, $3, $4)`,
+				m.Schema, m.Version, m.Name, m.CompatibleWith)
 			return err
 		})
 		if err != nil {
@@ -156,7 +169,8 @@ const MinConns = 20
 
 // Open connects a server process (arapd serve, arapd mcp) to its database:
 // a pool of at least MinConns, checked with a ping, migrated first if
-// migrate is set.
+// migrate is set, and refused (Check) when its schema is one this binary
+// cannot run against.
 func Open(ctx context.Context, databaseURL string, migrate bool, log *slog.Logger) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
@@ -176,6 +190,10 @@ func Open(ctx context.Context, databaseURL string, migrate bool, log *slog.Logge
 			pool.Close()
 			return nil, err
 		}
+	}
+	if err := Check(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
 	}
 	return pool, nil
 }

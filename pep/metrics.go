@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/omcp/arap/internal/version"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -83,7 +84,7 @@ func NewMetrics() *Metrics {
 			Name: "arap_pep_http_requests_total", Help: "HTTP requests served by the MCP front-end, by route and status code.",
 		}, []string{"method", "route", "code"}),
 	}
-	m.reg.MustRegister(m.calls, m.ended, m.upDur, m.upErrors, m.http,
+	m.reg.MustRegister(m.calls, m.ended, m.upDur, m.upErrors, m.http, version.Collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

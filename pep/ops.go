@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/clientip"
 	"github.com/omcp/arap/internal/logs"
 )
 
@@ -107,7 +108,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		s.gate.cfg.Metrics.served(r.Method, route, rec.Status)
 		li.mu.Lock()
 		attrs := []any{"method", r.Method, "route", route, "status", rec.Status, "bytes", rec.Bytes,
-			"duration_ms", float64(elapsed.Microseconds()) / 1000, "request_id", id}
+			"duration_ms", float64(elapsed.Microseconds()) / 1000, "request_id", id, "remote", clientip.Addr(r).String()}
 		for _, a := range [][2]string{{"caller", li.caller}, {"rpc_method", li.method}, {"tool", li.tool}, {"outcome", li.outcome}} {
 			if a[1] != "" {
 				attrs = append(attrs, a[0], a[1])

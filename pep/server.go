@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/omcp/arap/internal/clean"
+	"github.com/omcp/arap/internal/clientip"
 	"github.com/omcp/arap/internal/dbdown"
 	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/internal/ratelimit"
@@ -39,6 +41,9 @@ type ServerOptions struct {
 	// WebhookSecrets verify the backend's callbacks; without any, the
 	// callback endpoint is off and tasks are tracked by polling alone.
 	WebhookSecrets []string
+	// TrustedProxies are the peers whose X-Forwarded-For is believed
+	// (internal/clientip); none: every request's address is its peer.
+	TrustedProxies []netip.Prefix
 	// RequestsPerMinute bounds each caller's MCP requests (default 1200),
 	// counted in Counters for all replicas together.
 	RequestsPerMinute int
@@ -258,7 +263,7 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	// Unauthenticated, like the backend's: counts by bounded labels only;
 	// keep it off public networks (docs/reference.md, Operations).
 	mux.Handle("GET "+PathMetrics, g.cfg.Metrics.Handler(o.Log))
-	srv.handler = srv.accessLog(cleanURLs(mux))
+	srv.handler = clientip.Trust(o.TrustedProxies)(srv.accessLog(cleanURLs(mux)))
 	return srv, nil
 }
 

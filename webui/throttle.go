@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"time"
 
-	"github.com/go-chi/chi/v5/middleware"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/omcp/arap/internal/clientip"
 )
 
 // Sign-in throttling. Failed sign-ins never lock an account out; they slow
@@ -77,30 +77,6 @@ type attempt struct {
 	n      int    // the client's attempts since its last success, this one included
 }
 
-// clientAddress is the address a browser not known for an account is
-// throttled by: the client IP a chi ClientIPFrom* middleware established,
-// when the server installs one for its trusted proxies, else the
-// connection's peer. X-Forwarded-For is never read here, so behind a
-// reverse proxy without such a middleware every unknown browser shares the
-// proxy's address (known browsers are unaffected). An IPv6 address counts
-// by its /64, which one host commonly holds whole.
-func clientAddress(r *http.Request) string {
-	a := middleware.GetClientIPAddr(r.Context())
-	if !a.IsValid() {
-		ap, err := netip.ParseAddrPort(r.RemoteAddr)
-		if err != nil {
-			return r.RemoteAddr
-		}
-		a = ap.Addr()
-	}
-	a = a.WithZone("").Unmap()
-	if a.Is6() {
-		p, _ := a.Prefix(64)
-		return p.String()
-	}
-	return a.String()
-}
-
 // knownDevice returns the hash of the browser's device id if it has signed
 // in as user before, else nil.
 func (u *UI) knownDevice(ctx context.Context, r *http.Request, user string) ([]byte, error) {
@@ -121,7 +97,7 @@ func (u *UI) knownDevice(ctx context.Context, r *http.Request, user string) ([]b
 // charge admits and charges one attempt to sign in as user, or refuses it
 // with a *throttledError.
 func (u *UI) charge(ctx context.Context, r *http.Request, user string) (*attempt, error) {
-	a := &attempt{user: user, client: "addr:" + clientAddress(r)}
+	a := &attempt{user: user, client: "addr:" + clientip.Key(r)}
 	var err error
 	if a.device, err = u.knownDevice(ctx, r, user); err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/cookiejar"
+	"net/netip"
 	"net/url"
 	"sync"
 	"testing"
@@ -177,4 +178,65 @@ func TestAccountGuessRateIsBounded(t *testing.T) {
 	var rows int
 	require.NoError(t, env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM arap.ui_devices WHERE user_name = 'carol'`).Scan(&rows))
 	require.Equal(t, 2*burst, rows, "each successful browser is known for the account")
+}
+
+// forwardedFor sets X-Forwarded-For on every request of b to what next
+// returns, as a client forging the header (or a proxy writing it) would.
+type forwardedFor struct {
+	next func() string
+	rt   http.RoundTripper
+}
+
+func (f forwardedFor) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("X-Forwarded-For", f.next())
+	return f.rt.RoundTrip(r)
+}
+
+func (b *browser) forwarding(next func() string) *browser {
+	b.c.Transport = forwardedFor{next: next, rt: b.c.Transport}
+	return b
+}
+
+// TestSpoofedForwardedForIgnored: the sign-in throttle counts a client by
+// its connection's address unless that is a trusted proxy. An attacker
+// connecting directly and writing a new X-Forwarded-For on every attempt is
+// still throttled as one client; through a trusted proxy, the header
+// decides (two clients behind one proxy are throttled apart), and a
+// multi-hop chain names the first untrusted hop. (The test backend's
+// contract proxy dials from the browser's own address and appends it to
+// X-Forwarded-For, as a plain reverse proxy does.)
+func TestSpoofedForwardedForIgnored(t *testing.T) {
+	clock := newClock()
+	proxy := netip.MustParsePrefix("127.0.0.9/32")
+	env := backendtest.Start(t, backendtest.Options{Now: clock.Now, TrustedProxies: []netip.Prefix{proxy}})
+
+	n := 0
+	attacker := browserAt(t, env, "127.0.0.3", nil).forwarding(func() string {
+		n++
+		return fmt.Sprintf("198.51.100.%d", n) // a new "client" every request, pages included
+	})
+	for i := 0; i < 3; i++ {
+		require.Equal(t, http.StatusUnauthorized, attacker.signIn("bob", "guess").status)
+	}
+	require.Contains(t, attacker.signIn("bob", "guess").body, "Wait 1 second")
+	require.Equal(t, http.StatusTooManyRequests, attacker.signIn("bob", dev.Password).status, "rotating X-Forwarded-For does not escape the throttle")
+
+	// Behind the trusted proxy, the client named in the header fails and
+	// waits; another client behind the same proxy signs in.
+	behind := func(client string) *browser {
+		return browserAt(t, env, "127.0.0.9", nil).forwarding(func() string { return client })
+	}
+	x := behind("203.0.113.7")
+	for i := 0; i < 3; i++ {
+		require.Equal(t, http.StatusUnauthorized, x.signIn("carol", "guess").status)
+	}
+	require.Contains(t, x.signIn("carol", "guess").body, "Wait 1 second")
+	require.Equal(t, http.StatusTooManyRequests, x.signIn("carol", dev.Password).status)
+	require.Equal(t, http.StatusTooManyRequests, behind("203.0.113.7").signIn("carol", dev.Password).status, "the same client in a fresh browser")
+	require.Equal(t, http.StatusSeeOther, behind("203.0.113.8").signIn("carol", dev.Password).status, "another client behind the proxy")
+	// A chain: the client forged a hop, then a trusted inner proxy
+	// forwarded; the first untrusted hop from the right is the client.
+	require.Equal(t, http.StatusTooManyRequests, behind("10.10.10.10, 203.0.113.7, 127.0.0.9").signIn("carol", dev.Password).status)
+	require.Equal(t, http.StatusSeeOther, behind("203.0.113.7, 203.0.113.9, 127.0.0.9").signIn("carol", dev.Password).status)
 }

@@ -30,6 +30,7 @@ import (
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/internal/clientip"
 	"github.com/omcp/arap/internal/dbdown"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/internal/summary"
@@ -119,8 +120,8 @@ func (u *UI) routes() http.Handler {
 	assets, _ := fs.Sub(assetFS, "assets")
 	r.Handle("/ui/assets/*", http.StripPrefix("/ui/assets/", http.FileServer(http.FS(assets))))
 	r.Get("/ui/login", u.loginPage)
-	r.With(u.logins.Middleware(ratelimit.ClientIP, tooManyLogins, u.fail)).Post("/ui/login", u.login)
-	r.With(u.logins.Middleware(ratelimit.ClientIP, tooManyLogins, u.fail)).Get("/ui/login/oidc", u.oidcStart)
+	r.With(u.logins.Middleware(clientip.Key, tooManyLogins, u.fail)).Post("/ui/login", u.login)
+	r.With(u.logins.Middleware(clientip.Key, tooManyLogins, u.fail)).Get("/ui/login/oidc", u.oidcStart)
 	r.Get("/ui/oidc/callback", u.oidcCallback)
 	r.Group(func(r chi.Router) {
 		r.Use(u.requireSession)

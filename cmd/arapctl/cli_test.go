@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -44,7 +45,7 @@ func flagsOf(c *command) map[string]bool {
 // the flags it defines (besides the connection flags every command of its
 // kind has), so `requests list` does not offer --reason.
 func TestEveryCommandHasItsOwnFlags(t *testing.T) {
-	common := map[string]bool{"database-url": true, "url": true, "token": true, "state": true}
+	common := map[string]bool{"database-url-file": true, "url": true, "token-file": true, "state": true, "config": true}
 	named := regexp.MustCompile(`--([a-z-]+)`)
 	for _, c := range commands {
 		defined := flagsOf(c)
@@ -107,6 +108,8 @@ func TestHelp(t *testing.T) {
 // TestUsageErrors: a command line arapctl cannot run is a usage error that
 // names the problem and carries the command's usage line.
 func TestUsageErrors(t *testing.T) {
+	t.Setenv("ARAP_TOKEN", "t")
+	t.Setenv("ARAP_MCP_TOKEN", "t")
 	for _, tc := range []struct {
 		args       []string
 		msg, usage string
@@ -117,8 +120,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"groups", "add", "treasury"}, "groups add: missing USER", commandNamed("groups add").usageLine()},
 		{[]string{"requests", "approve", "a", "--reason"}, "requests approve: --reason needs a value", commandNamed("requests approve").usageLine()},
 		{[]string{"requests", "list", "--limit", "many"}, `requests list: invalid value "many" for flag -limit: parse error`, commandNamed("requests list").usageLine()},
-		{[]string{"requests", "approve", "a", "--until", "tomorrow", "--token", "t"}, `requests approve: --until "tomorrow" is not an RFC 3339 time such as 2026-12-01T17:00:00Z`, commandNamed("requests approve").usageLine()},
-		{[]string{"mcp", "call", "wire_transfer", "--arg", "amount", "--token", "t"}, `mcp call: --arg "amount": want name=value`, commandNamed("mcp call").usageLine()},
+		{[]string{"requests", "approve", "a", "--until", "tomorrow"}, `requests approve: --until "tomorrow" is not an RFC 3339 time such as 2026-12-01T17:00:00Z`, commandNamed("requests approve").usageLine()},
+		{[]string{"mcp", "call", "wire_transfer", "--arg", "amount"}, `mcp call: --arg "amount": want name=value`, commandNamed("mcp call").usageLine()},
 		{[]string{"mcp"}, "mcp needs a subcommand", groupUsage("mcp")},
 		{[]string{"mcp", "frob"}, `unknown command "mcp frob"`, groupUsage("mcp")},
 		{[]string{"clients", "secret"}, `unknown command "clients secret"`, groupUsage("clients")},
@@ -133,7 +136,7 @@ func TestUsageErrors(t *testing.T) {
 	}
 	t.Setenv("ARAP_TOKEN", "")
 	_, err := ctl(t, "requests", "list")
-	require.EqualError(t, err, "requests list: a token is required: --token or ARAP_TOKEN")
+	require.EqualError(t, err, "requests list: a token is required: ARAP_TOKEN or --token-file (ARAP_TOKEN_FILE)")
 }
 
 // TestExitStatus runs arapctl's main: help goes to standard output with
@@ -163,4 +166,56 @@ func TestExitStatus(t *testing.T) {
 	require.Equal(t, 1, code, "an error that is not about usage")
 	require.Contains(t, errOut, "arapctl: cannot reach the database: ")
 	require.NotContains(t, errOut, "usage:")
+}
+
+// TestVersion: arapctl --version prints the build on standard output.
+func TestVersion(t *testing.T) {
+	code, out, errOut := arapctlMain(t, nil, "--version")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `^arapctl \S+ \(revision \S+, go[0-9.]+\S*\)\n$`, out)
+}
+
+// TestConnectionSettings: the connection settings come from a flag, an
+// ARAP_* variable or the config file, in that order; tokens never from a
+// flag; a token in a variable and a file at once is refused naming both.
+func TestConnectionSettings(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("t0k\n"), 0o600))
+	conf := filepath.Join(dir, "arapctl.conf")
+	require.NoError(t, os.WriteFile(conf, []byte("url http://127.0.0.1:9/from-file\ntoken-file "+tokenFile+"\nmcp-url http://127.0.0.1:9/mcp-from-file\nmcp-token-file "+tokenFile+"\ndatabase-url-file /nonexistent\n"), 0o600))
+	t.Setenv("ARAP_TOKEN", "")
+	t.Setenv("ARAP_URL", "")
+	t.Setenv("ARAP_CONFIG", conf)
+
+	_, err := ctl(t, "requests", "list")
+	require.ErrorContains(t, err, "127.0.0.1:9/from-file", "url and token-file from the config file")
+	t.Setenv("ARAP_URL", "http://127.0.0.1:9/from-env")
+	_, err = ctl(t, "requests", "list")
+	require.ErrorContains(t, err, "127.0.0.1:9/from-env", "the variable wins over the file")
+	_, err = ctl(t, "requests", "list", "--url", "http://127.0.0.1:9/from-flag")
+	require.ErrorContains(t, err, "127.0.0.1:9/from-flag", "the flag wins over the variable")
+	_, err = ctl(t, "mcp", "get", "task-1", "--url", "http://127.0.0.1:9/mcp-flag")
+	require.ErrorContains(t, err, "127.0.0.1:9/mcp-flag")
+	t.Setenv("ARAP_MCP_URL", "")
+	_, err = ctl(t, "mcp", "get", "task-1")
+	require.ErrorContains(t, err, "127.0.0.1:9/mcp-from-file", "the mcp commands read mcp-url, not url")
+
+	_, err = ctl(t, "requests", "list", "--token", "t")
+	require.EqualError(t, err, "requests list: no such flag: --token")
+	t.Setenv("ARAP_TOKEN", "t")
+	_, err = ctl(t, "requests", "list")
+	require.EqualError(t, err, "requests list: the API token is set both in ARAP_TOKEN and as a file (--token-file, ARAP_TOKEN_FILE or the config file's token-file); set one")
+
+	require.NoError(t, os.WriteFile(conf, []byte("url http://127.0.0.1:9\nurll typo\n"), 0o600))
+	_, err = ctl(t, "requests", "list")
+	require.EqualError(t, err, "requests list: "+conf+`:2: unknown key "urll"`)
+
+	out, err := ctl(t, "requests", "list", "--help")
+	require.NoError(t, err)
+	require.Contains(t, out, "backend URL (default http://127.0.0.1:8480); env ARAP_URL; config key url")
+	require.Contains(t, out, "file holding the API token (instead of ARAP_TOKEN); env ARAP_TOKEN_FILE;\n      config key token-file\n")
+	out, err = ctl(t, "mcp", "get", "--help")
+	require.NoError(t, err)
+	require.Contains(t, out, "env ARAP_MCP_URL; config\n      key mcp-url\n")
 }

@@ -86,7 +86,7 @@ func clientsSecretRotate(fs *flag.FlagSet) action {
 	overlap := fs.Duration("overlap", 24*time.Hour, "how long the previous secrets keep signing")
 	keyFile := masterKeyFlag(fs)
 	return func(s streams, pos []string) error {
-		master, err := readMasterKey(*keyFile)
+		master, err := readMasterKey(keyFile)
 		if err != nil {
 			return err
 		}

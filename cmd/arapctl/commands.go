@@ -36,7 +36,7 @@ var commands = []*command{
 	{"webhooks delete", "NAME", "delete a webhook target; its pending deliveries fail until one of that name exists again", 1, webhooksDelete},
 	{"keys rotate", "[--verify-window 192h] [--master-key-file FILE] [--master-key-previous-file FILE]", "new signing key; the old one keeps verifying for --verify-window", 0, keysRotate},
 	{"keys list", "", "signing keys and their state", 0, keysList},
-	{"keys reseal", "[--pep] [--check] [--master-key-file FILE] [--master-key-previous-file FILE]", "re-seal every stored secret under the current master key (ARAP_MASTER_KEY; the old ones in ARAP_MASTER_KEY_PREVIOUS) while the services run; --check fails while any value is not under it", 0, keysReseal},
+	{"keys reseal", "[--pep] [--check] [--master-key-file FILE] [--master-key-previous-file FILE] [--pep-master-key-file FILE] [--pep-master-key-previous-file FILE]", "re-seal every stored secret under the current master key (ARAP_MASTER_KEY; the old ones in ARAP_MASTER_KEY_PREVIOUS) while the services run; --check fails while any value is not under it", 0, keysReseal},
 	{"passkeys list", "[--user NAME]", "approvers' registered passkeys: credential ids and public key fingerprints, to pin", 0, passkeysList},
 	{"passkeys remove", "CREDENTIAL-ID --user NAME", "remove a person's passkey, even their last one (a lost key); recorded in the audit trail", 1, passkeysRemove},
 	{"audit verify", "[--pep]", "check every hash chain of the audit trail, and every passkey-signed decision against its registered key", 0, auditVerify},
@@ -89,23 +89,31 @@ var commandGroups, groupOrder = func() (map[string]bool, []string) {
 // Notes on what the commands of each kind need, shown in the overview and
 // in the help of each command and group.
 const (
-	noteDatabase = `The database commands use DATABASE_URL (or --database-url). When neither is
-set, they use the database that ` + "`arapd dev`" + ` records in ` + devDataDir + `/` + devDatabaseURLFile + `
-of the current directory, and say so. keys rotate, keys reseal and clients
-secret rotate also need the master key (ARAP_MASTER_KEY or --master-key-file;
-the keys it replaced, if any, in ARAP_MASTER_KEY_PREVIOUS).`
+	noteDatabase = `The database commands use ARAP_DATABASE_URL or DATABASE_URL (or a file
+named by --database-url-file). When none is set, they use the database that
+` + "`arapd dev`" + ` records in ` + devDataDir + `/` + devDatabaseURLFile + ` of the current directory, and say
+so. keys rotate, keys reseal and clients secret rotate also need the master
+key (ARAP_MASTER_KEY or --master-key-file; the keys it replaced, if any, in
+ARAP_MASTER_KEY_PREVIOUS or --master-key-previous-file).` + noteSettings
 	noteAPI = `The requests, approvals and deliveries commands call the decision API at
 ARAP_URL (--url, default http://127.0.0.1:8480) with the token in ARAP_TOKEN
-(--token), which needs the decide scope; deliveries need the token of the
-client that submitted.`
+(or a file named by --token-file), which needs the decide scope; deliveries
+need the token of the client that submitted.` + noteSettings
 	noteMCP = `The mcp commands are an MCP client that speaks only the tasks extension: at
 ARAP_MCP_URL (--url, default http://127.0.0.1:8481/mcp) with the caller token
-in ARAP_MCP_TOKEN (--token). call prints the task and waits for its result,
-polling as often as the server asks; unfinished task ids are kept in
-ARAP_MCP_STATE (--state, default ~/.local/state/arapctl/tasks.json) so that
-wait resumes them after a restart. Exit status: 0 the tool ran, 1 an error
-result or a failed or cancelled task, 2 a usage error, 3 input is needed,
-4 interrupted.`
+in ARAP_MCP_TOKEN (or a file named by --token-file). call prints the task and
+waits for its result, polling as often as the server asks; unfinished task
+ids are kept in ARAP_MCP_STATE (--state, default
+~/.local/state/arapctl/tasks.json) so that wait resumes them after a
+restart. Exit status: 0 the tool ran, 1 an error result or a failed or
+cancelled task, 2 a usage error, 3 input is needed, 4 interrupted.` + noteSettings
+	noteSettings = `
+
+Each of these settings is a flag, an environment variable or a key of the
+config file (--config FILE, ARAP_CONFIG; one "key value" a line: url,
+token-file, mcp-url, mcp-token-file, mcp-state, database-url-file,
+master-key-file); a flag wins over the variable, the variable over the file.
+Tokens, keys and the database URL are never flags.`
 )
 
 // note is what the commands of group need.
@@ -159,6 +167,9 @@ func (c *command) help(fs *flag.FlagSet) string {
 		typ, usage := flag.UnquoteUsage(f)
 		if f.DefValue != "" && f.DefValue != "false" {
 			usage += " (default " + f.DefValue + ")"
+		}
+		if src := sources(fs, f.Name); src != "" {
+			usage += "; " + src
 		}
 		fmt.Fprintf(&b, "  %s\n%s", strings.TrimSpace("--"+f.Name+" "+typ), wrap("      ", usage, 80))
 	})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/omcp/arap/internal/config"
 	"github.com/omcp/arap/internal/seal"
 )
 
@@ -24,14 +25,16 @@ const (
 	devDatabaseURLFile = "database-url"
 )
 
-// database is the --database-url flag of a database command.
-type database struct{ url *string }
+// database is the database URL of a database command: ARAP_DATABASE_URL,
+// DATABASE_URL or --database-url-file (it may hold a password, so never a
+// flag), else the one arapd dev recorded.
+type database struct{ url *config.Secret }
 
 func databaseFlag(fs *flag.FlagSet) database {
-	return database{fs.String("database-url", "", "PostgreSQL URL (default: DATABASE_URL, else the one arapd dev recorded in "+devDataDir+"/"+devDatabaseURLFile+")")}
+	return database{settings(fs).Secret("database-url", "the PostgreSQL URL (default: the one arapd dev recorded in "+devDataDir+"/"+devDatabaseURLFile+")", "ARAP_DATABASE_URL", "DATABASE_URL")}
 }
 
-// withDatabase is an action on the database: it registers --database-url
+// withDatabase is an action on the database: it registers the database URL
 // on fs, and connects before run and closes after it.
 func withDatabase(fs *flag.FlagSet, run func(ctx context.Context, db *pgxpool.Pool, s streams, args []string) error) action {
 	d := databaseFlag(fs)
@@ -45,15 +48,13 @@ func withDatabase(fs *flag.FlagSet, run func(ctx context.Context, db *pgxpool.Po
 	}
 }
 
-// open connects to the database: --database-url, else DATABASE_URL, else
+// open connects to the database: ARAP_DATABASE_URL, DATABASE_URL or
+// --database-url-file, else
 // the database `arapd dev` records in ./.arap-dev/database-url, which it
 // names on s.note. The caller closes the pool.
 func (d database) open(s streams) (context.Context, *pgxpool.Pool, error) {
 	ctx := context.Background()
-	url, from := *d.url, ""
-	if url == "" {
-		url = os.Getenv("DATABASE_URL")
-	}
+	url, from := d.url.Value(), ""
 	if url == "" {
 		var err error
 		if url, err = devDatabaseURL(); err != nil {
@@ -88,7 +89,7 @@ func devDatabaseURL() (string, error) {
 	path := filepath.Join(devDataDir, devDatabaseURLFile)
 	info, err := os.Stat(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("no database: set DATABASE_URL or --database-url (with `arapd dev` running, run arapctl in the directory it runs in, or set DATABASE_URL=$(cat DATA-DIR/%s))", devDatabaseURLFile)
+		return "", fmt.Errorf("no database: set DATABASE_URL (or ARAP_DATABASE_URL, or --database-url-file) (with `arapd dev` running, run arapctl in the directory it runs in, or set DATABASE_URL=$(cat DATA-DIR/%s))", devDatabaseURLFile)
 	}
 	if err != nil {
 		return "", err
@@ -117,53 +118,33 @@ func operator() string {
 	return "operator:" + name
 }
 
-// masterKeyFlag is --master-key-file of the commands that need the master
-// key.
-func masterKeyFlag(fs *flag.FlagSet) *string {
-	return fs.String("master-key-file", os.Getenv("ARAP_MASTER_KEY_FILE"), "file with the base64 master key (ARAP_MASTER_KEY_FILE; or the key itself in ARAP_MASTER_KEY)")
+// masterKeyFlag is the master key of the commands that need it:
+// ARAP_MASTER_KEY or --master-key-file.
+func masterKeyFlag(fs *flag.FlagSet) *config.Secret {
+	return settings(fs).Secret("master-key", "the base64 master key", "ARAP_MASTER_KEY")
 }
 
-// readMasterKey reads the base64 master key from a file or ARAP_MASTER_KEY.
-func readMasterKey(file string) ([]byte, error) { return readMasterKeyFrom("ARAP_MASTER_KEY", file) }
-
-// readMasterKeyFrom reads a base64 master key from a file or the
-// environment variable envName.
-func readMasterKeyFrom(envName, file string) ([]byte, error) {
-	raw := os.Getenv(envName)
-	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return nil, err
-		}
-		raw = string(b)
-	}
-	master, err := base64.StdEncoding.DecodeString(strings.TrimSpace(raw))
+// readMasterKey decodes the base64 master key.
+func readMasterKey(key *config.Secret) ([]byte, error) {
+	master, err := base64.StdEncoding.DecodeString(key.Value())
 	if err != nil || len(master) != 32 {
-		return nil, fmt.Errorf("the master key is needed: %s or --master-key-file (base64 of 32 bytes)", envName)
+		return nil, errors.New("the master key is needed: " + key.Describe() + " (base64 of 32 bytes)")
 	}
 	return master, nil
 }
 
-// previousKeysFlag is --master-key-previous-file: the master keys a rotation
-// replaced, which still open values sealed under them.
-func previousKeysFlag(fs *flag.FlagSet, envName string) *string {
-	return fs.String("master-key-previous-file", os.Getenv(envName+"_FILE"),
-		"file with the previous master keys, base64, comma or newline separated ("+envName+"_FILE; or the keys themselves in "+envName+")")
+// previousKeysFlag is the master keys a rotation replaced, which still open
+// values sealed under them: envName (comma or newline separated) or the
+// file named by --<name>-file.
+func previousKeysFlag(fs *flag.FlagSet, name, envName string) *config.Secret {
+	return settings(fs).Secret(name, "the previous base64 master keys, comma or newline separated", envName)
 }
 
-// readPreviousKeys reads the previous master keys from a file or envName.
-func readPreviousKeys(envName, file string) ([][]byte, error) {
-	raw := os.Getenv(envName)
-	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return nil, err
-		}
-		raw = string(b)
-	}
-	keys, err := seal.ParseKeys(raw)
+// readPreviousKeys decodes the previous master keys (none when unset).
+func readPreviousKeys(keys *config.Secret) ([][]byte, error) {
+	parsed, err := seal.ParseKeys(keys.Value())
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", envName, err)
+		return nil, fmt.Errorf("%s: %w", keys.Describe(), err)
 	}
-	return keys, nil
+	return parsed, nil
 }

@@ -41,7 +41,7 @@ func TestDevDatabase(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 
 	_, err := ctl(t, "attributes", "list")
-	require.ErrorContains(t, err, "no database: set DATABASE_URL or --database-url (with `arapd dev` running, run arapctl in the directory it runs in")
+	require.ErrorContains(t, err, "no database: set DATABASE_URL (or ARAP_DATABASE_URL, or --database-url-file) (with `arapd dev` running, run arapctl in the directory it runs in")
 
 	writeDevURL(t, dir, dbURL, 0o600)
 	out, notes, err := ctlNotes(t, "attributes", "set", "change_freeze", "true")
@@ -55,7 +55,7 @@ func TestDevDatabase(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, true, snap["change_freeze"], "set in the recorded database")
 
-	// DATABASE_URL and --database-url come first, silently.
+	// DATABASE_URL and --database-url-file come first, silently.
 	writeDevURL(t, dir, "postgres://nobody@127.0.0.1:1/gone?connect_timeout=2", 0o600)
 	t.Setenv("DATABASE_URL", dbURL)
 	out, notes, err = ctlNotes(t, "attributes", "list")
@@ -63,7 +63,9 @@ func TestDevDatabase(t *testing.T) {
 	require.JSONEq(t, `{"change_freeze": true}`, out)
 	require.Empty(t, notes)
 	t.Setenv("DATABASE_URL", "")
-	_, notes, err = ctlNotes(t, "attributes", "list", "--database-url", dbURL)
+	urlFile := filepath.Join(t.TempDir(), "database-url")
+	require.NoError(t, os.WriteFile(urlFile, []byte(dbURL+"\n"), 0o600))
+	_, notes, err = ctlNotes(t, "attributes", "list", "--database-url-file", urlFile)
 	require.NoError(t, err)
 	require.Empty(t, notes)
 

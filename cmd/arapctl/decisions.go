@@ -7,35 +7,36 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode/utf16"
 
 	"github.com/omcp/arap/arapclient"
+	"github.com/omcp/arap/internal/config"
 	"github.com/omcp/arap/internal/visible"
 )
 
-// api is the decision API flags of a command, --url and --token.
-type api struct{ base, token *string }
+// api is the decision API settings of a command: --url, and the token
+// (ARAP_TOKEN or --token-file; never a flag, which the process list shows).
+type api struct {
+	base  *string
+	token *config.Secret
+}
 
 func apiFlags(fs *flag.FlagSet) api {
+	c := settings(fs)
 	return api{
-		base:  fs.String("url", envOr("ARAP_URL", "http://127.0.0.1:8480"), "backend URL (ARAP_URL)"),
-		token: fs.String("token", "", "API token (default: ARAP_TOKEN)"),
+		base:  c.String("url", "http://127.0.0.1:8480", "backend URL", "ARAP_URL"),
+		token: c.Secret("token", "the API token", "ARAP_TOKEN"),
 	}
 }
 
 func (a api) client() (*arapclient.Client, error) {
-	token := *a.token
-	if token == "" {
-		token = os.Getenv("ARAP_TOKEN")
+	if !a.token.IsSet() {
+		return nil, usageError{msg: "a token is required: " + a.token.Describe()}
 	}
-	if token == "" {
-		return nil, usageError{msg: "a token is required: --token or ARAP_TOKEN"}
-	}
-	return &arapclient.Client{BaseURL: strings.TrimRight(*a.base, "/"), Token: token}, nil
+	return &arapclient.Client{BaseURL: strings.TrimRight(*a.base, "/"), Token: a.token.Value()}, nil
 }
 
 func requestsList(fs *flag.FlagSet) action {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -22,13 +21,13 @@ func keysRotate(fs *flag.FlagSet) action {
 	d := databaseFlag(fs)
 	window := fs.Duration("verify-window", signing.DefaultVerifyWindow, "how long the retired key keeps verifying (cover the longest approval)")
 	keyFile := masterKeyFlag(fs)
-	prevFile := previousKeysFlag(fs, "ARAP_MASTER_KEY_PREVIOUS")
+	prevKeys := previousKeysFlag(fs, "master-key-previous", "ARAP_MASTER_KEY_PREVIOUS")
 	return func(s streams, _ []string) error {
-		master, err := readMasterKey(*keyFile)
+		master, err := readMasterKey(keyFile)
 		if err != nil {
 			return err
 		}
-		previous, err := readPreviousKeys("ARAP_MASTER_KEY_PREVIOUS", *prevFile)
+		previous, err := readPreviousKeys(prevKeys)
 		if err != nil {
 			return err
 		}
@@ -119,26 +118,23 @@ func keysReseal(fs *flag.FlagSet) action {
 	d := databaseFlag(fs)
 	frontEnd := fs.Bool("pep", false, "the MCP front-end's sealed values (schema pep, keys ARAP_PEP_MASTER_KEY and ARAP_PEP_MASTER_KEY_PREVIOUS) instead of the backend's")
 	check := fs.Bool("check", false, "change nothing; exit non-zero if any value is not sealed under the current key (run it before retiring a previous key)")
-	keyFile := fs.String("master-key-file", "", "file with the current base64 master key (default: ARAP_MASTER_KEY_FILE, or ARAP_PEP_MASTER_KEY_FILE with --pep; or the key itself in ARAP_MASTER_KEY / ARAP_PEP_MASTER_KEY)")
-	prevFile := fs.String("master-key-previous-file", "", "file with the previous master keys, base64, comma or newline separated (default: ARAP_MASTER_KEY_PREVIOUS_FILE, or ARAP_PEP_MASTER_KEY_PREVIOUS_FILE with --pep; or the keys themselves in ARAP_MASTER_KEY_PREVIOUS / ARAP_PEP_MASTER_KEY_PREVIOUS)")
+	// Both processes' keys are settings here; --pep picks the front-end's.
+	key := masterKeyFlag(fs)
+	prevKeys := previousKeysFlag(fs, "master-key-previous", "ARAP_MASTER_KEY_PREVIOUS")
+	pepKey := settings(fs).Secret("pep-master-key", "the front-end's base64 master key (with --pep)", "ARAP_PEP_MASTER_KEY")
+	pepPrevKeys := previousKeysFlag(fs, "pep-master-key-previous", "ARAP_PEP_MASTER_KEY_PREVIOUS")
 	return func(s streams, _ []string) error {
-		env, cols := "ARAP_MASTER_KEY", append(append([]seal.Column{}, signing.Sealed...), callbacks.Sealed...)
+		cols := append(append([]seal.Column{}, signing.Sealed...), callbacks.Sealed...)
 		if *frontEnd {
-			env, cols = "ARAP_PEP_MASTER_KEY", pep.Sealed
+			cols, key, prevKeys = pep.Sealed, pepKey, pepPrevKeys
 		}
-		if *keyFile == "" {
-			*keyFile = os.Getenv(env + "_FILE")
-		}
-		if *prevFile == "" {
-			*prevFile = os.Getenv(env + "_PREVIOUS_FILE")
-		}
-		current, err := readMasterKeyFrom(env, *keyFile)
+		current, err := readMasterKey(key)
 		if err != nil {
 			return err
 		}
 		var previous [][]byte
 		if !*check {
-			if previous, err = readPreviousKeys(env+"_PREVIOUS", *prevFile); err != nil {
+			if previous, err = readPreviousKeys(prevKeys); err != nil {
 				return err
 			}
 		}

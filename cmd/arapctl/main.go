@@ -15,6 +15,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/omcp/arap/internal/version"
 )
 
 func main() {
@@ -68,6 +70,10 @@ func isHelp(arg string) bool {
 func run(args []string, s streams) error {
 	if len(args) == 0 {
 		return usageError{"missing command", commandList()}
+	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "version" {
+		_, err := fmt.Fprintln(s.out, version.Get().String("arapctl"))
+		return err
 	}
 	if isHelp(args[0]) {
 		if len(args) == 1 {
@@ -126,6 +132,9 @@ func (c *command) run(args []string, s streams) error {
 	if c.nargs >= 0 && len(pos) != c.nargs {
 		return usageError{msg: c.countProblem(pos)}
 	}
+	if err := resolve(fs); err != nil {
+		return usageError{msg: err.Error()}
+	}
 	return act(s, pos)
 }
 
@@ -173,10 +182,3 @@ type multi []string
 
 func (m *multi) String() string     { return strings.Join(*m, ",") }
 func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}

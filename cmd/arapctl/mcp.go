@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/omcp/arap/internal/config"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -39,17 +40,24 @@ type mcpCmd struct {
 // commands that start, finish or forget tasks) and input adds --input (the
 // ones that can answer input requests).
 type mcpFlags struct {
-	endpoint, token, state *string
-	inputs                 *multi
+	endpoint, state *string
+	token           *config.Secret
+	inputs          *multi
 }
 
+// newMCPFlags defines the MCP client's settings; in the config file they
+// are mcp-url, mcp-token-file and mcp-state (url is the decision API's).
 func newMCPFlags(fs *flag.FlagSet, state, input bool) *mcpFlags {
+	c := settings(fs)
 	f := &mcpFlags{
-		endpoint: fs.String("url", envOr("ARAP_MCP_URL", "http://127.0.0.1:8481/mcp"), "MCP endpoint (ARAP_MCP_URL)"),
-		token:    fs.String("token", "", "bearer token of the MCP caller (default: ARAP_MCP_TOKEN)"),
+		endpoint: c.String("url", "http://127.0.0.1:8481/mcp", "MCP endpoint", "ARAP_MCP_URL"),
+		token:    c.Secret("token", "the MCP caller's bearer token", "ARAP_MCP_TOKEN"),
 	}
+	c.Key("url", "mcp-url")
+	c.Key("token-file", "mcp-token-file")
 	if state {
-		f.state = fs.String("state", defaultStateFile(), "file remembering unfinished tasks (ARAP_MCP_STATE)")
+		f.state = c.String("state", defaultStateFile(), "file remembering unfinished tasks", "ARAP_MCP_STATE")
+		c.Key("state", "mcp-state")
 	}
 	if input {
 		f.inputs = &multi{}
@@ -60,14 +68,10 @@ func newMCPFlags(fs *flag.FlagSet, state, input bool) *mcpFlags {
 
 // cmd checks the flags and builds the command's client.
 func (f *mcpFlags) cmd(out io.Writer) (*mcpCmd, error) {
-	token := *f.token
-	if token == "" {
-		token = os.Getenv("ARAP_MCP_TOKEN")
+	if !f.token.IsSet() {
+		return nil, usageError{msg: "a token is required: " + f.token.Describe()}
 	}
-	if token == "" {
-		return nil, usageError{msg: "a token is required: --token or ARAP_MCP_TOKEN"}
-	}
-	m := &mcpCmd{client: &tasks.Client{URL: *f.endpoint, Token: token}, out: out}
+	m := &mcpCmd{client: &tasks.Client{URL: *f.endpoint, Token: f.token.Value()}, out: out}
 	if f.state != nil {
 		m.state = &taskFile{path: *f.state}
 	}

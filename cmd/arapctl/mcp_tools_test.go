@@ -40,7 +40,8 @@ func TestMCPToolsLeavesOutInvalidTools(t *testing.T) {
 		_, _ = w.Write([]byte(`{"jsonrpc":"2.0","id":` + jsonInt(req.ID) + `,"result":` + result + `}`))
 	}))
 	defer srv.Close()
-	common := []string{"--url", srv.URL, "--token", "t"}
+	t.Setenv("ARAP_MCP_TOKEN", "t")
+	common := []string{"--url", srv.URL}
 
 	out, notes, err := ctlNotes(t, append([]string{"mcp", "tools", "--json"}, common...)...)
 	require.NoError(t, err)

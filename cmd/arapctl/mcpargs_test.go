@@ -103,11 +103,12 @@ func mcpServer(t *testing.T) (string, string, *pgxpool.Pool, string) {
 func TestMCPCallTypesArgsBySchema(t *testing.T) {
 	endpoint, token, _, _ := mcpServer(t)
 	state := filepath.Join(t.TempDir(), "tasks.json")
-	out, err := ctl(t, "mcp", "call", "wire_transfer", "--arg", "to=991", "--arg", "amount=100", "--url", endpoint, "--token", token, "--state", state)
+	t.Setenv("ARAP_MCP_TOKEN", token)
+	out, err := ctl(t, "mcp", "call", "wire_transfer", "--arg", "to=991", "--arg", "amount=100", "--url", endpoint, "--state", state)
 	require.NoError(t, err, out)
 	require.Contains(t, out, "Transfer of $100 to 991 completed")
 	require.Contains(t, out, `"to": "991"`)
 
-	_, err = ctl(t, "mcp", "call", "wire_transfer", "--arg", "to=991", "--arg", "amount=lots", "--url", endpoint, "--token", token, "--state", state)
+	_, err = ctl(t, "mcp", "call", "wire_transfer", "--arg", "to=991", "--arg", "amount=lots", "--url", endpoint, "--state", state)
 	require.EqualError(t, err, "mcp call: --arg amount=lots: amount of wire_transfer takes a number; write it as JSON, such as --arg amount=12.5")
 }

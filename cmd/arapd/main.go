@@ -10,7 +10,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,7 +18,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -29,8 +27,11 @@ import (
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/frontend"
+	"github.com/omcp/arap/internal/clientip"
+	"github.com/omcp/arap/internal/config"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/internal/seal"
+	"github.com/omcp/arap/internal/version"
 	"github.com/omcp/arap/mcp/fixtures"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
@@ -46,7 +47,8 @@ commands:
   dev       run everything locally with a private PostgreSQL and seed data
   migrate   apply database migrations
 
-Run "arapd <command> -h" for the flags of a command.
+Run "arapd <command> -h" for the flags of a command, "arapd --version" for
+the build.
 `
 
 func main() {
@@ -76,9 +78,15 @@ func main() {
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
+	case "--version", "-version", "version":
+		fmt.Println(version.Get().String("arapd"))
+		return
 	default:
 		fmt.Fprintf(os.Stderr, "arapd: unknown command %q\n\n%s", os.Args[1], usage)
 		os.Exit(2)
+	}
+	if errors.Is(err, config.ErrHelp) {
+		return
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "arapd:", err)
@@ -86,37 +94,25 @@ func main() {
 	}
 }
 
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
+// logger writes JSON lines at level to standard error.
+func logger(level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
-func envDuration(name string, def time.Duration) time.Duration {
-	if v := os.Getenv(name); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
-		}
-	}
-	return def
+// The settings more than one command has.
+
+func databaseURL(c *config.Set) *config.Secret {
+	return c.Secret("database-url", "the PostgreSQL URL (it may hold a password)", "ARAP_DATABASE_URL", "DATABASE_URL")
 }
 
-func envInt(name string, def int) int {
-	if v := os.Getenv(name); v != "" {
-		if n, err := strconv.Atoi(v); err == nil {
-			return n
-		}
-	}
-	return def
+func logLevel(c *config.Set) *slog.Level {
+	l := new(slog.Level)
+	c.TextVar(l, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	return l
 }
 
-func logger(level string) *slog.Logger {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		l = slog.LevelInfo
-	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+func trustedProxies(c *config.Set) *string {
+	return c.String("trusted-proxies", "", "comma-separated addresses or CIDR prefixes of reverse proxies whose X-Forwarded-For names the client (default none: the connection's peer is the client)")
 }
 
 // signals returns a context cancelled by SIGTERM or SIGINT and a channel fed
@@ -138,65 +134,65 @@ func signals() (context.Context, <-chan struct{}) {
 }
 
 func serve(args []string) error {
-	fs := flag.NewFlagSet("serve", flag.ExitOnError)
-	addr := fs.String("addr", env("ARAP_ADDR", "127.0.0.1:8480"), "listen address (ARAP_ADDR)")
-	public := fs.String("public-url", env("ARAP_PUBLIC_URL", ""), "external base URL, e.g. https://arap.example.com (ARAP_PUBLIC_URL; default http://<addr>)")
-	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL)")
-	policy := fs.String("policy", env("ARAP_POLICY", ""), "policy file (ARAP_POLICY); reloaded on SIGHUP")
-	keyFile := fs.String("master-key-file", env("ARAP_MASTER_KEY_FILE", ""), "file holding the base64 32-byte master key (ARAP_MASTER_KEY_FILE, or the key itself in ARAP_MASTER_KEY)")
-	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
-	jobTimeout := fs.Duration("job-timeout", envDuration("ARAP_JOB_TIMEOUT", time.Minute), "bound on a background job; a job whose worker died is retried after twice this (ARAP_JOB_TIMEOUT)")
-	rate := fs.Int("rate-limit", arap.DefaultLimits.RequestsPerMinute, "requests per minute each API client may make (all replicas together)")
-	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
-	smtpURL := fs.String("smtp-url", env("ARAP_SMTP_URL", ""), "SMTP server for e-mail notifications: smtp://host[:port] (STARTTLS), smtps://host[:port] (TLS) (ARAP_SMTP_URL; e-mail is off without it)")
-	smtpUser := fs.String("smtp-username", env("ARAP_SMTP_USERNAME", ""), "SMTP user name (ARAP_SMTP_USERNAME); the password is read from ARAP_SMTP_PASSWORD or --smtp-password-file")
-	smtpPasswordFile := fs.String("smtp-password-file", env("ARAP_SMTP_PASSWORD_FILE", ""), "file holding the SMTP password (ARAP_SMTP_PASSWORD_FILE)")
-	mailFrom := fs.String("mail-from", env("ARAP_MAIL_FROM", ""), "sender address of notifications (ARAP_MAIL_FROM)")
-	slackTokenFile := fs.String("slack-token-file", env("ARAP_SLACK_TOKEN_FILE", ""), "file holding the Slack bot token (ARAP_SLACK_TOKEN_FILE, or the token itself in ARAP_SLACK_TOKEN); Slack is off without it")
-	slackSecretFile := fs.String("slack-signing-secret-file", env("ARAP_SLACK_SIGNING_SECRET_FILE", ""), "file holding the Slack app's signing secret (ARAP_SLACK_SIGNING_SECRET_FILE, or ARAP_SLACK_SIGNING_SECRET); without it the Approve and Deny buttons are refused")
-	slackAPI := fs.String("slack-api-url", env("ARAP_SLACK_API_URL", ""), "Slack Web API base URL, for tests (ARAP_SLACK_API_URL; default https://slack.com/api/)")
-	oidcIssuer := fs.String("oidc-issuer", env("ARAP_OIDC_ISSUER", ""), "OpenID provider's issuer URL for approver sign-in to the web UI (ARAP_OIDC_ISSUER; off without it); the redirect URL to register is <public-url>/ui/oidc/callback")
-	oidcClient := fs.String("oidc-client-id", env("ARAP_OIDC_CLIENT_ID", ""), "client id at the OpenID provider (ARAP_OIDC_CLIENT_ID)")
-	oidcSecretFile := fs.String("oidc-client-secret-file", env("ARAP_OIDC_CLIENT_SECRET_FILE", ""), "file holding the client secret (ARAP_OIDC_CLIENT_SECRET_FILE, or the secret itself in ARAP_OIDC_CLIENT_SECRET)")
-	oidcGroups := fs.String("oidc-groups-claim", env("ARAP_OIDC_GROUPS_CLAIM", ""), "ID token claim listing the user's groups; its values naming directory groups become the user's memberships at every sign-in (ARAP_OIDC_GROUPS_CLAIM; off without it)")
-	oidcScopes := fs.String("oidc-scopes", env("ARAP_OIDC_SCOPES", "openid email profile"), "scopes requested, space-separated (ARAP_OIDC_SCOPES)")
-	oidcName := fs.String("oidc-name", env("ARAP_OIDC_NAME", ""), "the provider's name on the sign-in button (ARAP_OIDC_NAME)")
-	localPasswords := fs.Bool("local-passwords", envBool("ARAP_LOCAL_PASSWORDS", true), "allow sign-in to the web UI with local passwords (ARAP_LOCAL_PASSWORDS); false needs --oidc-issuer")
-	// issue21-keys
-	prevKeyFile := fs.String("master-key-previous-file", env("ARAP_MASTER_KEY_PREVIOUS_FILE", ""), "file with earlier master keys (base64, comma or newline separated) that still open values sealed before a rotation, never seal (ARAP_MASTER_KEY_PREVIOUS_FILE, or the keys themselves in ARAP_MASTER_KEY_PREVIOUS)")
-	_ = fs.Parse(args)
+	c := config.New("arapd serve", os.Stdout)
+	addr := c.String("addr", "127.0.0.1:8480", "listen address")
+	public := c.String("public-url", "", "external base URL, e.g. https://arap.example.com (default http://<addr>)")
+	dbURL := databaseURL(c)
+	policy := c.String("policy", "", "policy file; reloaded on SIGHUP")
+	key := c.Secret("master-key", "the master key, base64 of 32 random bytes (openssl rand -base64 32)")
+	doMigrate := c.Bool("migrate", false, "apply pending migrations before starting")
+	jobTimeout := c.Duration("job-timeout", time.Minute, "bound on a background job; a job whose worker died is retried after twice this")
+	rate := c.Int("rate-limit", arap.DefaultLimits.RequestsPerMinute, "requests per minute each API client may make (all replicas together)")
+	level := logLevel(c)
+	trusted := trustedProxies(c)
+	smtpURL := c.String("smtp-url", "", "SMTP server for e-mail notifications: smtp://host[:port] (STARTTLS), smtps://host[:port] (TLS); e-mail is off without it")
+	smtpUser := c.String("smtp-username", "", "SMTP user name")
+	smtpPassword := c.Secret("smtp-password", "the SMTP password")
+	mailFrom := c.String("mail-from", "", "sender address of notifications")
+	slackToken := c.Secret("slack-token", "the Slack bot token (Slack is off without it)")
+	slackSecret := c.Secret("slack-signing-secret", "the Slack app's signing secret (without it the Approve and Deny buttons are refused)")
+	slackAPI := c.String("slack-api-url", "", "Slack Web API base URL, for tests (default https://slack.com/api/)")
+	oidcIssuer := c.String("oidc-issuer", "", "OpenID provider's issuer URL for approver sign-in to the web UI (off without it); the redirect URL to register is <public-url>/ui/oidc/callback")
+	oidcClient := c.String("oidc-client-id", "", "client id at the OpenID provider")
+	oidcSecret := c.Secret("oidc-client-secret", "the OpenID client secret")
+	oidcGroups := c.String("oidc-groups-claim", "", "ID token claim listing the user's groups; its values naming directory groups become the user's memberships at every sign-in (off without it)")
+	oidcScopes := c.String("oidc-scopes", "openid email profile", "scopes requested, space-separated")
+	oidcName := c.String("oidc-name", "", "the provider's name on the sign-in button")
+	localPasswords := c.Bool("local-passwords", true, "allow sign-in to the web UI with local passwords; false needs --oidc-issuer")
+	prevKeys := c.Secret("master-key-previous", "earlier master keys (base64, comma or newline separated) that still open values sealed before a rotation, never seal")
+	if err := c.Parse(args); err != nil {
+		return err
+	}
 	log := logger(*level)
-	key, err := masterKey(*keyFile)
+	masterKey, err := decodeMasterKey(key)
 	if err != nil {
 		return err
 	}
-	// issue21-keys
-	prevKeys, err := previousKeys("ARAP_MASTER_KEY_PREVIOUS", *prevKeyFile)
+	previous, err := previousKeys(prevKeys)
 	if err != nil {
 		return err
 	}
-	mail, err := mailConfig(*smtpURL, *smtpUser, *smtpPasswordFile, *mailFrom)
+	proxies, err := clientip.ParsePrefixes(*trusted)
+	if err != nil {
+		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
+	mail, err := mailConfig(*smtpURL, *smtpUser, smtpPassword.Value(), *mailFrom)
 	if err != nil {
 		return err
 	}
-	slackConf, err := slackConfig(*slackTokenFile, *slackSecretFile, *slackAPI)
+	slackConf, err := slackConfig(slackToken.Value(), slackSecret.Value(), *slackAPI)
 	if err != nil {
 		return err
 	}
-	if v := os.Getenv("ARAP_LOCAL_PASSWORDS"); v != "" {
-		if _, err := strconv.ParseBool(v); err != nil {
-			return fmt.Errorf("ARAP_LOCAL_PASSWORDS=%q: want true or false", v)
-		}
-	}
-	oidcConf, err := oidcConfig(*oidcIssuer, *oidcClient, *oidcSecretFile, *oidcGroups, *oidcScopes, *oidcName)
+	oidcConf, err := oidcConfig(*oidcIssuer, *oidcClient, oidcSecret.Value(), *oidcGroups, *oidcScopes, *oidcName)
 	if err != nil {
 		return err
 	}
 	ctx, reload := signals()
 	b, err := backend.New(ctx, backend.Config{
-		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, PolicyFile: *policy, MasterKey: key, PreviousMasterKeys: prevKeys /* issue21-keys */, Migrate: *doMigrate, Log: log,
+		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), PolicyFile: *policy, MasterKey: masterKey, PreviousMasterKeys: previous, Migrate: *doMigrate, Log: log,
 		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate}, Mail: mail, Slack: slackConf,
-		OIDC: oidcConf, NoLocalPasswords: !*localPasswords,
+		OIDC: oidcConf, NoLocalPasswords: !*localPasswords, TrustedProxies: proxies,
 	})
 	if err != nil {
 		return err
@@ -205,22 +201,13 @@ func serve(args []string) error {
 }
 
 // mailConfig is the e-mail channel's configuration, or nil (e-mail off)
-// without an SMTP URL. The password never comes from a flag (flags show in
-// the process list): ARAP_SMTP_PASSWORD or a file.
-func mailConfig(smtpURL, user, passwordFile, from string) (*notify.EmailConfig, error) {
+// without an SMTP URL.
+func mailConfig(smtpURL, user, password, from string) (*notify.EmailConfig, error) {
 	if smtpURL == "" {
-		if user != "" || passwordFile != "" || from != "" {
-			return nil, errors.New("--smtp-username, --smtp-password-file and --mail-from need --smtp-url (ARAP_SMTP_URL)")
+		if user != "" || password != "" || from != "" {
+			return nil, errors.New("--smtp-username, the SMTP password and --mail-from need --smtp-url (ARAP_SMTP_URL)")
 		}
 		return nil, nil
-	}
-	password := os.Getenv("ARAP_SMTP_PASSWORD")
-	if passwordFile != "" {
-		b, err := os.ReadFile(passwordFile)
-		if err != nil {
-			return nil, fmt.Errorf("SMTP password: %w", err)
-		}
-		password = strings.TrimRight(string(b), "\r\n")
 	}
 	if password != "" && user == "" {
 		return nil, errors.New("an SMTP password is set but no user name (--smtp-username, ARAP_SMTP_USERNAME)")
@@ -236,27 +223,8 @@ func mailConfig(smtpURL, user, passwordFile, from string) (*notify.EmailConfig, 
 }
 
 // slackConfig is the Slack app's configuration, or nil (Slack off) without
-// a token. Secrets come from the environment or files, never flags.
-func slackConfig(tokenFile, secretFile, apiURL string) (*slackapp.Config, error) {
-	read := func(what, envName, file string) (string, error) {
-		v := os.Getenv(envName)
-		if file != "" {
-			b, err := os.ReadFile(file)
-			if err != nil {
-				return "", fmt.Errorf("%s: %w", what, err)
-			}
-			v = string(b)
-		}
-		return strings.TrimSpace(v), nil
-	}
-	token, err := read("Slack token", "ARAP_SLACK_TOKEN", tokenFile)
-	if err != nil {
-		return nil, err
-	}
-	secret, err := read("Slack signing secret", "ARAP_SLACK_SIGNING_SECRET", secretFile)
-	if err != nil {
-		return nil, err
-	}
+// a token.
+func slackConfig(token, secret, apiURL string) (*slackapp.Config, error) {
 	if token == "" {
 		if secret != "" || apiURL != "" {
 			return nil, errors.New("a Slack signing secret or API URL is set but no token (ARAP_SLACK_TOKEN or --slack-token-file)")
@@ -270,17 +238,8 @@ func slackConfig(tokenFile, secretFile, apiURL string) (*slackapp.Config, error)
 }
 
 // oidcConfig is the OpenID provider's configuration, or nil (sign-in with
-// local passwords only) without an issuer. The secret comes from the
-// environment or a file, never a flag.
-func oidcConfig(issuer, clientID, secretFile, groupsClaim, scopes, name string) (*sso.Config, error) {
-	secret := os.Getenv("ARAP_OIDC_CLIENT_SECRET")
-	if secretFile != "" {
-		b, err := os.ReadFile(secretFile)
-		if err != nil {
-			return nil, fmt.Errorf("OIDC client secret: %w", err)
-		}
-		secret = strings.TrimSpace(string(b))
-	}
+// local passwords only) without an issuer.
+func oidcConfig(issuer, clientID, secret, groupsClaim, scopes, name string) (*sso.Config, error) {
 	if issuer == "" {
 		if clientID != "" || secret != "" || groupsClaim != "" || name != "" {
 			return nil, errors.New("--oidc-client-id, the client secret, --oidc-groups-claim and --oidc-name need --oidc-issuer (ARAP_OIDC_ISSUER)")
@@ -290,81 +249,68 @@ func oidcConfig(issuer, clientID, secretFile, groupsClaim, scopes, name string) 
 	return &sso.Config{Issuer: issuer, ClientID: clientID, ClientSecret: secret, GroupsClaim: groupsClaim, Scopes: strings.Fields(scopes), Name: name}, nil
 }
 
-func envBool(name string, def bool) bool {
-	if v := os.Getenv(name); v != "" {
-		if b, err := strconv.ParseBool(v); err == nil {
-			return b
-		}
+// decodeMasterKey decodes a master key: base64 of exactly 32 bytes.
+func decodeMasterKey(key *config.Secret) ([]byte, error) {
+	if !key.IsSet() {
+		return nil, fmt.Errorf("a master key is required: %s (base64 of 32 random bytes, e.g. `openssl rand -base64 32`)", key.Describe())
 	}
-	return def
-}
-
-func masterKey(file string) ([]byte, error) { return masterKeyFrom("ARAP_MASTER_KEY", file) }
-
-func masterKeyFrom(envName, file string) ([]byte, error) {
-	raw := os.Getenv(envName)
-	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return nil, fmt.Errorf("master key: %w", err)
-		}
-		raw = string(b)
-	}
-	if raw == "" {
-		return nil, fmt.Errorf("a master key is required: set %s (base64 of 32 random bytes, e.g. `openssl rand -base64 32`) or --master-key-file", envName)
-	}
-	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(raw))
-	if err != nil || len(key) != 32 {
+	b, err := base64.StdEncoding.DecodeString(key.Value())
+	if err != nil || len(b) != 32 {
 		return nil, errors.New("the master key must be the base64 encoding of exactly 32 bytes")
 	}
-	return key, nil
+	return b, nil
 }
 
-// previousKeys reads the open-only master keys of a rotation from a file or
-// the environment variable envName (issue21-keys).
-func previousKeys(envName, file string) ([][]byte, error) {
-	raw := os.Getenv(envName)
-	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return nil, fmt.Errorf("previous master keys: %w", err)
-		}
-		raw = string(b)
-	}
-	keys, err := seal.ParseKeys(raw)
+// previousKeys decodes the master keys a rotation replaced (none when unset).
+func previousKeys(keys *config.Secret) ([][]byte, error) {
+	parsed, err := seal.ParseKeys(keys.Value())
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", envName, err)
+		return nil, fmt.Errorf("%s: %w", keys.Describe(), err)
 	}
-	return keys, nil
+	return parsed, nil
 }
 
 func migrate(args []string) error {
-	fs := flag.NewFlagSet("migrate", flag.ExitOnError)
-	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL)")
-	_ = fs.Parse(args)
-	if *dbURL == "" {
-		return errors.New("--database-url or DATABASE_URL is required")
-	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, *dbURL)
-	if err != nil {
+	c := config.New("arapd migrate", os.Stdout)
+	dbURL := databaseURL(c)
+	status := c.Bool("status", false, "print, per schema, the applied and pending migrations and whether this binary can run against the database; apply nothing", "ARAP_MIGRATE_STATUS")
+	level := logLevel(c)
+	if err := c.Parse(args); err != nil {
 		return err
 	}
+	if !dbURL.IsSet() {
+		return fmt.Errorf("a database is required: %s", dbURL.Describe())
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dbURL.Value())
+	if err != nil {
+		return fmt.Errorf("database URL: %w", err)
+	}
 	defer pool.Close()
-	return migrations.Up(ctx, pool, logger("info"))
+	if *status {
+		st, err := migrations.Status(ctx, pool)
+		if err != nil {
+			return err
+		}
+		return migrations.WriteStatus(os.Stdout, st)
+	}
+	return migrations.Up(ctx, pool, logger(*level))
 }
 
 func runDev(args []string) error {
-	fs := flag.NewFlagSet("dev", flag.ExitOnError)
+	c := config.New("arapd dev", os.Stdout)
 	opts := dev.Options{}
-	fs.StringVar(&opts.Addr, "addr", "127.0.0.1:8480", "backend and web UI address")
-	fs.StringVar(&opts.MCPAddr, "mcp-addr", "127.0.0.1:8481", "MCP endpoint address")
-	fs.StringVar(&opts.DataDir, "data-dir", dev.DefaultDataDir, "where the private PostgreSQL cluster, policy and keys live")
-	fs.StringVar(&opts.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "use this database instead of a private cluster (DATABASE_URL)")
-	fs.StringVar(&opts.Upstreams, "upstreams", env("ARAP_UPSTREAMS", ""), "upstreams file: MCP servers whose tools the MCP endpoint offers behind the PDP (ARAP_UPSTREAMS; reloaded on SIGHUP)")
-	conformance := fs.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools on the MCP endpoint, and let requests without a token in as an anonymous caller (conformance testing only)")
-	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
-	_ = fs.Parse(args)
+	addr := c.String("addr", "127.0.0.1:8480", "backend and web UI address")
+	mcpAddr := c.String("mcp-addr", "127.0.0.1:8481", "MCP endpoint address")
+	dataDir := c.String("data-dir", dev.DefaultDataDir, "where the private PostgreSQL cluster, policy and keys live")
+	dbURL := c.Secret("database-url", "a database to use instead of a private cluster", "ARAP_DATABASE_URL", "DATABASE_URL")
+	upstreams := c.String("upstreams", "", "upstreams file: MCP servers whose tools the MCP endpoint offers behind the PDP; reloaded on SIGHUP")
+	conformance := c.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools on the MCP endpoint, and let requests without a token in as an anonymous caller (conformance testing only)")
+	level := logLevel(c)
+	if err := c.Parse(args); err != nil {
+		return err
+	}
+	opts.Addr, opts.MCPAddr, opts.DataDir, opts.DatabaseURL, opts.Upstreams = *addr, *mcpAddr, *dataDir, dbURL.Value(), *upstreams
 	opts.Log = logger(*level)
 	opts.Out = os.Stdout
 	if *conformance {
@@ -376,51 +322,60 @@ func runDev(args []string) error {
 
 func runMCP(args []string) error {
 	tuneGC()
-	fs := flag.NewFlagSet("mcp", flag.ExitOnError)
-	addr := fs.String("addr", env("ARAP_MCP_ADDR", "127.0.0.1:8481"), "listen address (ARAP_MCP_ADDR)")
-	public := fs.String("public-url", env("ARAP_MCP_PUBLIC_URL", ""), "base URL the backend uses for callbacks (ARAP_MCP_PUBLIC_URL; default http://<addr>)")
-	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL); the front-end's own tables live in schema pep")
-	backendURL := fs.String("backend-url", env("ARAP_BACKEND_URL", "http://127.0.0.1:8480"), "the backend (PDP and Access Request Service) base URL (ARAP_BACKEND_URL)")
-	upstreams := fs.String("upstreams", env("ARAP_UPSTREAMS", ""), "upstreams file: MCP servers whose tools are offered behind the PDP (ARAP_UPSTREAMS; reloaded on SIGHUP)")
-	keyFile := fs.String("master-key-file", env("ARAP_PEP_MASTER_KEY_FILE", ""), "file with the base64 32-byte key sealing stored arguments (or ARAP_PEP_MASTER_KEY)")
-	// issue21-keys
-	prevKeyFile := fs.String("master-key-previous-file", env("ARAP_PEP_MASTER_KEY_PREVIOUS_FILE", ""), "file with earlier keys (base64, comma or newline separated) that still open stored arguments sealed before a rotation, never seal (ARAP_PEP_MASTER_KEY_PREVIOUS_FILE, or the keys themselves in ARAP_PEP_MASTER_KEY_PREVIOUS)")
-	execTimeout := fs.Duration("exec-timeout", envDuration("ARAP_EXEC_TIMEOUT", 30*time.Second), "bound on one tool run and the writing of its outcome (the run gets all but a fifth, at most 5s); a claimed run not recorded by then ends outcome-unknown (ARAP_EXEC_TIMEOUT)")
-	maxWindow := fs.Duration("max-window", envDuration("ARAP_MAX_WINDOW", 7*24*time.Hour), "longest a task waits for a decision, whatever the backend allows; then it ends denied (ARAP_MAX_WINDOW)")
-	poll := fs.Duration("poll-interval", envDuration("ARAP_POLL_INTERVAL", 2*time.Second), "pollIntervalMs suggested to clients and the first backend poll delay (ARAP_POLL_INTERVAL)")
-	reconcile := fs.Duration("reconcile-every", envDuration("ARAP_RECONCILE_EVERY", 10*time.Second), "how often crash leftovers (unbound intents, dead claims) are repaired (ARAP_RECONCILE_EVERY)")
-	grace := fs.Duration("intent-grace", envDuration("ARAP_INTENT_GRACE", 15*time.Second), "how long an unbound intent is left to the process that wrote it (ARAP_INTENT_GRACE)")
-	listenStreams := fs.Int("listen-streams", envInt("ARAP_LISTEN_STREAMS", 10), "subscriptions/listen streams one caller may hold open on this replica (ARAP_LISTEN_STREAMS)")
-	listenLifetime := fs.Duration("listen-lifetime", envDuration("ARAP_LISTEN_LIFETIME", 30*time.Minute), "longest a subscriptions/listen stream stays open; then it ends and the client listens again (ARAP_LISTEN_LIFETIME)")
-	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
-	conformance := fs.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
-	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
-	_ = fs.Parse(args)
-	token := os.Getenv("ARAP_BACKEND_TOKEN")
-	if token == "" {
-		return errors.New("ARAP_BACKEND_TOKEN (the front-end's API token at the backend, scopes evaluate and request) is required")
+	// The front-end's variables keep the names they had: --addr is
+	// ARAP_MCP_ADDR and the master key ARAP_PEP_MASTER_KEY, apart from the
+	// backend's ARAP_ADDR and ARAP_MASTER_KEY (one environment may hold both).
+	c := config.New("arapd mcp", os.Stdout)
+	addr := c.String("addr", "127.0.0.1:8481", "listen address", "ARAP_MCP_ADDR")
+	public := c.String("public-url", "", "base URL the backend uses for callbacks (default http://<addr>)", "ARAP_MCP_PUBLIC_URL")
+	dbURL := databaseURL(c)
+	backendURL := c.String("backend-url", "http://127.0.0.1:8480", "the backend (PDP and Access Request Service) base URL")
+	token := c.Secret("backend-token", "the front-end's API token at the backend (scopes evaluate and request)")
+	secrets := c.Secret("webhook-secrets", "the secrets verifying the backend's callbacks, comma-separated (for rotation); none: poll only")
+	upstreams := c.String("upstreams", "", "upstreams file: MCP servers whose tools are offered behind the PDP; reloaded on SIGHUP")
+	key := c.Secret("master-key", "the base64 32-byte key sealing stored arguments", "ARAP_PEP_MASTER_KEY")
+	prevKeys := c.Secret("master-key-previous", "earlier keys (base64, comma or newline separated) that still open values sealed before a rotation, never seal", "ARAP_PEP_MASTER_KEY_PREVIOUS")
+	execTimeout := c.Duration("exec-timeout", 30*time.Second, "bound on one tool run and the writing of its outcome (the run gets all but a fifth, at most 5s); a claimed run not recorded by then ends outcome-unknown")
+	maxWindow := c.Duration("max-window", 7*24*time.Hour, "longest a task waits for a decision, whatever the backend allows; then it ends denied")
+	poll := c.Duration("poll-interval", 2*time.Second, "pollIntervalMs suggested to clients and the first backend poll delay")
+	reconcile := c.Duration("reconcile-every", 10*time.Second, "how often crash leftovers (unbound intents, dead claims) are repaired")
+	grace := c.Duration("intent-grace", 15*time.Second, "how long an unbound intent is left to the process that wrote it")
+	listenStreams := c.Int("listen-streams", 10, "subscriptions/listen streams one caller may hold open on this replica")
+	listenLifetime := c.Duration("listen-lifetime", 30*time.Minute, "longest a subscriptions/listen stream stays open; then it ends and the client listens again")
+	doMigrate := c.Bool("migrate", false, "apply pending migrations before starting")
+	conformance := c.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
+	level := logLevel(c)
+	trusted := trustedProxies(c)
+	if err := c.Parse(args); err != nil {
+		return err
 	}
-	key, err := masterKeyFrom("ARAP_PEP_MASTER_KEY", *keyFile)
+	if !token.IsSet() {
+		return fmt.Errorf("the front-end's API token at the backend (scopes evaluate and request) is required: %s", token.Describe())
+	}
+	masterKey, err := decodeMasterKey(key)
 	if err != nil {
 		return err
 	}
-	// issue21-keys
-	prevKeys, err := previousKeys("ARAP_PEP_MASTER_KEY_PREVIOUS", *prevKeyFile)
+	previous, err := previousKeys(prevKeys)
 	if err != nil {
 		return err
 	}
-	var secrets []string
-	for _, s := range strings.Split(os.Getenv("ARAP_WEBHOOK_SECRETS"), ",") {
+	proxies, err := clientip.ParsePrefixes(*trusted)
+	if err != nil {
+		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
+	var webhookSecrets []string
+	for _, s := range strings.Split(secrets.Value(), ",") {
 		if s = strings.TrimSpace(s); s != "" {
-			secrets = append(secrets, s)
+			webhookSecrets = append(webhookSecrets, s)
 		}
 	}
 	ctx, reload := signals()
 	log := logger(*level)
 	cfg := frontend.Config{
-		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, MasterKey: key, PreviousMasterKeys: prevKeys /* issue21-keys */, BackendURL: *backendURL, BackendToken: token,
-		WebhookSecrets: secrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
-		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log,
+		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), MasterKey: masterKey, PreviousMasterKeys: previous, BackendURL: *backendURL, BackendToken: token.Value(),
+		WebhookSecrets: webhookSecrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
+		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log, TrustedProxies: proxies,
 	}
 	if *conformance {
 		withFixtures(&cfg)

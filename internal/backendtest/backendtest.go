@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -66,6 +67,8 @@ type Options struct {
 	OIDC *sso.Config
 	// NoLocalPasswords turns password sign-in off.
 	NoLocalPasswords bool
+	// TrustedProxies are the peers whose X-Forwarded-For is believed.
+	TrustedProxies []netip.Prefix
 }
 
 // fixedClock is ten seconds into a minute in 2030.
@@ -106,7 +109,7 @@ func Start(t testing.TB, o Options) *Env {
 	b, err := backend.New(ctx, backend.Config{
 		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
 		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now, Mail: o.Mail, Slack: o.Slack,
-		OIDC: o.OIDC, NoLocalPasswords: o.NoLocalPasswords,
+		OIDC: o.OIDC, NoLocalPasswords: o.NoLocalPasswords, TrustedProxies: o.TrustedProxies,
 	})
 	if err != nil {
 		t.Fatal(err)

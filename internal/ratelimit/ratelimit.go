@@ -43,9 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -268,24 +266,4 @@ func (l *Limiter) Serve(w http.ResponseWriter, r *http.Request, key string, refu
 		return false
 	}
 	return true
-}
-
-// ClientIP is the key of a request's remote address: the IPv4 address, or
-// the /64 prefix of an IPv6 one (one host usually holds a whole /64). It is
-// the peer of the connection: behind a reverse proxy that is the proxy.
-func ClientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return host
-	}
-	ip = ip.Unmap().WithZone("")
-	if ip.Is6() {
-		p, _ := ip.Prefix(64)
-		return p.String()
-	}
-	return ip.String()
 }
