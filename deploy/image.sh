@@ -16,9 +16,12 @@ ca=${CA_CERTS:-/etc/ssl/certs/ca-certificates.crt}
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 # CGO off: a static binary, which FROM scratch needs (no libc in the image).
-# TODO(merge): the version package is the config helper's; check the path.
+# -trimpath drops the VCS stamp's source, so the version and revision go in
+# by -X (internal/version).
+revision=${REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+pkg=github.com/omcp/arap/internal/version
 CGO_ENABLED=0 go build -trimpath \
-  -ldflags "-s -w -X github.com/omcp/arap/internal/version.Version=$version" \
+  -ldflags "-s -w -X $pkg.version=$version -X $pkg.revision=$revision" \
   -o "$ctx/" ./cmd/arapd ./cmd/arapctl
 cp "$ca" "$ctx/ca-certificates.crt"
 "$engine" build -f Dockerfile -t "$tag" "$ctx"
