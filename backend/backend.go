@@ -19,7 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/attributes"
@@ -85,6 +87,12 @@ type Config struct {
 	// RateLimitClock, if set, is the rate limits' clock (tests pin it, so
 	// that no window ends in the middle of a test).
 	RateLimitClock func() time.Time
+	// issue21-obs
+	// MetricsAddr, if set, serves /metrics there only (not on Addr).
+	MetricsAddr string
+	// TracerProvider traces requests, jobs and callbacks; the global
+	// provider (set up from OTEL_* by telemetry.FromEnv) when nil.
+	TracerProvider trace.TracerProvider
 }
 
 // Backend is a running (or ready to run) backend.
@@ -124,7 +132,8 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("backend: public URL %q must be an absolute http(s) URL", cfg.PublicURL)
 		}
 	}
-	h, err := host.New(ctx, host.Config{Name: "backend", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log})
+	h, err := host.New(ctx, host.Config{Name: "backend", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log,
+		Key: "backend", Metrics: prometheus.DefaultRegisterer, MetricsAddr: cfg.MetricsAddr, TracerProvider: cfg.TracerProvider})
 	if err != nil {
 		return nil, fmt.Errorf("backend: %w", err)
 	}
@@ -171,11 +180,11 @@ func (b *Backend) build(ctx context.Context) error {
 	statusEndpoint := func(id string) string { return requestsURL + "/" + id }
 	if b.callbacks, err = callbacks.NewService(callbacks.Config{
 		DB: pool, Jobs: inserter, MasterKey: cfg.MasterKey, StatusEndpoint: statusEndpoint,
-		Schedule: cfg.CallbackSchedule, Log: cfg.Log,
+		Schedule: cfg.CallbackSchedule, Log: cfg.Log, TracerProvider: cfg.TracerProvider,
 	}); err != nil {
 		return err
 	}
-	if err := prometheus.Register(b.callbacks.QueueDepth()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+	if err := prometheus.Register(b.callbacks.QueueDepth(b.host.Leader)); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
 		return err
 	}
 	// Webhook targets are always available (they are configured in the
@@ -222,7 +231,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if err := prometheus.Register(b.requests.PendingGauge()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+	if err := prometheus.Register(b.requests.PendingGauge(b.host.Leader)); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
 		return err
 	}
 	b.clients = clients.NewStore(pool)
@@ -294,7 +303,7 @@ func (b *Backend) build(ctx context.Context) error {
 		return err
 	}
 	b.host.Mount(host.Parts{
-		Handler: h, Workers: jobs, Reload: func() { _ = b.Reload() },
+		Handler: h, Metrics: promhttp.Handler(), Workers: jobs, Reload: func() { _ = b.Reload() },
 		Started: func() []any {
 			return []any{"policy", cfg.PolicyFile, "rules", len(b.engine.Policy().Rules), "signing_key", b.keys.ActiveKid()}
 		},

@@ -26,6 +26,8 @@ import (
 // and the outcome is recorded as it is, even if ctx ends meanwhile (a
 // stopping process records what it ran rather than leave it unknown).
 func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approvalID string, approvedUntil time.Time) error {
+	ctx, span := g.span(ctx, "pep.execute", a)
+	defer span.End()
 	start, now := time.Now(), g.now() // start: for the run's deadline, on the real clock
 	if !now.Before(approvedUntil) {
 		return g.deny(ctx, a, "The approval expired before the tool could run; the tool did not run.")

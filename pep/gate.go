@@ -1,6 +1,10 @@
 package pep
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -76,8 +80,11 @@ type Config struct {
 	// Metrics counts calls, task endings and the task gauge (on the
 	// metrics' registry); default: fresh metrics of the gate's own.
 	Metrics *Metrics
-	Now     func() time.Time
-	Log     *slog.Logger
+	// TracerProvider traces tools/call and the work on approval tasks;
+	// the global provider when nil.
+	TracerProvider trace.TracerProvider
+	Now            func() time.Time
+	Log            *slog.Logger
 }
 
 // Gate is the enforcement point: it decides every tools/call through the PDP
@@ -90,6 +97,7 @@ type Gate struct {
 	catalog *catalog
 	advance chan struct{} // bounds concurrent Advance runs started by callbacks
 	bg      background    // what the gate runs on its own: wake-ups, the reconciler
+	tracer  trace.Tracer
 }
 
 // NewGate checks cfg and builds a Gate.
@@ -131,7 +139,8 @@ func NewGate(cfg Config) (*Gate, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB, cache: newCallerCache(cfg.Now)}, advance: make(chan struct{}, 16)}
+	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB, cache: newCallerCache(cfg.Now)}, advance: make(chan struct{}, 16),
+		tracer: telemetry.Provider(cfg.TracerProvider).Tracer("github.com/omcp/arap/pep")}
 	g.bg.life, g.bg.end = context.WithCancel(context.Background())
 	sources := cfg.Sources
 	if len(cfg.Tools) > 0 {
@@ -183,6 +192,10 @@ func (g *Gate) Callers() *Callers { return g.callers }
 // Call handles tools/call for principal p. It returns a CallToolResult, a
 // CreateTaskResult, an input_required result, or a JSON-RPC error.
 func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) (sdk.Result, error) {
+	// The span whose context an approval task stores (trace_parent): the
+	// work done for the task later links to it. Never the arguments.
+	ctx, span := g.tracer.Start(ctx, "tools/call", trace.WithAttributes(attribute.String("mcp.tool", req.Params.Name)))
+	defer span.End()
 	tool, err := g.catalog.lookup(req.Params.Name)
 	if errors.Is(err, errNoTool) {
 		return nil, rpcError(tasks.CodeInvalidParams, fmt.Sprintf("unknown tool %q", req.Params.Name))
@@ -385,4 +398,17 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 		return g.relayInput(p, tool, args, out.Input)
 	}
 	return out.result(""), nil
+}
+
+// span starts a span for work on approval task a, linked to the tools/call
+// that opened it (its stored trace context): that work runs later, in a
+// callback, a job or another process, under a trace of its own.
+func (g *Gate) span(ctx context.Context, name string, a *approvalTask) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.String("mcp.task_id", a.TaskID))}
+	if a.TraceParent != nil {
+		if l, ok := telemetry.Link(*a.TraceParent); ok {
+			opts = append(opts, trace.WithLinks(l))
+		}
+	}
+	return g.tracer.Start(ctx, name, opts...)
 }

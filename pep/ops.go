@@ -1,6 +1,8 @@
 package pep
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -104,6 +106,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 			route = "unmatched"
 		}
 		elapsed := time.Since(start)
+		telemetry.Route(r.Context(), r.Method, route)
 		s.gate.cfg.Metrics.served(r.Method, route, rec.Status)
 		li.mu.Lock()
 		attrs := []any{"method", r.Method, "route", route, "status", rec.Status, "bytes", rec.Bytes,

@@ -30,6 +30,7 @@ import (
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/frontend"
 	"github.com/omcp/arap/internal/dev"
+	"github.com/omcp/arap/internal/telemetry"
 	"github.com/omcp/arap/mcp/fixtures"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
@@ -115,7 +116,24 @@ func logger(level string) *slog.Logger {
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		l = slog.LevelInfo
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+	// issue21-obs: records logged with a traced context carry its ids.
+	return slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
+}
+
+// issue21-obs
+// tracing sets up the global tracer provider from the standard OTEL_*
+// variables (nothing is exported unless they say where); the returned
+// function flushes what is left at exit.
+func tracing(service string) (func(), error) {
+	_, shutdown, err := telemetry.FromEnv(context.Background(), service)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = shutdown(ctx)
+	}, nil
 }
 
 // signals returns a context cancelled by SIGTERM or SIGINT and a channel fed
@@ -161,8 +179,15 @@ func serve(args []string) error {
 	oidcScopes := fs.String("oidc-scopes", env("ARAP_OIDC_SCOPES", "openid email profile"), "scopes requested, space-separated (ARAP_OIDC_SCOPES)")
 	oidcName := fs.String("oidc-name", env("ARAP_OIDC_NAME", ""), "the provider's name on the sign-in button (ARAP_OIDC_NAME)")
 	localPasswords := fs.Bool("local-passwords", envBool("ARAP_LOCAL_PASSWORDS", true), "allow sign-in to the web UI with local passwords (ARAP_LOCAL_PASSWORDS); false needs --oidc-issuer")
+	// issue21-obs
+	metricsAddr := fs.String("metrics-addr", env("ARAP_METRICS_ADDR", ""), "serve /metrics on this address only, not on --addr (ARAP_METRICS_ADDR; default: on --addr)")
 	_ = fs.Parse(args)
 	log := logger(*level)
+	flush, err := tracing("arapd-serve")
+	if err != nil {
+		return err
+	}
+	defer flush()
 	key, err := masterKey(*keyFile)
 	if err != nil {
 		return err
@@ -189,6 +214,7 @@ func serve(args []string) error {
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, PolicyFile: *policy, MasterKey: key, Migrate: *doMigrate, Log: log,
 		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate}, Mail: mail, Slack: slackConf,
 		OIDC: oidcConf, NoLocalPasswords: !*localPasswords,
+		MetricsAddr: *metricsAddr, // issue21-obs
 	})
 	if err != nil {
 		return err
@@ -341,6 +367,11 @@ func runDev(args []string) error {
 	_ = fs.Parse(args)
 	opts.Log = logger(*level)
 	opts.Out = os.Stdout
+	flush, err := tracing("arapd-dev") // issue21-obs
+	if err != nil {
+		return err
+	}
+	defer flush()
 	if *conformance {
 		opts.Frontend = withFixtures
 	}
@@ -367,7 +398,14 @@ func runMCP(args []string) error {
 	doMigrate := fs.Bool("migrate", false, "apply pending migrations before starting")
 	conformance := fs.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
 	level := fs.String("log-level", env("ARAP_LOG_LEVEL", "info"), "debug, info, warn or error")
+	// issue21-obs
+	metricsAddr := fs.String("metrics-addr", env("ARAP_METRICS_ADDR", ""), "serve /metrics on this address only, not on --addr (ARAP_METRICS_ADDR; default: on --addr)")
 	_ = fs.Parse(args)
+	flush, err := tracing("arapd-mcp")
+	if err != nil {
+		return err
+	}
+	defer flush()
 	token := os.Getenv("ARAP_BACKEND_TOKEN")
 	if token == "" {
 		return errors.New("ARAP_BACKEND_TOKEN (the front-end's API token at the backend, scopes evaluate and request) is required")
@@ -388,6 +426,7 @@ func runMCP(args []string) error {
 		Addr: *addr, PublicURL: *public, DatabaseURL: *dbURL, MasterKey: key, BackendURL: *backendURL, BackendToken: token,
 		WebhookSecrets: secrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
 		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log,
+		MetricsAddr: *metricsAddr, // issue21-obs
 	}
 	if *conformance {
 		withFixtures(&cfg)
