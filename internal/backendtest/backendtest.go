@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/authzen"
@@ -66,6 +67,11 @@ type Options struct {
 	OIDC *sso.Config
 	// NoLocalPasswords turns password sign-in off.
 	NoLocalPasswords bool
+	// TracerProvider records the backend's spans (the global provider
+	// when nil).
+	TracerProvider trace.TracerProvider
+	// MetricsAddr serves /metrics on a listener of its own.
+	MetricsAddr string
 }
 
 // fixedClock is ten seconds into a minute in 2030.
@@ -106,7 +112,7 @@ func Start(t testing.TB, o Options) *Env {
 	b, err := backend.New(ctx, backend.Config{
 		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
 		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now, Mail: o.Mail, Slack: o.Slack,
-		OIDC: o.OIDC, NoLocalPasswords: o.NoLocalPasswords,
+		OIDC: o.OIDC, NoLocalPasswords: o.NoLocalPasswords, TracerProvider: o.TracerProvider, MetricsAddr: o.MetricsAddr,
 	})
 	if err != nil {
 		t.Fatal(err)
