@@ -107,6 +107,8 @@ type Backend struct {
 	callbacks *callbacks.Service
 	notify    *notify.Service
 	host      *host.Host
+	reg       *prometheus.Registry
+	metrics   http.Handler // the default registry's metrics and reg's
 }
 
 // New connects to the database and builds every part; nothing listens or
@@ -132,12 +134,18 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("backend: public URL %q must be an absolute http(s) URL", cfg.PublicURL)
 		}
 	}
+	// This backend's own metrics (its pool, jobs and gauges) on a registry
+	// of its own, served with the process-wide ones (HTTP, decisions) of
+	// the default registry: several backends in one process (tests) each
+	// show their own.
+	reg := prometheus.NewRegistry()
 	h, err := host.New(ctx, host.Config{Name: "backend", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log,
-		Key: "backend", Metrics: prometheus.DefaultRegisterer, MetricsAddr: cfg.MetricsAddr, TracerProvider: cfg.TracerProvider})
+		Key: "backend", Metrics: reg, MetricsAddr: cfg.MetricsAddr, TracerProvider: cfg.TracerProvider})
 	if err != nil {
 		return nil, fmt.Errorf("backend: %w", err)
 	}
-	b := &Backend{cfg: cfg, host: h}
+	b := &Backend{cfg: cfg, host: h, reg: reg,
+		metrics: promhttp.HandlerFor(prometheus.Gatherers{prometheus.DefaultGatherer, reg}, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})}
 	if err := b.build(ctx); err != nil {
 		h.Close()
 		return nil, err
@@ -184,7 +192,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if err := prometheus.Register(b.callbacks.QueueDepth(b.host.Leader)); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+	if err := b.reg.Register(b.callbacks.QueueDepth(b.host.Leader)); err != nil {
 		return err
 	}
 	// Webhook targets are always available (they are configured in the
@@ -231,7 +239,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if err := prometheus.Register(b.requests.PendingGauge(b.host.Leader)); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+	if err := b.reg.Register(b.requests.PendingGauge(b.host.Leader)); err != nil {
 		return err
 	}
 	b.clients = clients.NewStore(pool)
@@ -288,6 +296,10 @@ func (b *Backend) build(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	served := b.metrics
+	if cfg.MetricsAddr != "" {
+		served = nil // on the metrics listener only
+	}
 	var slackApp arap.SlackApp
 	if cfg.Slack != nil {
 		if slackApp, err = slackapp.NewApp(*cfg.Slack, pool, b.requests, b.people, cfg.Log); err != nil {
@@ -297,13 +309,13 @@ func (b *Backend) build(ctx context.Context) error {
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
 		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people, DevMail: cfg.DevMail,
-		Slack: slackApp,
+		Slack: slackApp, Metrics: served,
 	})
 	if err != nil {
 		return err
 	}
 	b.host.Mount(host.Parts{
-		Handler: h, Metrics: promhttp.Handler(), Workers: jobs, Reload: func() { _ = b.Reload() },
+		Handler: h, Metrics: b.metrics, Workers: jobs, Reload: func() { _ = b.Reload() },
 		Started: func() []any {
 			return []any{"policy", cfg.PolicyFile, "rules", len(b.engine.Policy().Rules), "signing_key", b.keys.ActiveKid()}
 		},
@@ -355,6 +367,10 @@ func (b *Backend) Reload() error {
 	b.cfg.Log.Info("policy reloaded", "policy", b.cfg.PolicyFile, "rules", len(b.engine.Policy().Rules))
 	return nil
 }
+
+// MetricsAddr is the address of the metrics listener (Config.MetricsAddr),
+// "" without one.
+func (b *Backend) MetricsAddr() string { return b.host.MetricsAddr() }
 
 // URL is the backend's public base URL.
 func (b *Backend) URL() string { return b.host.URL() }

@@ -185,7 +185,7 @@ func (f *Frontend) build(ctx context.Context) error {
 		return fmt.Errorf("frontend: %w", err)
 	}
 	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
-	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets,
+	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, MetricsElsewhere: cfg.MetricsAddr != "",
 		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Ready: f.ready, Upstreams: f.upstreams, Log: cfg.Log})
 	if err != nil {
 		return err
@@ -333,6 +333,10 @@ func (f *Frontend) Run(ctx context.Context, reload <-chan struct{}) error {
 	}
 	return nil
 }
+
+// MetricsAddr is the address of the metrics listener (Config.MetricsAddr),
+// "" without one.
+func (f *Frontend) MetricsAddr() string { return f.host.MetricsAddr() }
 
 // URL is the front-end's base URL; the MCP endpoint is URL()+"/mcp".
 func (f *Frontend) URL() string { return f.host.URL() }

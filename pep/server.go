@@ -39,6 +39,9 @@ type ServerOptions struct {
 	// WebhookSecrets verify the backend's callbacks; without any, the
 	// callback endpoint is off and tasks are tracked by polling alone.
 	WebhookSecrets []string
+	// MetricsElsewhere leaves GET /metrics out: they are served on a
+	// listener of their own (--metrics-addr).
+	MetricsElsewhere bool
 	// RequestsPerMinute bounds each caller's MCP requests (default 1200),
 	// counted in Counters for all replicas together.
 	RequestsPerMinute int
@@ -257,7 +260,9 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	mux.HandleFunc("GET "+PathReady, srv.readyz)
 	// Unauthenticated, like the backend's: counts by bounded labels only;
 	// keep it off public networks (docs/reference.md, Operations).
-	mux.Handle("GET "+PathMetrics, g.cfg.Metrics.Handler(o.Log))
+	if !o.MetricsElsewhere {
+		mux.Handle("GET "+PathMetrics, g.cfg.Metrics.Handler(o.Log))
+	}
 	srv.handler = srv.accessLog(cleanURLs(mux))
 	return srv, nil
 }

@@ -54,7 +54,7 @@ type Config struct {
 	// jobs'); none when nil.
 	Metrics Registerer
 	// MetricsAddr, if set, is a second listener serving only GET /metrics
-	// (Parts.Metrics); the main listener then no longer serves it.
+	// (Parts.Metrics); the Handler should then no longer serve it.
 	MetricsAddr string
 	// TracerProvider traces HTTP requests and jobs; the global provider
 	// when nil.
@@ -181,30 +181,15 @@ func (h *Host) River(cfg *river.Config) (*river.Client[pgx.Tx], error) {
 func (h *Host) Mount(p Parts) {
 	h.parts = p
 	h.workers = p.Workers
-	handler := p.Handler
 	if h.metricsLn != nil {
-		handler = withoutMetrics(handler)
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", p.Metrics)
 		h.metricsSrv = httpServer(mux)
 	}
-	h.server = httpServer(telemetry.Handler(handler, h.cfg.TracerProvider))
+	h.server = httpServer(telemetry.Handler(p.Handler, h.cfg.TracerProvider))
 	for _, f := range p.OnShutdown {
 		h.server.RegisterOnShutdown(f)
 	}
-}
-
-// withoutMetrics answers 404 for /metrics, served on its own listener
-// instead (Config.MetricsAddr), so that the main listener, often public,
-// does not show them.
-func withoutMetrics(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/metrics" {
-			http.Error(w, "metrics are served on the metrics listener (--metrics-addr)", http.StatusNotFound)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 // Close releases the listener and the pool of a host that never started
