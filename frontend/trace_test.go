@@ -101,14 +101,17 @@ func attr(s sdktrace.ReadOnlySpan, key attribute.Key) string {
 func TestOneTraceCoversAGatedCall(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	env := backendtest.Start(t, backendtest.Options{TracerProvider: tp})
+	logs, backendLogs := &lockedBuffer{}, &lockedBuffer{}
+	jsonLog := func(w *lockedBuffer) *slog.Logger {
+		return slog.New(telemetry.LogHandler(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	}
+	env := backendtest.Start(t, backendtest.Options{TracerProvider: tp, Log: jsonLog(backendLogs)})
 	ctx := context.Background()
-	logs := &lockedBuffer{}
 	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
 		BackendURL: env.URL, BackendToken: dev.PEPToken, WebhookSecrets: []string{dev.PEPWebhookSecret}, TracerProvider: tp,
 		// A poll far off: the callback, not the tracking job, wakes the task.
 		PollInterval: time.Hour,
-		Log:          slog.New(telemetry.LogHandler(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))})
+		Log:          jsonLog(logs)})
 	require.NoError(t, err)
 	require.NoError(t, f.Start(ctx))
 	t.Cleanup(func() {
@@ -201,15 +204,21 @@ func TestOneTraceCoversAGatedCall(t *testing.T) {
 		require.True(t, linked, "%s, in the callback's trace, links to the stored tools/call context", name)
 	}
 
-	// A log record written while serving the call carries its trace id.
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		found := false
-		for line := range strings.SplitSeq(logs.String(), "\n") {
-			var l map[string]any
-			if json.Unmarshal([]byte(line), &l) == nil && l["msg"] == "http request" && l["tool"] == "wire_transfer" {
-				found = found || l["trace_id"] == id.String() && l["span_id"] != ""
+	// A log record written while serving the call carries its trace id,
+	// on both processes: the front-end's access log line of the call, the
+	// backend's of the evaluation it asked for.
+	logged := func(logs *lockedBuffer, match func(map[string]any) bool) func(*assert.CollectT) {
+		return func(c *assert.CollectT) {
+			found := false
+			for line := range strings.SplitSeq(logs.String(), "\n") {
+				var l map[string]any
+				if json.Unmarshal([]byte(line), &l) == nil && l["msg"] == "http request" && match(l) {
+					found = found || l["trace_id"] == id.String() && l["span_id"] != ""
+				}
 			}
+			assert.True(c, found, "the call's access log line carries its trace id")
 		}
-		assert.True(c, found, "the call's access log line carries its trace id")
-	}, 10*time.Second, 20*time.Millisecond)
+	}
+	require.EventuallyWithT(t, logged(logs, func(l map[string]any) bool { return l["tool"] == "wire_transfer" }), 10*time.Second, 20*time.Millisecond)
+	require.EventuallyWithT(t, logged(backendLogs, func(l map[string]any) bool { return l["route"] == authzen.PathEvaluation }), 10*time.Second, 20*time.Millisecond)
 }

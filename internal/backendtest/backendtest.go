@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -72,6 +73,8 @@ type Options struct {
 	TracerProvider trace.TracerProvider
 	// MetricsAddr serves /metrics on a listener of its own.
 	MetricsAddr string
+	// Log is the backend's logger (discarded when nil).
+	Log *slog.Logger
 }
 
 // fixedClock is ten seconds into a minute in 2030.
@@ -113,6 +116,7 @@ func Start(t testing.TB, o Options) *Env {
 		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
 		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now, Mail: o.Mail, Slack: o.Slack,
 		OIDC: o.OIDC, NoLocalPasswords: o.NoLocalPasswords, TracerProvider: o.TracerProvider, MetricsAddr: o.MetricsAddr,
+		Log: o.Log,
 	})
 	if err != nil {
 		t.Fatal(err)
