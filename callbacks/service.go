@@ -336,7 +336,7 @@ func (s *Service) Attempt(ctx context.Context, id string) (time.Time, error) {
 	}
 	if status != Pending {
 		deliveries.WithLabelValues(status).Inc()
-		s.cfg.Log.Info("callback finished", "delivery_id", d.id, "request_id", d.requestID, "outcome", status, "attempts", d.attempts)
+		s.cfg.Log.InfoContext(ctx, "callback finished", "delivery_id", d.id, "request_id", d.requestID, "outcome", status, "attempts", d.attempts)
 	}
 	return next, nil
 }

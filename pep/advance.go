@@ -51,7 +51,7 @@ func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 			err = g.FollowUp(ctx, id, next)
 		}
 		if err != nil && g.bg.life.Err() == nil {
-			g.cfg.Log.Warn("advance after callback failed; the poll will retry", "task_id", id, "error", err)
+			g.cfg.Log.WarnContext(ctx, "advance after callback failed; the poll will retry", "task_id", id, "error", err)
 		}
 	})
 	if !started {
@@ -91,7 +91,7 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 		if a.Deadline != nil && g.now().After(a.Deadline.Add(time.Minute)) {
 			return time.Time{}, g.fail(ctx, a, "the approval service was unreachable until the request's deadline passed")
 		}
-		g.cfg.Log.Warn("status read failed; will retry", "task_id", id, "error", err.Error())
+		g.cfg.Log.WarnContext(ctx, "status read failed; will retry", "task_id", id, "error", err.Error())
 		return g.backoff(a, 0), nil
 	}
 	if tr.Task.ID != *a.BackendID {
@@ -229,7 +229,7 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 	req.Context = authzen.Object{authzen.CtxApproval: approval}
 	d, err := g.cfg.Backend.Evaluate(ctx, req)
 	if err != nil {
-		g.cfg.Log.Warn("re-evaluation failed; will retry", "task_id", a.TaskID, "error", err.Error())
+		g.cfg.Log.WarnContext(ctx, "re-evaluation failed; will retry", "task_id", a.TaskID, "error", err.Error())
 		return g.backoff(a, 0), nil
 	}
 	if d.Decision {

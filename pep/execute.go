@@ -95,7 +95,7 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	var ue *UpstreamError
 	if errors.As(runErr, &ue) {
 		// Not the cause: it may hold the upstream's URL.
-		g.cfg.Log.Warn("upstream failed after the claim", "task_id", a.TaskID, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
+		g.cfg.Log.WarnContext(ctx, "upstream failed after the claim", "task_id", a.TaskID, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
 		recordCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		if ue.MaybeRan {

@@ -201,7 +201,7 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		return nil, rpcError(tasks.CodeInvalidParams, fmt.Sprintf("unknown tool %q", req.Params.Name))
 	}
 	if err != nil {
-		g.cfg.Log.Warn("tool not offered: its definition is unusable", "tool", req.Params.Name, "error", err.Error())
+		g.cfg.Log.WarnContext(ctx, "tool not offered: its definition is unusable", "tool", req.Params.Name, "error", err.Error())
 		return nil, rpcError(tasks.CodeInvalidParams, fmt.Sprintf("tool %q is unavailable: its definition is unusable", req.Params.Name))
 	}
 	args, err := g.arguments(req, tool)
@@ -272,7 +272,7 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	// atomically with the insert.
 	if msg, err := g.limited(ctx, g.cfg.DB, p); err != nil || msg != "" {
 		if err != nil {
-			g.cfg.Log.Error("limit check failed", "error", err)
+			g.cfg.Log.ErrorContext(ctx, "limit check failed", "error", err)
 			msg = msgBusy
 		}
 		return denied(msg, RemediationUnavailable), nil
@@ -314,7 +314,7 @@ func (g *Gate) evaluate(ctx context.Context, ev authzen.EvaluationRequest) (auth
 		return err
 	})
 	if err != nil {
-		g.cfg.Log.Error("evaluation failed", "action", ev.Action["name"], "resource_type", ev.Resource["type"], "error", err)
+		g.cfg.Log.ErrorContext(ctx, "evaluation failed", "action", ev.Action["name"], "resource_type", ev.Resource["type"], "error", err)
 		if backendUnavailable(err) {
 			return d, tasks.Unavailable(tasks.WhatAuthorization)
 		}
@@ -368,7 +368,7 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 	var ue *UpstreamError
 	if errors.As(err, &ue) {
 		// Not the cause: it may hold the upstream's URL.
-		g.cfg.Log.Warn("upstream failed", "tool", tool.Name, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
+		g.cfg.Log.WarnContext(ctx, "upstream failed", "tool", tool.Name, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
 		if ue.Transient && !ue.MaybeRan {
 			// Nothing was sent: the caller may simply send it again.
 			return nil, tasks.Unavailable("the upstream " + ue.Upstream + " cannot be reached; the tool did not run")
@@ -385,13 +385,13 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 		// The write may have committed before the connection was lost:
 		// not "retry", which could do it twice. Never the driver's text,
 		// which names the database's host and user.
-		g.cfg.Log.Warn("tool failed: the database was lost mid-statement", "tool", tool.Name)
+		g.cfg.Log.WarnContext(ctx, "tool failed: the database was lost mid-statement", "tool", tool.Name)
 		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
 			Text: "The tool failed: the database became unavailable while it ran; its effect may or may not have been recorded. Check before calling it again."}}}, nil
 	}
 	if err != nil {
 		// Not the error's text: a tool's message may quote its arguments.
-		g.cfg.Log.Warn("tool failed", "tool", tool.Name)
+		g.cfg.Log.WarnContext(ctx, "tool failed", "tool", tool.Name)
 		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "The tool failed: " + sanitize(err.Error(), 200)}}}, nil
 	}
 	if out.Input != nil {

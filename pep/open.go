@@ -200,7 +200,7 @@ func (g *Gate) submitAndBind(ctx context.Context, key string) error {
 	tr, err := g.submit(ctx, in)
 	fault.Point("pep.after-submit")
 	if err != nil {
-		g.cfg.Log.Warn("approval request not submitted", "task_id", in.TaskID, "error", err.Error())
+		g.cfg.Log.WarnContext(ctx, "approval request not submitted", "task_id", in.TaskID, "error", err.Error())
 		if ferr := g.failIntent(ctx, in, !errors.Is(err, errUncertain), err); ferr != nil {
 			return ferr
 		}

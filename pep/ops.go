@@ -48,7 +48,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	for _, n := range names {
 		attrs = append(attrs, n, failing[n].Error())
 	}
-	s.log.Warn("not ready", slog.Group("failing", attrs...))
+	s.log.WarnContext(r.Context(), "not ready", slog.Group("failing", attrs...))
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_ = json.NewEncoder(w).Encode(map[string]any{"status": "unavailable", "failing": names})
 }

@@ -61,7 +61,7 @@ func (w *ExpireWorker) Work(ctx context.Context, job *river.Job[ExpireArgs]) err
 	r, err := w.Service.Expire(ctx, job.Args.RequestID)
 	switch code := ErrorCode(err); {
 	case err == nil:
-		w.Service.cfg.Log.Info("request expired", "request_id", r.ID)
+		w.Service.cfg.Log.InfoContext(ctx, "request expired", "request_id", r.ID)
 		return nil
 	case code == errNotDue:
 		// Scheduled early (clock skew between hosts): try again at the deadline.
