@@ -149,3 +149,35 @@ func TestJobOutcome(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(m.jobs.WithLabelValues("k", "failed")))
 	require.Equal(t, 1.0, testutil.ToFloat64(m.jobs.WithLabelValues("k", "completed")))
 }
+
+// TestNoopPassesTraceContextOn: with nothing recorded (the default), a
+// caller's traceparent still reaches the handler's context (so its log
+// records carry the trace id) and the calls it makes.
+func TestNoopPassesTraceContextOn(t *testing.T) {
+	const incoming = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	var forwarded string
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { forwarded = r.Header.Get("traceparent") }))
+	defer down.Close()
+	tp := noop.NewTracerProvider()
+	client := &http.Client{Transport: Transport(nil, tp)}
+	var logged bytes.Buffer
+	log := slog.New(LogHandler(slog.NewJSONHandler(&logged, nil)))
+	srv := httptest.NewServer(Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		log.InfoContext(r.Context(), "served")
+		req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, down.URL, nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+	}), tp))
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+	req.Header.Set("traceparent", incoming)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, incoming, forwarded)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(logged.Bytes(), &m))
+	require.Equal(t, "0af7651916cd43dd8448eb211c80319c", m["trace_id"])
+}
