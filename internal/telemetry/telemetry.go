@@ -92,9 +92,9 @@ func fromEnv(ctx context.Context, service string, getenv func(string) string) (t
 	if err != nil {
 		return nil, nil, fmt.Errorf("OTLP trace exporter: %w", err)
 	}
-	// resource.Default reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES;
-	// they win over the name given here.
-	res, err := resource.Merge(resource.NewSchemaless(attribute.String("service.name", service)), resource.Default())
+	// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (WithFromEnv, later)
+	// win over the name given here.
+	res, err := resource.New(ctx, resource.WithTelemetrySDK(), resource.WithAttributes(attribute.String("service.name", service)), resource.WithFromEnv())
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, nil, fmt.Errorf("OpenTelemetry resource: %w", err)
 	}

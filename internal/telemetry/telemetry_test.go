@@ -181,3 +181,25 @@ func TestNoopPassesTraceContextOn(t *testing.T) {
 	require.NoError(t, json.Unmarshal(logged.Bytes(), &m))
 	require.Equal(t, "0af7651916cd43dd8448eb211c80319c", m["trace_id"])
 }
+
+// TestServiceName: the process is named as given, unless
+// OTEL_SERVICE_NAME says otherwise.
+func TestServiceName(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct{ env, want string }{{"", "arapd-test"}, {"billing-gate", "billing-gate"}} {
+		t.Setenv("OTEL_SERVICE_NAME", c.env)
+		tp, shutdown, err := fromEnv(ctx, "arapd-test", func(k string) string {
+			return map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}[k]
+		})
+		require.NoError(t, err)
+		got, ok := tp.(*sdktrace.TracerProvider)
+		require.True(t, ok)
+		rec := tracetest.NewSpanRecorder()
+		got.RegisterSpanProcessor(rec)
+		_, span := got.Tracer("t").Start(ctx, "x")
+		span.End()
+		name, _ := rec.Ended()[0].Resource().Set().Value("service.name")
+		require.Equal(t, c.want, name.AsString())
+		require.NoError(t, shutdown(ctx))
+	}
+}
