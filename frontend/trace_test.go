@@ -152,8 +152,11 @@ func TestOneTraceCoversAGatedCall(t *testing.T) {
 		calls := all.named("tools/call")
 		require.Len(c, calls, 1)
 		call = calls[0]
-		// The work after the decision has ended too.
+		// The work after the decision has ended too (the delivery job's
+		// span ends once the callback is answered, perhaps after the
+		// execution).
 		require.NotEmpty(c, all.named("pep.execute"))
+		require.NotEmpty(c, all.named("river.work/callbacks.deliver"))
 	}, 30*time.Second, 20*time.Millisecond)
 	all := spans(rec.Ended())
 	id := call.SpanContext().TraceID()
@@ -192,6 +195,10 @@ func TestOneTraceCoversAGatedCall(t *testing.T) {
 	// metadata carries the trace context).
 	decisions := all.named("POST /v1/requests/{id}/decisions")
 	require.Len(t, decisions, 1)
+	// The backend stored the submission's trace context with the request:
+	// the decision links to the backend's submission span.
+	submitted := trace1.named("POST " + authzen.PathRequests)
+	require.True(t, linksTo(decisions[0], submitted[0].SpanContext()), "the decision links to the submission's trace")
 	queued := all.in(decisions[0].SpanContext().TraceID()).named("river.insert_many")
 	require.True(t, slices.ContainsFunc(queued, func(i sdktrace.ReadOnlySpan) bool { return linksTo(deliveries[0], i.SpanContext()) }),
 		"the delivery job's span links to its insert in the decision's trace")
