@@ -31,7 +31,7 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if err := s.d.Ready(r.Context()); err != nil {
-		s.d.Log.Warn("not ready", "error", err)
+		s.d.Log.WarnContext(r.Context(), "not ready", "error", err)
 		// The probe is unauthenticated: the reason names the part, never
 		// the driver's text (host, port, user).
 		reason := err.Error()

@@ -1,6 +1,8 @@
 package arap
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+
 	"context"
 	"errors"
 	"fmt"
@@ -81,6 +83,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 			route = "unmatched"
 		}
 		elapsed := time.Since(start)
+		telemetry.Route(r.Context(), r.Method, route)
 		httpRequests.WithLabelValues(r.Method, route, strconv.Itoa(rec.Status)).Inc()
 		httpDuration.WithLabelValues(r.Method, route).Observe(elapsed.Seconds())
 		attrs := []any{"method", r.Method, "route", route, "status", rec.Status, "bytes", rec.Bytes,

@@ -102,12 +102,12 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // changed), otherwise 500.
 func (s *Server) internal(w http.ResponseWriter, r *http.Request, err error) {
 	if dbdown.Is(err) {
-		s.d.Log.Warn("database unavailable", "route", r.URL.Path, "request_id", r.Context().Value(requestIDKey), "error", err)
+		s.d.Log.WarnContext(r.Context(), "database unavailable", "route", r.URL.Path, "request_id", r.Context().Value(requestIDKey), "error", err)
 		w.Header().Set("Retry-After", dbdown.RetryAfterHeader)
 		writeProblem(w, r, authzen.ProblemUnavailable, UnavailableDetail, nil)
 		return
 	}
-	s.d.Log.Error("request failed", "route", r.URL.Path, "request_id", r.Context().Value(requestIDKey), "error", err)
+	s.d.Log.ErrorContext(r.Context(), "request failed", "route", r.URL.Path, "request_id", r.Context().Value(requestIDKey), "error", err)
 	writeProblem(w, r, authzen.ProblemInternal, "internal error; the request id in X-Request-ID identifies it in the logs", nil)
 }
 

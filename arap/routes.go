@@ -4,7 +4,6 @@ import (
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/clients"
@@ -26,7 +25,9 @@ func (s *Server) routes() http.Handler {
 	// Operations.
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz)
-	r.Method(http.MethodGet, "/metrics", promhttp.Handler())
+	if s.d.Metrics != nil {
+		r.Method(http.MethodGet, "/metrics", s.d.Metrics)
+	}
 	r.Get(openapi.Path, openapi.Handler)
 
 	// The approvers' web interface (its own sessions, CSRF and headers).

@@ -76,6 +76,9 @@ type Deps struct {
 	// DevMail, set by `arapd dev` only, lists the dev mail sink's messages
 	// at /dev/mail and /dev/mail.json; elsewhere those paths are 404.
 	DevMail http.Handler
+	// Metrics serves GET /metrics; nil when they are served elsewhere
+	// (--metrics-addr): /metrics is then not found here.
+	Metrics http.Handler
 	// Slack, when set, answers the Slack app's interactivity endpoint.
 	Slack SlackApp
 }

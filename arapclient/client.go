@@ -46,6 +46,10 @@ func (c *Client) http() *http.Client {
 // on both sides and a socket in TIME_WAIT per call).
 var defaultHTTP = &http.Client{Timeout: 30 * time.Second, Transport: pooled()}
 
+// Pooled is a transport like the default client's (keeping connections
+// open for reuse), for a client of one's own (a traced one).
+func Pooled() *http.Transport { return pooled() }
+
 // pooled is http.DefaultTransport with room for maxIdlePerHost idle
 // connections per host.
 func pooled() *http.Transport {

@@ -20,7 +20,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/attributes"
@@ -94,6 +96,12 @@ type Config struct {
 	// RateLimitClock, if set, is the rate limits' clock (tests pin it, so
 	// that no window ends in the middle of a test).
 	RateLimitClock func() time.Time
+	// issue21-obs
+	// MetricsAddr, if set, serves /metrics there only (not on Addr).
+	MetricsAddr string
+	// TracerProvider traces requests, jobs and callbacks; the global
+	// provider (set up from OTEL_* by telemetry.FromEnv) when nil.
+	TracerProvider trace.TracerProvider
 }
 
 // Backend is a running (or ready to run) backend.
@@ -108,6 +116,8 @@ type Backend struct {
 	callbacks *callbacks.Service
 	notify    *notify.Service
 	host      *host.Host
+	reg       *prometheus.Registry
+	metrics   http.Handler // the default registry's metrics and reg's
 }
 
 // New connects to the database and builds every part; nothing listens or
@@ -133,11 +143,18 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("backend: public URL %q must be an absolute http(s) URL", cfg.PublicURL)
 		}
 	}
-	h, err := host.New(ctx, host.Config{Name: "backend", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log})
+	// This backend's own metrics (its pool, jobs and gauges) on a registry
+	// of its own, served with the process-wide ones (HTTP, decisions) of
+	// the default registry: several backends in one process (tests) each
+	// show their own.
+	reg := prometheus.NewRegistry()
+	h, err := host.New(ctx, host.Config{Name: "backend", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log,
+		Key: "backend", Metrics: reg, MetricsAddr: cfg.MetricsAddr, TracerProvider: cfg.TracerProvider})
 	if err != nil {
 		return nil, fmt.Errorf("backend: %w", err)
 	}
-	b := &Backend{cfg: cfg, host: h}
+	b := &Backend{cfg: cfg, host: h, reg: reg,
+		metrics: promhttp.HandlerFor(prometheus.Gatherers{prometheus.DefaultGatherer, reg}, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})}
 	if err := b.build(ctx); err != nil {
 		h.Close()
 		return nil, err
@@ -180,11 +197,11 @@ func (b *Backend) build(ctx context.Context) error {
 	statusEndpoint := func(id string) string { return requestsURL + "/" + id }
 	if b.callbacks, err = callbacks.NewService(callbacks.Config{
 		DB: pool, Jobs: inserter, MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys, StatusEndpoint: statusEndpoint,
-		Schedule: cfg.CallbackSchedule, Log: cfg.Log,
+		Schedule: cfg.CallbackSchedule, Log: cfg.Log, TracerProvider: cfg.TracerProvider,
 	}); err != nil {
 		return err
 	}
-	if err := prometheus.Register(b.callbacks.QueueDepth()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+	if err := b.reg.Register(b.callbacks.QueueDepth(b.host.Leader)); err != nil {
 		return err
 	}
 	// Webhook targets are always available (they are configured in the
@@ -231,7 +248,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if err := prometheus.Register(b.requests.PendingGauge()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+	if err := b.reg.Register(b.requests.PendingGauge(b.host.Leader)); err != nil {
 		return err
 	}
 	if err := prometheus.Register(version.Collector()); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
@@ -291,6 +308,10 @@ func (b *Backend) build(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	served := b.metrics
+	if cfg.MetricsAddr != "" {
+		served = nil // on the metrics listener only
+	}
 	var slackApp arap.SlackApp
 	if cfg.Slack != nil {
 		if slackApp, err = slackapp.NewApp(*cfg.Slack, pool, b.requests, b.people, cfg.Log); err != nil {
@@ -300,13 +321,13 @@ func (b *Backend) build(ctx context.Context) error {
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
 		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people, DevMail: cfg.DevMail, Audit: pool,
-		Slack: slackApp, TrustedProxies: cfg.TrustedProxies,
+		Slack: slackApp, TrustedProxies: cfg.TrustedProxies, Metrics: served,
 	})
 	if err != nil {
 		return err
 	}
 	b.host.Mount(host.Parts{
-		Handler: h, Workers: jobs, Reload: func() { _ = b.Reload() },
+		Handler: h, Metrics: b.metrics, Workers: jobs, Reload: func() { _ = b.Reload() },
 		Started: func() []any {
 			// The master key's id (which says nothing about the key) shows
 			// which key each replica seals under during a rotation.
@@ -361,6 +382,10 @@ func (b *Backend) Reload() error {
 	b.cfg.Log.Info("policy reloaded", "policy", b.cfg.PolicyFile, "rules", len(b.engine.Policy().Rules))
 	return nil
 }
+
+// MetricsAddr is the address of the metrics listener (Config.MetricsAddr),
+// "" without one.
+func (b *Backend) MetricsAddr() string { return b.host.MetricsAddr() }
 
 // URL is the backend's public base URL.
 func (b *Backend) URL() string { return b.host.URL() }

@@ -183,7 +183,10 @@ func TestDeliveryIsSignedAndVerifies(t *testing.T) {
 	}
 	// The counter moves just after the commit that the test waited for.
 	require.Eventually(t, func() bool {
-		return strings.Contains(scrape(), `arap_callback_deliveries_total{outcome="delivered"}`)
+		m := scrape()
+		// The queue gauge is reported by the River leader, elected soon
+		// after start.
+		return strings.Contains(m, `arap_callback_deliveries_total{outcome="delivered"}`) && strings.Contains(m, "arap_callback_queue_depth")
 	}, 30*time.Second, 50*time.Millisecond)
 	require.Contains(t, metrics, "arap_callback_attempt_duration_seconds_bucket")
 	require.Contains(t, metrics, "arap_callback_queue_depth")

@@ -1,6 +1,8 @@
 package callbacks
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+
 	"context"
 	"fmt"
 	"time"
@@ -90,17 +92,14 @@ func (s *Service) Redeliver(ctx context.Context, requestID, id, by string) error
 	})
 }
 
-// QueueDepth is a gauge of deliveries still pending.
-func (s *Service) QueueDepth() prometheus.Collector {
-	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "arap_callback_queue_depth", Help: "Callback deliveries waiting for a (re)try.",
-	}, func() float64 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		var n int
-		if err := s.cfg.DB.QueryRow(ctx, `SELECT count(*) FROM arap.deliveries WHERE status = 'pending'`).Scan(&n); err != nil {
-			return -1
-		}
-		return float64(n)
+// QueueDepth is a gauge of deliveries still pending, database-wide: only
+// the replica for which leader is true reports it, so that summing over
+// replicas counts it once.
+func (s *Service) QueueDepth(leader func(context.Context) bool) prometheus.Collector {
+	return telemetry.LeaderGauge(prometheus.GaugeOpts{
+		Name: "arap_callback_queue_depth", Help: "Callback deliveries waiting for a (re)try, in the whole database (reported by the River leader replica only).",
+	}, leader, func(ctx context.Context) (n int, err error) {
+		err = s.cfg.DB.QueryRow(ctx, `SELECT count(*) FROM arap.deliveries WHERE status = 'pending'`).Scan(&n)
+		return n, err
 	})
 }

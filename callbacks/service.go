@@ -1,6 +1,9 @@
 package callbacks
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+	"go.opentelemetry.io/otel/trace"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -80,6 +83,9 @@ type Config struct {
 	MaxResponse int64
 	Now         func() time.Time
 	Log         *slog.Logger
+	// TracerProvider traces each POST (a client span; the receiver gets
+	// its traceparent); the global provider when nil.
+	TracerProvider trace.TracerProvider
 }
 
 // Service registers, delivers and reports callbacks.
@@ -333,7 +339,7 @@ func (s *Service) Attempt(ctx context.Context, id string) (time.Time, error) {
 	}
 	if status != Pending {
 		deliveries.WithLabelValues(status).Inc()
-		s.cfg.Log.Info("callback finished", "delivery_id", d.id, "request_id", d.requestID, "outcome", status, "attempts", d.attempts)
+		s.cfg.Log.InfoContext(ctx, "callback finished", "delivery_id", d.id, "request_id", d.requestID, "outcome", status, "attempts", d.attempts)
 	}
 	return next, nil
 }
@@ -360,8 +366,9 @@ func (s *Service) post(ctx context.Context, c *clients.Client, keys [][]byte, id
 	}
 	dialer := &net.Dialer{Timeout: 5 * time.Second, Control: dialControl(c.CallbackNetworks)}
 	client := &http.Client{
-		Timeout:       s.cfg.Timeout,
-		Transport:     &http.Transport{DialContext: dialer.DialContext, TLSHandshakeTimeout: 5 * time.Second, DisableKeepAlives: true, ResponseHeaderTimeout: s.cfg.Timeout},
+		Timeout: s.cfg.Timeout,
+		Transport: telemetry.Transport(&http.Transport{DialContext: dialer.DialContext, TLSHandshakeTimeout: 5 * time.Second, DisableKeepAlives: true, ResponseHeaderTimeout: s.cfg.Timeout},
+			s.cfg.TracerProvider),
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))

@@ -191,7 +191,7 @@ func (e *Engine) Evaluate(ctx context.Context, callerID string, req authzen.Eval
 	}
 	if err != nil {
 		// Fail closed: a rule we could not evaluate might have denied.
-		e.opts.Log.Warn("policy rule failed to evaluate; denying", "error", err)
+		e.opts.Log.WarnContext(ctx, "policy rule failed to evaluate; denying", "error", err)
 		return Outcome{Decision: deny(authzen.ReasonPolicyError), Effect: EffectDeny}, nil
 	}
 	if rule == nil {

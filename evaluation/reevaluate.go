@@ -104,11 +104,11 @@ func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req
 	}
 	if err != nil {
 		// Anything else will not pass by waiting: fail closed.
-		e.opts.Log.Warn("approval could not be checked; denying", "error", err)
+		e.opts.Log.WarnContext(ctx, "approval could not be checked; denying", "error", err)
 		problem = "approval.state could not be checked"
 	}
 	if problem != "" {
-		e.opts.Log.Info("approval unverifiable", "reason", problem, "client", callerID)
+		e.opts.Log.InfoContext(ctx, "approval unverifiable", "reason", problem, "client", callerID)
 		out.Decision, out.Reason = deny(authzen.ReasonApprovalUnverifiable, authzen.NextActionNone), authzen.ReasonApprovalUnverifiable
 		out.Decision.Context["detail"] = problem
 		return out, nil
@@ -125,7 +125,7 @@ func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req
 		return Outcome{}, err
 	}
 	if err != nil {
-		e.opts.Log.Warn("policy rule failed to evaluate; denying", "error", err)
+		e.opts.Log.WarnContext(ctx, "policy rule failed to evaluate; denying", "error", err)
 		out.Decision, out.Reason = deny(authzen.ReasonPolicyDenied, authzen.NextActionNone), authzen.ReasonPolicyDenied
 		return record(out)
 	}

@@ -31,7 +31,7 @@ var backendDomain = []string{
 var shared = []string{
 	"arapclient", "authzen", "identity", "migrations", "webhook",
 	"internal/chain", "internal/clean", "internal/clientip", "internal/dbdown", "internal/fault", "internal/host", "internal/logs", "internal/ratelimit",
-	"internal/schemamsg", "internal/seal", "internal/version", "internal/visible", "internal/yamlfile",
+	"internal/schemamsg", "internal/seal", "internal/telemetry", "internal/version", "internal/visible", "internal/yamlfile",
 }
 
 // TestFrontEndLinksNoBackendPackage: what the front-end's packages link

@@ -7,6 +7,10 @@
 package frontend
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+	"go.opentelemetry.io/otel/trace"
+	"net/http"
+
 	"context"
 	"errors"
 	"fmt"
@@ -94,6 +98,12 @@ type Config struct {
 	// clients too (Metrics.ObserveUpstream).
 	Metrics *pep.Metrics
 	Log     *slog.Logger
+	// issue21-obs
+	// MetricsAddr, if set, serves /metrics there only (not on Addr).
+	MetricsAddr string
+	// TracerProvider traces requests, the backend calls and jobs; the
+	// global provider (set up from OTEL_* by telemetry.FromEnv) when nil.
+	TracerProvider trace.TracerProvider
 }
 
 // Frontend is a running (or ready to run) MCP front-end.
@@ -115,7 +125,11 @@ func New(ctx context.Context, cfg Config) (*Frontend, error) {
 	if cfg.Tools == nil {
 		cfg.Tools = pep.DemoTools()
 	}
-	h, err := host.New(ctx, host.Config{Name: "mcp front-end", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log})
+	if cfg.Metrics == nil {
+		cfg.Metrics = pep.NewMetrics()
+	}
+	h, err := host.New(ctx, host.Config{Name: "mcp front-end", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log,
+		Key: "frontend", Metrics: cfg.Metrics, MetricsAddr: cfg.MetricsAddr, TracerProvider: cfg.TracerProvider})
 	if err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
@@ -140,9 +154,6 @@ func (f *Frontend) build(ctx context.Context) error {
 	if len(cfg.WebhookSecrets) > 0 {
 		callbackURL = f.host.URL() + pep.PathCallback
 	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = pep.NewMetrics()
-	}
 	sources := cfg.Sources
 	if cfg.Upstreams != "" {
 		if err := f.connectUpstreams(ctx, cfg.Metrics); err != nil {
@@ -154,7 +165,9 @@ func (f *Frontend) build(ctx context.Context) error {
 		}
 	}
 	if f.gate, err = pep.NewGate(pep.Config{
-		DB: pool, Backend: &arapclient.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken}, MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys,
+		DB: pool, MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys, TracerProvider: cfg.TracerProvider,
+		Backend: &arapclient.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken,
+			HTTP: &http.Client{Timeout: 30 * time.Second, Transport: telemetry.Transport(arapclient.Pooled(), cfg.TracerProvider)}},
 		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, Sources: sources, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
 		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Metrics: cfg.Metrics, Log: cfg.Log,
 	}); err != nil {
@@ -180,13 +193,13 @@ func (f *Frontend) build(ctx context.Context) error {
 		return fmt.Errorf("frontend: %w", err)
 	}
 	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
-	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, TrustedProxies: cfg.TrustedProxies,
+	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, TrustedProxies: cfg.TrustedProxies, MetricsElsewhere: cfg.MetricsAddr != "",
 		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Ready: f.ready, Upstreams: f.upstreams, Log: cfg.Log})
 	if err != nil {
 		return err
 	}
 	f.host.Mount(host.Parts{
-		Handler: srv, Workers: jobs,
+		Handler: srv, Metrics: cfg.Metrics.Handler(cfg.Log), Workers: jobs,
 		// They stop in reverse once HTTP has drained: the notifier (its
 		// streams already ended by OnShutdown), then the Stopping hook,
 		// then the gate (its callback wake-ups and the reconciler, waited
@@ -332,6 +345,10 @@ func (f *Frontend) Run(ctx context.Context, reload <-chan struct{}) error {
 	}
 	return nil
 }
+
+// MetricsAddr is the address of the metrics listener (Config.MetricsAddr),
+// "" without one.
+func (f *Frontend) MetricsAddr() string { return f.host.MetricsAddr() }
 
 // URL is the front-end's base URL; the MCP endpoint is URL()+"/mcp".
 func (f *Frontend) URL() string { return f.host.URL() }

@@ -131,7 +131,7 @@ func (s *Service) Deliver(ctx context.Context, a DeliverArgs, last bool) error {
 		}
 		notifications.WithLabelValues(a.Channel, outcome).Inc()
 		if sendErr != nil {
-			s.cfg.Log.Warn("notification not sent", "event_id", a.EventID, "request_id", e.RequestID, "channel", a.Channel,
+			s.cfg.Log.WarnContext(ctx, "notification not sent", "event_id", a.EventID, "request_id", e.RequestID, "channel", a.Channel,
 				"recipient", a.Recipient, "final", last, "error", sendErr)
 		}
 		return nil

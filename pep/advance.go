@@ -1,6 +1,8 @@
 package pep
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"errors"
 	"fmt"
@@ -36,8 +38,12 @@ func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 	default: // busy: the tracking job will get to it
 		return nil
 	}
+	// The advance runs after the callback is answered, under the gate's
+	// context, but within the callback's trace.
+	callback := trace.SpanContextFromContext(ctx)
 	started := g.spawn(func(ctx context.Context) {
 		defer func() { <-g.advance }()
+		ctx = trace.ContextWithSpanContext(ctx, callback)
 		ctx, cancel := context.WithTimeout(ctx, g.cfg.ExecTimeout+30*time.Second)
 		defer cancel()
 		next, err := g.Advance(ctx, id)
@@ -45,7 +51,7 @@ func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 			err = g.FollowUp(ctx, id, next)
 		}
 		if err != nil && g.bg.life.Err() == nil {
-			g.cfg.Log.Warn("advance after callback failed; the poll will retry", "task_id", id, "error", err)
+			g.cfg.Log.WarnContext(ctx, "advance after callback failed; the poll will retry", "task_id", id, "error", err)
 		}
 	})
 	if !started {
@@ -68,6 +74,8 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
+	ctx, span := g.span(ctx, "pep.advance", a)
+	defer span.End()
 	switch a.Phase {
 	case phaseClaimed:
 		return g.reapClaim(ctx, a)
@@ -83,7 +91,7 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 		if a.Deadline != nil && g.now().After(a.Deadline.Add(time.Minute)) {
 			return time.Time{}, g.fail(ctx, a, "the approval service was unreachable until the request's deadline passed")
 		}
-		g.cfg.Log.Warn("status read failed; will retry", "task_id", id, "error", err.Error())
+		g.cfg.Log.WarnContext(ctx, "status read failed; will retry", "task_id", id, "error", err.Error())
 		return g.backoff(a, 0), nil
 	}
 	if tr.Task.ID != *a.BackendID {
@@ -202,6 +210,8 @@ func (g *Gate) backoff(a *approvalTask, retryAfter time.Duration) time.Time {
 // reevaluate asks the PDP again with the approval as an input and acts on
 // the answer (SEP-2848 "Completion").
 func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authzen.Approval) (time.Time, error) {
+	ctx, span := g.span(ctx, "pep.reevaluate", a)
+	defer span.End()
 	b, err := g.binding(a)
 	if err != nil {
 		return time.Time{}, g.fail(ctx, a, "the stored call binding is damaged")
@@ -219,7 +229,7 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 	req.Context = authzen.Object{authzen.CtxApproval: approval}
 	d, err := g.cfg.Backend.Evaluate(ctx, req)
 	if err != nil {
-		g.cfg.Log.Warn("re-evaluation failed; will retry", "task_id", a.TaskID, "error", err.Error())
+		g.cfg.Log.WarnContext(ctx, "re-evaluation failed; will retry", "task_id", a.TaskID, "error", err.Error())
 		return g.backoff(a, 0), nil
 	}
 	if d.Decision {

@@ -79,7 +79,7 @@ func refused(err error) bool {
 // cancelBackend cancels a backend request, best effort (it expires anyway).
 func (g *Gate) cancelBackend(ctx context.Context, cancelURL string) {
 	if _, err := g.cfg.Backend.Cancel(ctx, cancelURL, "mcp_task_cancelled"); err != nil && !arapclient.IsProblem(err, authzen.ProblemInvalidTaskState) {
-		g.cfg.Log.Warn("backend cancel failed", "error", err.Error())
+		g.cfg.Log.WarnContext(ctx, "backend cancel failed", "error", err.Error())
 	}
 }
 

@@ -69,7 +69,7 @@ func (g *Gate) reconcileLoop(ctx context.Context) {
 	for {
 		round, cancel := context.WithTimeout(ctx, g.cfg.ReconcileEvery+30*time.Second)
 		if err := g.Reconcile(round); err != nil && ctx.Err() == nil {
-			g.cfg.Log.Warn("reconcile failed", "error", err)
+			g.cfg.Log.WarnContext(ctx, "reconcile failed", "error", err)
 		}
 		cancel()
 		select {

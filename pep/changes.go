@@ -80,7 +80,7 @@ func (s *Server) maySubscribe(ctx context.Context, p Principal, uri string, f *f
 	stop, err := s.pass.reg.Subscribe(ctx, up, uri, func() { f.mark(note) })
 	if err != nil {
 		// Not the error's text: it names the URI, which is the caller's.
-		s.log.Warn("resource subscription not made", "upstream", up)
+		s.log.WarnContext(ctx, "resource subscription not made", "upstream", up)
 		return false, nil
 	}
 	f.mu.Lock()

@@ -26,6 +26,8 @@ import (
 // and the outcome is recorded as it is, even if ctx ends meanwhile (a
 // stopping process records what it ran rather than leave it unknown).
 func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approvalID string, approvedUntil time.Time) error {
+	ctx, span := g.span(ctx, "pep.execute", a)
+	defer span.End()
 	start, now := time.Now(), g.now() // start: for the run's deadline, on the real clock
 	if !now.Before(approvedUntil) {
 		return g.deny(ctx, a, "The approval expired before the tool could run; the tool did not run.")
@@ -93,7 +95,7 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	var ue *UpstreamError
 	if errors.As(runErr, &ue) {
 		// Not the cause: it may hold the upstream's URL.
-		g.cfg.Log.Warn("upstream failed after the claim", "task_id", a.TaskID, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
+		g.cfg.Log.WarnContext(ctx, "upstream failed after the claim", "task_id", a.TaskID, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
 		recordCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		if ue.MaybeRan {

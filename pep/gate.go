@@ -1,6 +1,10 @@
 package pep
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -79,8 +83,11 @@ type Config struct {
 	// Metrics counts calls, task endings and the task gauge (on the
 	// metrics' registry); default: fresh metrics of the gate's own.
 	Metrics *Metrics
-	Now     func() time.Time
-	Log     *slog.Logger
+	// TracerProvider traces tools/call and the work on approval tasks;
+	// the global provider when nil.
+	TracerProvider trace.TracerProvider
+	Now            func() time.Time
+	Log            *slog.Logger
 }
 
 // Gate is the enforcement point: it decides every tools/call through the PDP
@@ -93,6 +100,7 @@ type Gate struct {
 	catalog *catalog
 	advance chan struct{} // bounds concurrent Advance runs started by callbacks
 	bg      background    // what the gate runs on its own: wake-ups, the reconciler
+	tracer  trace.Tracer
 }
 
 // NewGate checks cfg and builds a Gate.
@@ -134,7 +142,8 @@ func NewGate(cfg Config) (*Gate, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB, cache: newCallerCache(cfg.Now)}, advance: make(chan struct{}, 16)}
+	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB, cache: newCallerCache(cfg.Now)}, advance: make(chan struct{}, 16),
+		tracer: telemetry.Provider(cfg.TracerProvider).Tracer("github.com/omcp/arap/pep")}
 	g.bg.life, g.bg.end = context.WithCancel(context.Background())
 	sources := cfg.Sources
 	if len(cfg.Tools) > 0 {
@@ -186,12 +195,16 @@ func (g *Gate) Callers() *Callers { return g.callers }
 // Call handles tools/call for principal p. It returns a CallToolResult, a
 // CreateTaskResult, an input_required result, or a JSON-RPC error.
 func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) (sdk.Result, error) {
+	// The span whose context an approval task stores (trace_parent): the
+	// work done for the task later links to it. Never the arguments.
+	ctx, span := g.tracer.Start(ctx, "tools/call", trace.WithAttributes(attribute.String("mcp.tool", req.Params.Name)))
+	defer span.End()
 	tool, err := g.catalog.lookup(req.Params.Name)
 	if errors.Is(err, errNoTool) {
 		return nil, rpcError(tasks.CodeInvalidParams, fmt.Sprintf("unknown tool %q", req.Params.Name))
 	}
 	if err != nil {
-		g.cfg.Log.Warn("tool not offered: its definition is unusable", "tool", req.Params.Name, "error", err.Error())
+		g.cfg.Log.WarnContext(ctx, "tool not offered: its definition is unusable", "tool", req.Params.Name, "error", err.Error())
 		return nil, rpcError(tasks.CodeInvalidParams, fmt.Sprintf("tool %q is unavailable: its definition is unusable", req.Params.Name))
 	}
 	args, err := g.arguments(req, tool)
@@ -262,7 +275,7 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	// atomically with the insert.
 	if msg, err := g.limited(ctx, g.cfg.DB, p); err != nil || msg != "" {
 		if err != nil {
-			g.cfg.Log.Error("limit check failed", "error", err)
+			g.cfg.Log.ErrorContext(ctx, "limit check failed", "error", err)
 			msg = msgBusy
 		}
 		return denied(msg, RemediationUnavailable), nil
@@ -304,7 +317,7 @@ func (g *Gate) evaluate(ctx context.Context, ev authzen.EvaluationRequest) (auth
 		return err
 	})
 	if err != nil {
-		g.cfg.Log.Error("evaluation failed", "action", ev.Action["name"], "resource_type", ev.Resource["type"], "error", err)
+		g.cfg.Log.ErrorContext(ctx, "evaluation failed", "action", ev.Action["name"], "resource_type", ev.Resource["type"], "error", err)
 		if backendUnavailable(err) {
 			return d, tasks.Unavailable(tasks.WhatAuthorization)
 		}
@@ -358,7 +371,7 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 	var ue *UpstreamError
 	if errors.As(err, &ue) {
 		// Not the cause: it may hold the upstream's URL.
-		g.cfg.Log.Warn("upstream failed", "tool", tool.Name, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
+		g.cfg.Log.WarnContext(ctx, "upstream failed", "tool", tool.Name, "upstream", ue.Upstream, "what", ue.Message, "maybe_ran", ue.MaybeRan)
 		if ue.Transient && !ue.MaybeRan {
 			// Nothing was sent: the caller may simply send it again.
 			return nil, tasks.Unavailable("the upstream " + ue.Upstream + " cannot be reached; the tool did not run")
@@ -375,13 +388,13 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 		// The write may have committed before the connection was lost:
 		// not "retry", which could do it twice. Never the driver's text,
 		// which names the database's host and user.
-		g.cfg.Log.Warn("tool failed: the database was lost mid-statement", "tool", tool.Name)
+		g.cfg.Log.WarnContext(ctx, "tool failed: the database was lost mid-statement", "tool", tool.Name)
 		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
 			Text: "The tool failed: the database became unavailable while it ran; its effect may or may not have been recorded. Check before calling it again."}}}, nil
 	}
 	if err != nil {
 		// Not the error's text: a tool's message may quote its arguments.
-		g.cfg.Log.Warn("tool failed", "tool", tool.Name)
+		g.cfg.Log.WarnContext(ctx, "tool failed", "tool", tool.Name)
 		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "The tool failed: " + sanitize(err.Error(), 200)}}}, nil
 	}
 	if out.Input != nil {
@@ -398,4 +411,17 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 var Sealed = []seal.Column{
 	{Schema: "pep", Table: "approval_tasks", Key: "task_id", Value: "args_sealed", AD: "task_id"},
 	{Schema: "pep", Table: "intents", Key: "key", Value: "body_sealed", AD: "key"},
+}
+
+// span starts a span for work on approval task a, linked to the tools/call
+// that opened it (its stored trace context): that work runs later, in a
+// callback, a job or another process, under a trace of its own.
+func (g *Gate) span(ctx context.Context, name string, a *approvalTask) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.String("mcp.task_id", a.TaskID))}
+	if a.TraceParent != nil {
+		if l, ok := telemetry.Link(*a.TraceParent); ok {
+			opts = append(opts, trace.WithLinks(l))
+		}
+	}
+	return g.tracer.Start(ctx, name, opts...)
 }

@@ -193,7 +193,7 @@ func (g *Gate) collectInput(ctx context.Context, p Principal, tool string, args 
 	}
 	schema, err := g.requestSchema(ctx, hint.RequestSchemaURL)
 	if err != nil {
-		g.cfg.Log.Error("request schema unavailable", "error", err)
+		g.cfg.Log.ErrorContext(ctx, "request schema unavailable", "error", err)
 		if backendUnavailable(err) {
 			return nil, nil, tasks.Unavailable(tasks.WhatApproval)
 		}

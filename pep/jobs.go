@@ -124,7 +124,7 @@ func (g *Gate) Reconcile(ctx context.Context) error {
 		}
 		in, err := g.loadIntent(ctx, o.key)
 		if err != nil {
-			g.cfg.Log.Error("reconcile: intent unreadable", "error", err)
+			g.cfg.Log.ErrorContext(ctx, "reconcile: intent unreadable", "error", err)
 			continue
 		}
 		tr, err := g.submit(ctx, in)
@@ -138,7 +138,7 @@ func (g *Gate) Reconcile(ctx context.Context) error {
 				err = intentSettled.apply(ctx, g.cfg.DB, in.Key, ``)
 			}
 		case o.state == intentOpen:
-			g.cfg.Log.Info("reconcile: binding an intent left unbound", "task_id", in.TaskID)
+			g.cfg.Log.InfoContext(ctx, "reconcile: binding an intent left unbound", "task_id", in.TaskID)
 			err = g.bind(ctx, in, tr)
 		default: // abandoned, and the request exists: cancel it
 			if cancelURL, _ := tr.Task.Links["cancel"].(string); cancelURL != "" && tr.Task.Status == authzen.StatusPending {
@@ -147,7 +147,7 @@ func (g *Gate) Reconcile(ctx context.Context) error {
 			err = intentSettled.apply(ctx, g.cfg.DB, in.Key, ``)
 		}
 		if err != nil {
-			g.cfg.Log.Error("reconcile: intent not settled; next round retries", "task_id", in.TaskID, "error", err)
+			g.cfg.Log.ErrorContext(ctx, "reconcile: intent not settled; next round retries", "task_id", in.TaskID, "error", err)
 		}
 	}
 
@@ -161,7 +161,7 @@ func (g *Gate) Reconcile(ctx context.Context) error {
 			_, err = g.reapClaim(ctx, a)
 		}
 		if err != nil {
-			g.cfg.Log.Error("reconcile: reap failed", "task_id", id, "error", err)
+			g.cfg.Log.ErrorContext(ctx, "reconcile: reap failed", "task_id", id, "error", err)
 		}
 	}
 	return nil

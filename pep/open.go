@@ -1,6 +1,8 @@
 package pep
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -174,7 +176,8 @@ func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup st
 		}
 		return insertApproval(ctx, tx, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
 			Principal: p.Key(), Dedup: dedup, At: now, ToolDigest: tool.Digest, Upstream: tool.Upstream, UpstreamTool: tool.UpstreamTool,
-			Intent: newIntent{Key: key, Generation: 1, SubmitURL: g.submitURL(hint), BodySealed: g.box.Seal(body, key)}})
+			TraceParent: telemetry.TraceParent(ctx),
+			Intent:      newIntent{Key: key, Generation: 1, SubmitURL: g.submitURL(hint), BodySealed: g.box.Seal(body, key)}})
 	})
 	var le *limitError
 	var pgErr *pgconn.PgError
@@ -197,7 +200,7 @@ func (g *Gate) submitAndBind(ctx context.Context, key string) error {
 	tr, err := g.submit(ctx, in)
 	fault.Point("pep.after-submit")
 	if err != nil {
-		g.cfg.Log.Warn("approval request not submitted", "task_id", in.TaskID, "error", err.Error())
+		g.cfg.Log.WarnContext(ctx, "approval request not submitted", "task_id", in.TaskID, "error", err.Error())
 		if ferr := g.failIntent(ctx, in, !errors.Is(err, errUncertain), err); ferr != nil {
 			return ferr
 		}

@@ -1,6 +1,8 @@
 package pep
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -47,7 +49,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	for _, n := range names {
 		attrs = append(attrs, n, failing[n].Error())
 	}
-	s.log.Warn("not ready", slog.Group("failing", attrs...))
+	s.log.WarnContext(r.Context(), "not ready", slog.Group("failing", attrs...))
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_ = json.NewEncoder(w).Encode(map[string]any{"status": "unavailable", "failing": names})
 }
@@ -105,6 +107,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 			route = "unmatched"
 		}
 		elapsed := time.Since(start)
+		telemetry.Route(r.Context(), r.Method, route)
 		s.gate.cfg.Metrics.served(r.Method, route, rec.Status)
 		li.mu.Lock()
 		attrs := []any{"method", r.Method, "route", route, "status", rec.Status, "bytes", rec.Bytes,

@@ -44,6 +44,9 @@ type ServerOptions struct {
 	// TrustedProxies are the peers whose X-Forwarded-For is believed
 	// (internal/clientip); none: every request's address is its peer.
 	TrustedProxies []netip.Prefix
+	// MetricsElsewhere leaves GET /metrics out: they are served on a
+	// listener of their own (--metrics-addr).
+	MetricsElsewhere bool
 	// RequestsPerMinute bounds each caller's MCP requests (default 1200),
 	// counted in Counters for all replicas together.
 	RequestsPerMinute int
@@ -238,11 +241,11 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	limit := perCaller.Middleware(func(r *http.Request) string { return tasks.PrincipalFrom(r.Context()) }, tooMany,
 		func(w http.ResponseWriter, r *http.Request, err error) {
 			if dbdown.Is(err) {
-				o.Log.Warn("rate limit: database unavailable; refusing the request", "error", err)
+				o.Log.WarnContext(r.Context(), "rate limit: database unavailable; refusing the request", "error", err)
 				tasks.WriteUnavailable(w, r, tasks.WhatDatabase)
 				return
 			}
-			o.Log.Error("rate limit unavailable; refusing the request", "error", err)
+			o.Log.ErrorContext(r.Context(), "rate limit unavailable; refusing the request", "error", err)
 			http.Error(w, "internal error", http.StatusInternalServerError)
 		})
 	mux := http.NewServeMux()
@@ -262,7 +265,9 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	mux.HandleFunc("GET "+PathReady, srv.readyz)
 	// Unauthenticated, like the backend's: counts by bounded labels only;
 	// keep it off public networks (docs/reference.md, Operations).
-	mux.Handle("GET "+PathMetrics, g.cfg.Metrics.Handler(o.Log))
+	if !o.MetricsElsewhere {
+		mux.Handle("GET "+PathMetrics, g.cfg.Metrics.Handler(o.Log))
+	}
 	srv.handler = clientip.Trust(o.TrustedProxies)(srv.accessLog(cleanURLs(mux)))
 	return srv, nil
 }
@@ -370,11 +375,11 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		if err != nil {
 			if dbdown.Is(err) {
-				s.log.Warn("caller lookup: database unavailable", "error", err)
+				s.log.WarnContext(r.Context(), "caller lookup: database unavailable", "error", err)
 				tasks.WriteUnavailable(w, r, tasks.WhatDatabase)
 				return
 			}
-			s.log.Error("caller lookup failed", "error", err)
+			s.log.ErrorContext(r.Context(), "caller lookup failed", "error", err)
 			http.Error(w, "internal error", http.StatusInternalServerError)
 			return
 		}
@@ -494,7 +499,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.gate.Wake(r.Context(), body.State, body.Task.ID); err != nil {
-		s.log.Error("callback: task lookup failed", "error", err)
+		s.log.ErrorContext(r.Context(), "callback: task lookup failed", "error", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)
 		return
 	}

@@ -172,16 +172,19 @@ type approvalTask struct {
 	// The identity of the tool the call was approved for (migrations/pep
 	// 0005); nil on a task opened before it was recorded.
 	ToolDigest, Upstream, UpstreamTool *string
+	// TraceParent is the trace context of the tools/call that opened the
+	// task (migrations/pep 0007); nil when it was not traced.
+	TraceParent *string
 }
 
 const approvalColumns = `task_id, tool, args_sealed, args_digest, principal, phase, generation, backend_id, status_url, cancel_url,
-	deadline, chained, input_schema, claimed_at, exec_deadline, created_at, tool_digest, upstream, upstream_tool`
+	deadline, chained, input_schema, claimed_at, exec_deadline, created_at, tool_digest, upstream, upstream_tool, trace_parent`
 
 func scanApproval(row pgx.Row) (*approvalTask, error) {
 	var a approvalTask
 	err := row.Scan(&a.TaskID, &a.Tool, &a.ArgsSealed, &a.ArgsDigest, &a.Principal, &a.Phase, &a.Generation, &a.BackendID,
 		&a.StatusURL, &a.CancelURL, &a.Deadline, &a.Chained, &a.InputSchema, &a.ClaimedAt, &a.ExecDL, &a.CreatedAt,
-		&a.ToolDigest, &a.Upstream, &a.UpstreamTool)
+		&a.ToolDigest, &a.Upstream, &a.UpstreamTool, &a.TraceParent)
 	return &a, err
 }
 
@@ -273,6 +276,7 @@ type newApproval struct {
 	ArgsSealed                                 []byte
 	// The identity of the tool as it was when the call was evaluated.
 	ToolDigest, Upstream, UpstreamTool string
+	TraceParent                        string // "" when the call is not traced
 	Intent                             newIntent
 	At                                 time.Time
 }
@@ -289,9 +293,9 @@ type newIntent struct {
 // its first intent.
 func insertApproval(ctx context.Context, tx pgx.Tx, a newApproval) error {
 	if _, err := tx.Exec(ctx, `INSERT INTO pep.approval_tasks (task_id, tool, args_sealed, args_digest, principal, dedup_key, phase,
-		generation, created_at, updated_at, tool_digest, upstream, upstream_tool)
-		VALUES ($1, $2, $3, $4, $5, $6, 'submitting', 1, $7, $7, $8, nullif($9, ''), $10)`,
-		a.TaskID, a.Tool, a.ArgsSealed, a.ArgsDigest, a.Principal, a.Dedup, a.At, a.ToolDigest, a.Upstream, a.UpstreamTool); err != nil {
+		generation, created_at, updated_at, tool_digest, upstream, upstream_tool, trace_parent)
+		VALUES ($1, $2, $3, $4, $5, $6, 'submitting', 1, $7, $7, $8, nullif($9, ''), $10, nullif($11, ''))`,
+		a.TaskID, a.Tool, a.ArgsSealed, a.ArgsDigest, a.Principal, a.Dedup, a.At, a.ToolDigest, a.Upstream, a.UpstreamTool, a.TraceParent); err != nil {
 		return err
 	}
 	return insertIntent(ctx, tx, a.TaskID, a.Intent, &a.At)

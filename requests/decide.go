@@ -1,6 +1,9 @@
 package requests
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"crypto/rand"
 	"errors"
@@ -150,6 +153,11 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 		}
 		if err != nil {
 			return fmt.Errorf("requests: lock %s: %w", id, err)
+		}
+		// The decision (web UI, decision API, Slack) links to the trace of
+		// the submission it decides.
+		if l, ok := telemetry.Link(r.TraceParent); ok {
+			trace.SpanFromContext(ctx).AddLink(l)
 		}
 		now := s.now()
 		if err := Eligible(v, r, now); err != nil {

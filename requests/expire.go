@@ -57,7 +57,7 @@ type ExpireDueWorker struct {
 // stops only itself, not every expiry behind it.
 func (w *ExpireDueWorker) Work(ctx context.Context, _ *river.Job[ExpireDueArgs]) error {
 	if err := drain(ctx, ExpireBatch, w.Service.ExpireDue); err != nil && ctx.Err() == nil {
-		w.Service.cfg.Log.Error("expiry batch failed; expiring one by one", "error", err)
+		w.Service.cfg.Log.ErrorContext(ctx, "expiry batch failed; expiring one by one", "error", err)
 		return w.Service.expireEach(ctx, ExpireBatch)
 	}
 	return nil
@@ -113,7 +113,7 @@ func (s *Service) ExpireDue(ctx context.Context, limit int) (int, error) {
 	}
 	if len(ended) > 0 {
 		fault.Point("requests.after-expire-commit")
-		s.cfg.Log.Info("requests expired", "count", len(ended))
+		s.cfg.Log.InfoContext(ctx, "requests expired", "count", len(ended))
 	}
 	return len(ended), nil
 }
@@ -132,7 +132,7 @@ func (s *Service) expireEach(ctx context.Context, limit int) error {
 	}
 	for _, id := range ids {
 		if _, err := s.Expire(ctx, id); err != nil && ErrorCode(err) == "" {
-			s.cfg.Log.Error("request could not be expired", "request_id", id, "error", err)
+			s.cfg.Log.ErrorContext(ctx, "request could not be expired", "request_id", id, "error", err)
 		}
 	}
 	return ctx.Err()

@@ -1,6 +1,8 @@
 package requests
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+
 	"context"
 
 	"fmt"
@@ -25,20 +27,16 @@ var (
 )
 
 // PendingGauge is a gauge of the requests waiting for a decision, read from
-// the database at each scrape, so every replica reports the same number.
-func (s *Service) PendingGauge() prometheus.Collector {
-	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "arap_requests_pending", Help: "Access requests waiting for a decision.",
-	}, func() float64 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		var n int
+// the database at each scrape; only the replica for which leader is true
+// reports it, so that summing over replicas counts it once.
+func (s *Service) PendingGauge(leader func(context.Context) bool) prometheus.Collector {
+	return telemetry.LeaderGauge(prometheus.GaugeOpts{
+		Name: "arap_requests_pending", Help: "Access requests waiting for a decision, in the whole database (reported by the River leader replica only).",
+	}, leader, func(ctx context.Context) (n int, err error) {
 		// A request past its deadline is expired (on read, or by the next
 		// sweep within a second): it no longer waits.
-		if err := s.cfg.DB.QueryRow(ctx, `SELECT count(*) FROM arap.requests WHERE status = 'pending' AND expires_at > $1`, s.now()).Scan(&n); err != nil {
-			return -1
-		}
-		return float64(n)
+		err = s.cfg.DB.QueryRow(ctx, `SELECT count(*) FROM arap.requests WHERE status = 'pending' AND expires_at > $1`, s.now()).Scan(&n)
+		return n, err
 	})
 }
 
@@ -63,7 +61,7 @@ func (w *ExpireWorker) Work(ctx context.Context, job *river.Job[ExpireArgs]) err
 	r, err := w.Service.Expire(ctx, job.Args.RequestID)
 	switch code := ErrorCode(err); {
 	case err == nil:
-		w.Service.cfg.Log.Info("request expired", "request_id", r.ID)
+		w.Service.cfg.Log.InfoContext(ctx, "request expired", "request_id", r.ID)
 		return nil
 	case code == errNotDue:
 		// Scheduled early (clock skew between hosts): try again at the deadline.

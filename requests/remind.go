@@ -132,7 +132,7 @@ func (s *Service) EscalateDue(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	if len(ids) > 0 {
-		s.cfg.Log.Info("requests escalated", "count", len(ids))
+		s.cfg.Log.InfoContext(ctx, "requests escalated", "count", len(ids))
 	}
 	return len(ids), nil
 }

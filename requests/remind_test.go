@@ -203,7 +203,7 @@ func histogram(t *testing.T) (uint64, float64) {
 func TestPendingGaugeAndFirstDecision(t *testing.T) {
 	f := setupWith(t, "testdata/remind.yaml")
 	ctx := context.Background()
-	gauge := f.svc.PendingGauge()
+	gauge := f.svc.PendingGauge(func(context.Context) bool { return true })
 	wire := map[string]any{"to": "acct-991", "amount": 50000}
 	require.Zero(t, testutil.ToFloat64(gauge))
 	a := f.submitFor("alice", "wire_transfer", wire)

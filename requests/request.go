@@ -45,6 +45,9 @@ type Request struct {
 	// people became deciders); nil until then, and for rules without
 	// escalation.
 	EscalatedAt *time.Time
+	// TraceParent is the trace context of the submission (migrations/arap
+	// 0019); "" when it was not traced.
+	TraceParent string
 }
 
 // SplitContext parts the submitted context into the members the rule
@@ -69,13 +72,13 @@ func (r *Request) SplitContext() (declared, extra authzen.Object) {
 
 const requestColumns = `id, client_id, status, coalesce(status_reason, ''), rule, subject, resource, action, context,
 	requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
-	expires_at, created_at, updated_at, terminal_at, result, approval_policy, callback, escalated_at`
+	expires_at, created_at, updated_at, terminal_at, result, approval_policy, callback, escalated_at, coalesce(trace_parent, '')`
 
 func scanRequest(row pgx.Row) (*Request, error) {
 	var r Request
 	err := row.Scan(&r.ID, &r.ClientID, &r.Status, &r.StatusReason, &r.Rule, &r.Subject, &r.Resource, &r.Action, &r.Context,
 		&r.RequestedAccess, &r.ClientInfo, &r.Denial, &r.EvaluationID, &r.BindingHash, &r.BindingContextMembers, &r.Display,
-		&r.ExpiresAt, &r.CreatedAt, &r.UpdatedAt, &r.TerminalAt, &r.Result, &r.ApprovalPolicy, &r.Callback, &r.EscalatedAt)
+		&r.ExpiresAt, &r.CreatedAt, &r.UpdatedAt, &r.TerminalAt, &r.Result, &r.ApprovalPolicy, &r.Callback, &r.EscalatedAt, &r.TraceParent)
 	if err != nil {
 		return nil, err
 	}

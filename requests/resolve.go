@@ -68,7 +68,7 @@ func (s *Service) Resolve(ctx context.Context, id string) (time.Time, error) {
 	res, err := s.cfg.Policy.Resolve(ctx, rule, authzen.EvaluationRequest{Subject: r.Subject, Resource: r.Resource, Action: r.Action, Context: declared}, now)
 	if err != nil {
 		// A resolver that cannot evaluate decides nothing; people still can.
-		s.cfg.Log.Warn("automated resolver failed", "request_id", id, "error", err)
+		s.cfg.Log.WarnContext(ctx, "automated resolver failed", "request_id", id, "error", err)
 		return time.Time{}, nil
 	}
 	if res == nil {
@@ -80,11 +80,11 @@ func (s *Service) Resolve(ctx context.Context, id string) (time.Time, error) {
 	_, err = s.Decide(ctx, resolverVoter(rule.Name, res), id, Decision{Approve: res.Decision == "approve", Reason: res.Reason})
 	if code := ErrorCode(err); code != "" {
 		// Decided meanwhile, already voted, or not allowed: nothing to do.
-		s.cfg.Log.Info("automated resolver vote not counted", "request_id", id, "resolver", res.Name, "why", err.Error())
+		s.cfg.Log.InfoContext(ctx, "automated resolver vote not counted", "request_id", id, "resolver", res.Name, "why", err.Error())
 		return time.Time{}, nil
 	}
 	if err == nil {
-		s.cfg.Log.Info("automated resolver decided", "request_id", id, "resolver", res.Name, "decision", res.Decision)
+		s.cfg.Log.InfoContext(ctx, "automated resolver decided", "request_id", id, "resolver", res.Name, "decision", res.Decision)
 	}
 	return time.Time{}, err
 }

@@ -1,6 +1,8 @@
 package requests
 
 import (
+	"github.com/omcp/arap/internal/telemetry"
+
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -355,6 +357,7 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		ExpiresAt:             now.Add(rule.RequestTTL).Truncate(time.Second),
 		CreatedAt:             now,
 		UpdatedAt:             now,
+		TraceParent:           telemetry.TraceParent(ctx),
 	}
 	var out *Submitted
 	err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
@@ -370,11 +373,11 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 			c.ID, c.ExpiresAt.Time, r.ID)
 		b.Queue(`INSERT INTO arap.requests (id, client_id, status, rule, subject, resource, action, context,
 			requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
-			expires_at, created_at, updated_at, approval_policy, callback, next_reminder_at, escalate_at)
-			VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17, $18, $19, $20)`,
+			expires_at, created_at, updated_at, approval_policy, callback, next_reminder_at, escalate_at, trace_parent)
+			VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17, $18, $19, $20, nullif($21, ''))`,
 			r.ID, r.ClientID, r.Rule, r.Subject, r.Resource, r.Action, r.Context, r.RequestedAccess, r.ClientInfo, r.Denial,
 			r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now, r.ApprovalPolicy, r.Callback,
-			after(now, r.ApprovalPolicy.RemindEvery), after(now, r.ApprovalPolicy.EscalateAfter))
+			after(now, r.ApprovalPolicy.RemindEvery), after(now, r.ApprovalPolicy.EscalateAfter), r.TraceParent)
 		if err := audit.QueueFirst(b, audit.Event{Chain: r.ID, Kind: "request.submitted", Actor: caller.principal(), At: now,
 			Data: map[string]any{
 				"client_id": caller.ID, "rule": r.Rule, "evaluation_id": r.EvaluationID, "binding_hash": r.BindingHash,

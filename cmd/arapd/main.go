@@ -31,6 +31,7 @@ import (
 	"github.com/omcp/arap/internal/config"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/internal/seal"
+	"github.com/omcp/arap/internal/telemetry"
 	"github.com/omcp/arap/internal/version"
 	"github.com/omcp/arap/mcp/fixtures"
 	"github.com/omcp/arap/migrations"
@@ -96,7 +97,27 @@ func main() {
 
 // logger writes JSON lines at level to standard error.
 func logger(level slog.Level) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	// Records logged with a traced context carry its trace and span ids.
+	return slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+}
+
+// tracing sets up the global tracer provider from the standard OTEL_*
+// variables (nothing is exported unless they say where); the returned
+// function flushes what is left at exit.
+func tracing(service string) (func(), error) {
+	_, shutdown, err := telemetry.FromEnv(context.Background(), service)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = shutdown(ctx)
+	}, nil
+}
+
+func metricsAddr(c *config.Set) *string {
+	return c.String("metrics-addr", "", "serve /metrics on this address only, not on --addr (default: on --addr)")
 }
 
 // The settings more than one command has.
@@ -145,6 +166,7 @@ func serve(args []string) error {
 	rate := c.Int("rate-limit", arap.DefaultLimits.RequestsPerMinute, "requests per minute each API client may make (all replicas together)")
 	level := logLevel(c)
 	trusted := trustedProxies(c)
+	metrics := metricsAddr(c)
 	smtpURL := c.String("smtp-url", "", "SMTP server for e-mail notifications: smtp://host[:port] (STARTTLS), smtps://host[:port] (TLS); e-mail is off without it")
 	smtpUser := c.String("smtp-username", "", "SMTP user name")
 	smtpPassword := c.Secret("smtp-password", "the SMTP password")
@@ -164,6 +186,11 @@ func serve(args []string) error {
 		return err
 	}
 	log := logger(*level)
+	flush, err := tracing("arapd-serve")
+	if err != nil {
+		return err
+	}
+	defer flush()
 	masterKey, err := decodeMasterKey(key)
 	if err != nil {
 		return err
@@ -192,7 +219,7 @@ func serve(args []string) error {
 	b, err := backend.New(ctx, backend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), PolicyFile: *policy, MasterKey: masterKey, PreviousMasterKeys: previous, Migrate: *doMigrate, Log: log,
 		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate}, Mail: mail, Slack: slackConf,
-		OIDC: oidcConf, NoLocalPasswords: !*localPasswords, TrustedProxies: proxies,
+		OIDC: oidcConf, NoLocalPasswords: !*localPasswords, TrustedProxies: proxies, MetricsAddr: *metrics,
 	})
 	if err != nil {
 		return err
@@ -313,6 +340,11 @@ func runDev(args []string) error {
 	opts.Addr, opts.MCPAddr, opts.DataDir, opts.DatabaseURL, opts.Upstreams = *addr, *mcpAddr, *dataDir, dbURL.Value(), *upstreams
 	opts.Log = logger(*level)
 	opts.Out = os.Stdout
+	flush, err := tracing("arapd-dev")
+	if err != nil {
+		return err
+	}
+	defer flush()
 	if *conformance {
 		opts.Frontend = withFixtures
 	}
@@ -346,6 +378,7 @@ func runMCP(args []string) error {
 	conformance := c.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
 	level := logLevel(c)
 	trusted := trustedProxies(c)
+	metrics := metricsAddr(c)
 	if err := c.Parse(args); err != nil {
 		return err
 	}
@@ -372,10 +405,15 @@ func runMCP(args []string) error {
 	}
 	ctx, reload := signals()
 	log := logger(*level)
+	flush, err := tracing("arapd-mcp")
+	if err != nil {
+		return err
+	}
+	defer flush()
 	cfg := frontend.Config{
 		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), MasterKey: masterKey, PreviousMasterKeys: previous, BackendURL: *backendURL, BackendToken: token.Value(),
 		WebhookSecrets: webhookSecrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
-		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log, TrustedProxies: proxies,
+		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log, TrustedProxies: proxies, MetricsAddr: *metrics,
 	}
 	if *conformance {
 		withFixtures(&cfg)

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/authzen"
@@ -69,6 +71,13 @@ type Options struct {
 	NoLocalPasswords bool
 	// TrustedProxies are the peers whose X-Forwarded-For is believed.
 	TrustedProxies []netip.Prefix
+	// TracerProvider records the backend's spans (the global provider
+	// when nil).
+	TracerProvider trace.TracerProvider
+	// MetricsAddr serves /metrics on a listener of its own.
+	MetricsAddr string
+	// Log is the backend's logger (discarded when nil).
+	Log *slog.Logger
 }
 
 // fixedClock is ten seconds into a minute in 2030.
@@ -109,7 +118,8 @@ func Start(t testing.TB, o Options) *Env {
 	b, err := backend.New(ctx, backend.Config{
 		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
 		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now, Mail: o.Mail, Slack: o.Slack,
-		OIDC: o.OIDC, NoLocalPasswords: o.NoLocalPasswords, TrustedProxies: o.TrustedProxies,
+		OIDC: o.OIDC, NoLocalPasswords: o.NoLocalPasswords, TrustedProxies: o.TrustedProxies, TracerProvider: o.TracerProvider, MetricsAddr: o.MetricsAddr,
+		Log: o.Log,
 	})
 	if err != nil {
 		t.Fatal(err)

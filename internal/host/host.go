@@ -23,10 +23,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+	"github.com/riverqueue/rivercontrib/otelriver"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/omcp/arap/internal/logs"
+	"github.com/omcp/arap/internal/telemetry"
 	"github.com/omcp/arap/migrations"
 )
 
@@ -43,6 +48,22 @@ type Config struct {
 	// Migrate applies pending migrations before anything else.
 	Migrate bool
 	Log     *slog.Logger
+	// Key names the process in metric labels ("backend", "frontend").
+	Key string
+	// Metrics is where the host registers its metrics (the pool's, the
+	// jobs'); none when nil.
+	Metrics Registerer
+	// MetricsAddr, if set, is a second listener serving only GET /metrics
+	// (Parts.Metrics); the Handler should then no longer serve it.
+	MetricsAddr string
+	// TracerProvider traces HTTP requests and jobs; the global provider
+	// when nil.
+	TracerProvider trace.TracerProvider
+}
+
+// Registerer takes collectors (prometheus.Registerer, pep.Metrics).
+type Registerer interface {
+	Register(prometheus.Collector) error
 }
 
 // Service runs beside the workers (a notifier, a reconciler).
@@ -54,6 +75,9 @@ type Service interface {
 // Parts are what a process runs on its host.
 type Parts struct {
 	Handler http.Handler
+	// Metrics serves GET /metrics on the metrics listener
+	// (Config.MetricsAddr); unused without one.
+	Metrics http.Handler
 	// Workers runs the process's jobs (a client built by River, with
 	// workers).
 	Workers *river.Client[pgx.Tx]
@@ -80,6 +104,12 @@ type Host struct {
 	started  atomic.Bool
 	stopping atomic.Bool
 	serveErr chan error
+	// The metrics listener and its server (Config.MetricsAddr), or nil.
+	metricsLn  net.Listener
+	metricsSrv *http.Server
+	jobs       *telemetry.JobMetrics
+	otelRiver  *otelriver.Middleware
+	workers    *river.Client[pgx.Tx]
 }
 
 // New listens on cfg.Addr and opens the pool; nothing is served until Start.
@@ -95,12 +125,38 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	if cfg.PublicURL == "" {
 		cfg.PublicURL = "http://" + ln.Addr().String()
 	}
-	h := &Host{cfg: cfg, listener: ln, serveErr: make(chan error, 1)}
+	h := &Host{cfg: cfg, listener: ln, serveErr: make(chan error, 2), jobs: telemetry.NewJobMetrics()}
+	if cfg.MetricsAddr != "" {
+		if h.metricsLn, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+			_ = ln.Close()
+			return nil, fmt.Errorf("listen on %s (metrics): %w", cfg.MetricsAddr, err)
+		}
+	}
 	if h.pool, err = migrations.Open(ctx, cfg.DatabaseURL, cfg.Migrate, cfg.Log); err != nil {
-		_ = ln.Close()
+		h.closeListeners()
 		return nil, err
 	}
+	// The trace context travels in job metadata: a job's span links to the
+	// span that queued it (a job may run much later, or after a restart).
+	h.otelRiver = otelriver.NewMiddleware(&otelriver.MiddlewareConfig{
+		TracerProvider: telemetry.Provider(cfg.TracerProvider), EnableTracePropagation: true, EnableWorkSpanJobKindSuffix: true,
+	})
+	if cfg.Metrics != nil {
+		for _, c := range []prometheus.Collector{telemetry.PoolCollector(cfg.Key, h.pool), h.jobs} {
+			if err := cfg.Metrics.Register(c); err != nil && !errors.As(err, &prometheus.AlreadyRegisteredError{}) {
+				h.Close()
+				return nil, fmt.Errorf("metrics: %w", err)
+			}
+		}
+	}
 	return h, nil
+}
+
+func (h *Host) closeListeners() {
+	_ = h.listener.Close()
+	if h.metricsLn != nil {
+		_ = h.metricsLn.Close()
+	}
 }
 
 // River returns a client on the pool, logging only warnings and errors. A
@@ -109,6 +165,10 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 func (h *Host) River(cfg *river.Config) (*river.Client[pgx.Tx], error) {
 	if cfg.Logger == nil {
 		cfg.Logger = logs.Quiet(h.cfg.Log, slog.LevelWarn)
+	}
+	cfg.Plugins = append(cfg.Plugins, h.otelRiver)
+	if cfg.Workers != nil {
+		cfg.Middleware = append(cfg.Middleware, rivertype.Middleware(h.jobs))
 	}
 	c, err := river.NewClient(riverpgxv5.New(h.pool), cfg)
 	if err != nil {
@@ -120,7 +180,13 @@ func (h *Host) River(cfg *river.Config) (*river.Client[pgx.Tx], error) {
 // Mount sets what Start runs.
 func (h *Host) Mount(p Parts) {
 	h.parts = p
-	h.server = httpServer(p.Handler)
+	h.workers = p.Workers
+	if h.metricsLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", p.Metrics)
+		h.metricsSrv = httpServer(mux)
+	}
+	h.server = httpServer(telemetry.Handler(p.Handler, h.cfg.TracerProvider))
 	for _, f := range p.OnShutdown {
 		h.server.RegisterOnShutdown(f)
 	}
@@ -129,7 +195,7 @@ func (h *Host) Mount(p Parts) {
 // Close releases the listener and the pool of a host that never started
 // (its process failed to build).
 func (h *Host) Close() {
-	_ = h.listener.Close()
+	h.closeListeners()
 	h.pool.Close()
 }
 
@@ -151,8 +217,14 @@ func (h *Host) Start(ctx context.Context) error {
 		return fmt.Errorf("start workers: %w", err)
 	}
 	go func() { h.serveErr <- h.server.Serve(h.listener) }()
+	if h.metricsSrv != nil {
+		go func() { h.serveErr <- h.metricsSrv.Serve(h.metricsLn) }()
+	}
 	h.started.Store(true)
 	attrs := []any{"addr", h.Addr(), "public_url", h.URL()}
+	if h.metricsLn != nil {
+		attrs = append(attrs, "metrics_addr", h.MetricsAddr())
+	}
 	if h.parts.Started != nil {
 		attrs = append(attrs, h.parts.Started()...)
 	}
@@ -167,11 +239,16 @@ func (h *Host) Stop(ctx context.Context) error {
 	var errs []error
 	if !h.started.Load() {
 		// Shutdown closes only the listeners Serve was given.
-		_ = h.listener.Close()
+		h.closeListeners()
 	}
 	if h.server != nil {
 		if err := h.server.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+		}
+	}
+	if h.metricsSrv != nil && h.started.Load() {
+		if err := h.metricsSrv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("metrics shutdown: %w", err))
 		}
 	}
 	h.stopServices()
@@ -255,6 +332,28 @@ func (h *Host) URL() string { return h.cfg.PublicURL }
 
 // Addr is the address the host listens on.
 func (h *Host) Addr() string { return h.listener.Addr().String() }
+
+// MetricsAddr is the address of the metrics listener, "" without one.
+func (h *Host) MetricsAddr() string {
+	if h.metricsLn == nil {
+		return ""
+	}
+	return h.metricsLn.Addr().String()
+}
+
+// Leader reports whether this process's workers hold River's leadership
+// now (false before they start, or when the database cannot say). One
+// replica at a time does: a gauge of a database-wide count reported only
+// by it is counted once across replicas.
+func (h *Host) Leader(ctx context.Context) bool {
+	if h.workers == nil || !h.started.Load() {
+		return false
+	}
+	var leader bool
+	err := h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{h.workers.Schema(), "river_leader"}.Sanitize()+`
+		WHERE leader_id = $1 AND expires_at > now())`, h.workers.ID()).Scan(&leader)
+	return err == nil && leader
+}
 
 // Pool is the database pool.
 func (h *Host) Pool() *pgxpool.Pool { return h.pool }
