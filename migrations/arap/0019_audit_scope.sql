@@ -7,6 +7,8 @@
 -- has a larger txid than anything already served.
 -- Events written before this migration get txid 0 (no table rewrite): they
 -- come first, in id order.
+-- Rollback: an added column with a default and an index: older binaries' inserts get their txid from the default.
+-- compatible-with: 0017
 ALTER TABLE arap.audit_events ADD COLUMN txid xid8 NOT NULL DEFAULT '0';
 ALTER TABLE arap.audit_events ALTER COLUMN txid SET DEFAULT pg_current_xact_id();
 CREATE INDEX audit_events_stream ON arap.audit_events (txid, id);
