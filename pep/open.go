@@ -67,24 +67,21 @@ func (e *limitError) Error() string { return e.msg }
 // principals whose hashes collide only wait for each other.
 const lockLimits = 0x70657031 // "pep1"
 
-// limited says why p may not open another approval request now, or "".
-// Approval fatigue is a known bypass, so requests per caller are bounded in
-// rate and in number outstanding. Only a count taken under p's limit lock
-// (lockLimits, in insert) binds: two counts read outside it may both see
-// room for one more.
-func (g *Gate) limited(ctx context.Context, q tasks.Querier, p Principal) (string, error) {
-	recent, pending, err := countOpenings(ctx, q, p.Key(), g.now().Add(-time.Minute))
+// overLimit says which limit recent openings in the last minute and pending
+// live tasks reach ("" for none). Approval fatigue is a known bypass, so
+// requests per caller are bounded in rate and in number outstanding. Only
+// counts taken under the principal's limit lock (lockOpenings, in insert)
+// bind: two counts read outside it may both see room for one more.
+func (g *Gate) overLimit(recent, pending int) string {
 	switch {
-	case err != nil:
-		return "", err
 	case brokenBuild && broken(violateLimitsOff):
-		return "", nil
+		return ""
 	case recent >= g.cfg.SubmitsPerMinute:
-		return msgRate, nil
+		return msgRate
 	case pending >= g.cfg.MaxPending:
-		return msgOutstanding, nil
+		return msgOutstanding
 	}
-	return "", nil
+	return ""
 }
 
 // errDuplicate means a live task for the same call exists.
@@ -123,16 +120,17 @@ func (g *Gate) open(ctx context.Context, tool *offered, b binding, decision auth
 			return nil, err
 		}
 		fault.Point("pep.after-intent")
-		if err := g.submitAndBind(ctx, o.key); err != nil {
+		// The intent just written is in hand: no need to read it back.
+		if err := g.submitAndBindIntent(ctx, o.intent); err != nil {
 			return nil, err
 		}
-		return g.tasks.Get(ctx, g.cfg.DB, o.task)
+		return g.tasks.Get(ctx, g.cfg.DB, o.intent.TaskID)
 	}
 	return nil, rpcError(tasks.CodeInternalError, "an identical call is changing state; retry shortly")
 }
 
-// opened names a task written by insert and its submission intent's key.
-type opened struct{ task, key string }
+// opened is what insert wrote: the task's first submission intent.
+type opened struct{ intent *intent }
 
 // insert is step (1) of open. The task records the tool's identity (its
 // digest, upstream and upstream tool) beside the call binding.
@@ -151,39 +149,37 @@ func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup st
 	}
 	p, now := b.Principal, g.now()
 	ttl := tasks.TTLUntil(now, hint.ExpiresAt.Add(g.cfg.ResultRetention)) // provisional: extended when bound
+	submitURL := g.submitURL(hint)
+	// Two round trips besides BEGIN and COMMIT: the lock with the reads it
+	// guards, then the writes they allow, each pipelined.
 	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		if err := lockOpenings(ctx, tx, p.Key()); err != nil {
+		o, err := lockOpenings(ctx, tx, p.Key(), dedup, now.Add(-time.Minute))
+		if err != nil {
 			return err
 		}
-		if live, err := hasLive(ctx, tx, dedup); err != nil || live {
-			if err == nil {
-				err = errDuplicate
-			}
-			return err
+		if o.live {
+			return errDuplicate
 		}
-		if msg, err := g.limited(ctx, tx, p); err != nil || msg != "" {
-			if err == nil {
-				err = &limitError{msg: msg}
-			}
-			return err
+		if msg := g.overLimit(o.recent, o.count); msg != "" {
+			return &limitError{msg: msg}
 		}
-		if err := g.tasks.CreateTx(ctx, tx, &tasks.Task{
+		batch := &pgx.Batch{}
+		g.tasks.QueueCreate(batch, &tasks.Task{
 			ID: taskID, Principal: p.Key(), Kind: KindApproval, Status: tasks.Working,
 			StatusMessage: "Waiting for approval: " + describe(hint) + brokenStatusArgs(b.Args), Meta: pendingMeta(), CreatedAt: now,
 			TTLMs: &ttl, PollIntervalMs: int(g.cfg.PollInterval.Milliseconds()),
-		}); err != nil {
-			return err
-		}
-		return insertApproval(ctx, tx, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
+		})
+		queueApproval(batch, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
 			Principal: p.Key(), Dedup: dedup, At: now, ToolDigest: tool.Digest, Upstream: tool.Upstream, UpstreamTool: tool.UpstreamTool,
 			TraceParent: telemetry.TraceParent(ctx),
-			Intent:      newIntent{Key: key, Generation: 1, SubmitURL: g.submitURL(hint), BodySealed: g.box.Seal(body, key)}})
+			Intent:      newIntent{Key: key, Generation: 1, SubmitURL: submitURL, BodySealed: g.box.Seal(body, key)}})
+		return tx.SendBatch(ctx, batch).Close()
 	})
 	var le *limitError
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
-		return opened{task: taskID, key: key}, nil
+		return opened{intent: &intent{Key: key, TaskID: taskID, SubmitURL: submitURL, State: intentOpen, Generation: 1, Body: body}}, nil
 	case errors.Is(err, errDuplicate), errors.As(err, &le), errors.As(err, &pgErr) && pgErr.Code == "23505":
 		return opened{}, err
 	}
@@ -197,6 +193,11 @@ func (g *Gate) submitAndBind(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
+	return g.submitAndBindIntent(ctx, in)
+}
+
+// submitAndBindIntent is submitAndBind of intent in, as written.
+func (g *Gate) submitAndBindIntent(ctx context.Context, in *intent) error {
 	tr, err := g.submit(ctx, in)
 	fault.Point("pep.after-submit")
 	if err != nil {

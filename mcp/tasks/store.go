@@ -65,6 +65,16 @@ func scan(row pgx.Row) (*Task, error) {
 // CreateTx inserts t (status working unless set) in tx. CreatedAt and
 // UpdatedAt default to now.
 func (s *Store) CreateTx(ctx context.Context, tx pgx.Tx, t *Task) error {
+	s.defaults(t)
+	_, err := tx.Exec(ctx, createSQL, t.createArgs()...)
+	if err != nil {
+		return fmt.Errorf("tasks: create: %w", err)
+	}
+	return nil
+}
+
+// defaults fills what CreateTx leaves to the store.
+func (s *Store) defaults(t *Task) {
 	if t.Status == "" {
 		t.Status = Working
 	}
@@ -75,18 +85,25 @@ func (s *Store) CreateTx(ctx context.Context, tx pgx.Tx, t *Task) error {
 	if t.AnsweredKeys == nil {
 		t.AnsweredKeys = []string{}
 	}
-	// Every change is announced on Channel in its own transaction: listen
-	// streams learn of it when it commits, not by polling.
-	_, err := tx.Exec(ctx, `WITH t AS (INSERT INTO pep.tasks (id, principal, kind, status, status_message, input_requests, answered_keys,
+}
+
+// QueueCreate is CreateTx queued on b, for a caller that pipelines its
+// transaction's statements (b must be sent in a transaction).
+func (s *Store) QueueCreate(b *pgx.Batch, t *Task) {
+	s.defaults(t)
+	b.Queue(createSQL, t.createArgs()...)
+}
+
+// Every change is announced on Channel in its own transaction: listen
+// streams learn of it when it commits, not by polling.
+const createSQL = `WITH t AS (INSERT INTO pep.tasks (id, principal, kind, status, status_message, input_requests, answered_keys,
 		result, error, meta, created_at, updated_at, ttl_ms, poll_interval_ms)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13) RETURNING id)
-		SELECT pg_notify($14, id) FROM t`,
-		t.ID, t.Principal, t.Kind, t.Status, t.StatusMessage, nilMap(t.InputRequests), t.AnswerKeys(), nilRaw(t.Result), t.Error,
-		nilMap(t.Meta), t.CreatedAt, t.TTLMs, t.PollIntervalMs, Channel)
-	if err != nil {
-		return fmt.Errorf("tasks: create: %w", err)
-	}
-	return nil
+		SELECT pg_notify($14, id) FROM t`
+
+func (t *Task) createArgs() []any {
+	return []any{t.ID, t.Principal, t.Kind, t.Status, t.StatusMessage, nilMap(t.InputRequests), t.AnswerKeys(), nilRaw(t.Result), t.Error,
+		nilMap(t.Meta), t.CreatedAt, t.TTLMs, t.PollIntervalMs, Channel}
 }
 
 // AnswerKeys returns the answered keys, never nil.
