@@ -77,12 +77,17 @@ func TestGateRoundTrips(t *testing.T) {
 	r := &roundTrips{}
 	p := newPEP(t, pepOptions{tracer: r})
 	p.transfer(t, 30001) // warm-up: caller memory, rate-limit lease, catalog
+	var lsn0 string
+	require.NoError(t, p.db.QueryRow(context.Background(), `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn0))
 	r.reset()
 	const calls = 5
 	for i := range calls {
 		p.transfer(t, 40000+i)
 	}
 	trips, commits, statements := r.reset()
+	var wal int64
+	require.NoError(t, p.db.QueryRow(context.Background(), `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint`, lsn0).Scan(&wal))
+	t.Logf("WAL per gated call, both processes (the cluster's, River's polling included): %d bytes", wal/calls)
 	t.Logf("per gated call: %.1f round trips, %.1f commits; statements:\n%s", float64(trips)/calls, float64(commits)/calls, strings.Join(statements[:len(statements)/calls], "\n"))
 	require.Equal(t, 2*calls, commits, "two commits per gated call")
 	require.LessOrEqual(t, trips, gateRoundTrips*calls, "round trips per gated call")
