@@ -121,8 +121,9 @@ func (g *Gate) open(ctx context.Context, tool *offered, b binding, decision auth
 		}
 		fault.Point("pep.after-intent")
 		// The intent just written is in hand: no need to read it back.
-		if err := g.submitAndBindIntent(ctx, o.intent); err != nil {
-			return nil, err
+		t, err := g.submitAndBindIntent(ctx, o.intent)
+		if err != nil || t != nil {
+			return t, err
 		}
 		return g.tasks.Get(ctx, g.cfg.DB, o.intent.TaskID)
 	}
@@ -193,24 +194,27 @@ func (g *Gate) submitAndBind(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	return g.submitAndBindIntent(ctx, in)
+	_, err = g.submitAndBindIntent(ctx, in)
+	return err
 }
 
-// submitAndBindIntent is submitAndBind of intent in, as written.
-func (g *Gate) submitAndBindIntent(ctx context.Context, in *intent) error {
+// submitAndBindIntent is submitAndBind of intent in, as written; it
+// returns the task as bound (nil if another binder bound it, or it moved
+// on).
+func (g *Gate) submitAndBindIntent(ctx context.Context, in *intent) (*tasks.Task, error) {
 	tr, err := g.submit(ctx, in)
 	fault.Point("pep.after-submit")
 	if err != nil {
 		g.cfg.Log.WarnContext(ctx, "approval request not submitted", "task_id", in.TaskID, "error", err.Error())
 		if ferr := g.failIntent(ctx, in, !errors.Is(err, errUncertain), err); ferr != nil {
-			return ferr
+			return nil, ferr
 		}
 		if backendUnavailable(err) {
-			return tasks.Unavailable(tasks.WhatApproval + " (the request was not submitted; the tool did not run)")
+			return nil, tasks.Unavailable(tasks.WhatApproval + " (the request was not submitted; the tool did not run)")
 		}
-		return rpcError(tasks.CodeInternalError, "the approval request could not be submitted; the tool did not run")
+		return nil, rpcError(tasks.CodeInternalError, "the approval request could not be submitted; the tool did not run")
 	}
-	return g.bind(ctx, in, tr)
+	return g.bindTask(ctx, in, tr)
 }
 
 // loadIntent reads intent key and opens its body.
@@ -245,6 +249,13 @@ func (g *Gate) submit(ctx context.Context, in *intent) (authzen.TaskResponse, er
 // the task ended before the handle arrived (cancelled), the request is
 // cancelled instead.
 func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) error {
+	_, err := g.bindTask(ctx, in, tr)
+	return err
+}
+
+// bindTask is bind, returning the task as this binding left it (nil when
+// it did not take the handle).
+func (g *Gate) bindTask(ctx context.Context, in *intent, tr authzen.TaskResponse) (*tasks.Task, error) {
 	windowEnd := g.now().Add(g.cfg.MaxWindow)
 	deadline := windowEnd
 	if tr.Task.ExpiresAt != nil && tr.Task.ExpiresAt.Before(deadline) {
@@ -252,6 +263,7 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 	}
 	cancelURL, _ := tr.Task.Links["cancel"].(string)
 	bound := false
+	var t *tasks.Task
 	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
 		won, held, err := bindHandle(ctx, tx, in, handle{BackendID: tr.Task.ID, StatusURL: tr.Task.StatusEndpoint, CancelURL: cancelURL,
 			Deadline: deadline, WindowEnd: windowEnd})
@@ -267,7 +279,7 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 			return nil
 		}
 		bound = true
-		if err := g.tasks.KeepUntilTx(ctx, tx, in.TaskID, deadline.Add(g.cfg.ResultRetention)); err != nil {
+		if t, err = g.tasks.KeepTx(ctx, tx, in.TaskID, deadline.Add(g.cfg.ResultRetention)); err != nil {
 			return err
 		}
 		first := g.now().Add(g.undecidedPoll())
@@ -278,13 +290,13 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("pep: bind handle: %w", err)
+		return nil, fmt.Errorf("pep: bind handle: %w", err)
 	}
 	fault.Point("pep.after-handle")
 	if !bound && cancelURL != "" {
 		g.cancelBackend(ctx, cancelURL)
 	}
-	return nil
+	return t, nil
 }
 
 // submitFailure says why a submission failed in words a caller may read: the

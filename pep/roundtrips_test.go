@@ -101,5 +101,5 @@ func TestGateRoundTrips(t *testing.T) {
 // gateRoundTrips is the budget per gated call: the caller lookup (the
 // caller memory is off in these tests), the dedup and limit precheck,
 // BEGIN + 2 batches + COMMIT for the intent, BEGIN + the 2 UPDATEs pipelined + TTL +
-// River job + COMMIT for the handle, and the task read.
-const gateRoundTrips = 12
+// River job + COMMIT for the handle (the TTL UPDATE returns the task).
+const gateRoundTrips = 11

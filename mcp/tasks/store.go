@@ -285,6 +285,20 @@ func (s *Store) KeepUntilTx(ctx context.Context, tx pgx.Tx, id string, until tim
 	return nil
 }
 
+// KeepTx is KeepUntilTx returning the task as it is then (nil if there is
+// none), so a caller that returns it needs no second read.
+func (s *Store) KeepTx(ctx context.Context, tx pgx.Tx, id string, until time.Time) (*Task, error) {
+	t, err := scan(tx.QueryRow(ctx, `UPDATE pep.tasks SET ttl_ms = CASE WHEN ttl_ms IS NULL THEN NULL ELSE greatest(ttl_ms, `+ttlUntil("$2")+`) END
+		WHERE id = $1 RETURNING `+columns, id, until))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, nil // as KeepUntilTx: nothing to keep
+	case err != nil:
+		return nil, fmt.Errorf("tasks: keep %s: %w", id, err)
+	}
+	return t, nil
+}
+
 // ttlUntil is TTLUntil in SQL: the ttl_ms that keeps a row until the
 // timestamp in parameter p (whole milliseconds, truncated as TTLUntil does).
 func ttlUntil(p string) string {
