@@ -267,17 +267,19 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		return nil, err
 	}
 	dedup := dedupKey(p, tool.Name, d)
-	if t, err := g.existing(ctx, dedup); t != nil || err != nil {
-		return created(t), err
+	// With it, a first look at the limits, so a caller at the cap is not
+	// asked for input it could not use; the binding check is taken again in
+	// open, atomically with the insert. Both in one round trip.
+	live, o, err := precheck(ctx, g.cfg.DB, dedup, p.Key(), g.now().Add(-time.Minute))
+	if err != nil {
+		return nil, err
 	}
-	// A first look at the limits, so a caller at the cap is not asked for
-	// input it could not use; the binding check is taken again in open,
-	// atomically with the insert.
-	if msg, err := g.limited(ctx, g.cfg.DB, p); err != nil || msg != "" {
-		if err != nil {
-			g.cfg.Log.ErrorContext(ctx, "limit check failed", "error", err)
-			msg = msgBusy
+	if live != "" {
+		if t, err := g.existing(ctx, dedup); t != nil || err != nil {
+			return created(t), err
 		}
+	}
+	if msg := g.overLimit(o.recent, o.count); msg != "" {
 		return denied(msg, RemediationUnavailable), nil
 	}
 

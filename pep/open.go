@@ -67,24 +67,21 @@ func (e *limitError) Error() string { return e.msg }
 // principals whose hashes collide only wait for each other.
 const lockLimits = 0x70657031 // "pep1"
 
-// limited says why p may not open another approval request now, or "".
-// Approval fatigue is a known bypass, so requests per caller are bounded in
-// rate and in number outstanding. Only a count taken under p's limit lock
-// (lockLimits, in insert) binds: two counts read outside it may both see
-// room for one more.
-func (g *Gate) limited(ctx context.Context, q tasks.Querier, p Principal) (string, error) {
-	recent, pending, err := countOpenings(ctx, q, p.Key(), g.now().Add(-time.Minute))
+// overLimit says which limit recent openings in the last minute and pending
+// live tasks reach ("" for none). Approval fatigue is a known bypass, so
+// requests per caller are bounded in rate and in number outstanding. Only
+// counts taken under the principal's limit lock (lockOpenings, in insert)
+// bind: two counts read outside it may both see room for one more.
+func (g *Gate) overLimit(recent, pending int) string {
 	switch {
-	case err != nil:
-		return "", err
 	case brokenBuild && broken(violateLimitsOff):
-		return "", nil
+		return ""
 	case recent >= g.cfg.SubmitsPerMinute:
-		return msgRate, nil
+		return msgRate
 	case pending >= g.cfg.MaxPending:
-		return msgOutstanding, nil
+		return msgOutstanding
 	}
-	return "", nil
+	return ""
 }
 
 // errDuplicate means a live task for the same call exists.
@@ -123,16 +120,18 @@ func (g *Gate) open(ctx context.Context, tool *offered, b binding, decision auth
 			return nil, err
 		}
 		fault.Point("pep.after-intent")
-		if err := g.submitAndBind(ctx, o.key); err != nil {
-			return nil, err
+		// The intent just written is in hand: no need to read it back.
+		t, err := g.submitAndBindIntent(ctx, o.intent)
+		if err != nil || t != nil {
+			return t, err
 		}
-		return g.tasks.Get(ctx, g.cfg.DB, o.task)
+		return g.tasks.Get(ctx, g.cfg.DB, o.intent.TaskID)
 	}
 	return nil, rpcError(tasks.CodeInternalError, "an identical call is changing state; retry shortly")
 }
 
-// opened names a task written by insert and its submission intent's key.
-type opened struct{ task, key string }
+// opened is what insert wrote: the task's first submission intent.
+type opened struct{ intent *intent }
 
 // insert is step (1) of open. The task records the tool's identity (its
 // digest, upstream and upstream tool) beside the call binding.
@@ -151,39 +150,37 @@ func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup st
 	}
 	p, now := b.Principal, g.now()
 	ttl := tasks.TTLUntil(now, hint.ExpiresAt.Add(g.cfg.ResultRetention)) // provisional: extended when bound
+	submitURL := g.submitURL(hint)
+	// Two round trips besides BEGIN and COMMIT: the lock with the reads it
+	// guards, then the writes they allow, each pipelined.
 	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		if err := lockOpenings(ctx, tx, p.Key()); err != nil {
+		o, err := lockOpenings(ctx, tx, p.Key(), dedup, now.Add(-time.Minute))
+		if err != nil {
 			return err
 		}
-		if live, err := hasLive(ctx, tx, dedup); err != nil || live {
-			if err == nil {
-				err = errDuplicate
-			}
-			return err
+		if o.live {
+			return errDuplicate
 		}
-		if msg, err := g.limited(ctx, tx, p); err != nil || msg != "" {
-			if err == nil {
-				err = &limitError{msg: msg}
-			}
-			return err
+		if msg := g.overLimit(o.recent, o.count); msg != "" {
+			return &limitError{msg: msg}
 		}
-		if err := g.tasks.CreateTx(ctx, tx, &tasks.Task{
+		batch := &pgx.Batch{}
+		g.tasks.QueueCreate(batch, &tasks.Task{
 			ID: taskID, Principal: p.Key(), Kind: KindApproval, Status: tasks.Working,
 			StatusMessage: "Waiting for approval: " + describe(hint) + brokenStatusArgs(b.Args), Meta: pendingMeta(), CreatedAt: now,
 			TTLMs: &ttl, PollIntervalMs: int(g.cfg.PollInterval.Milliseconds()),
-		}); err != nil {
-			return err
-		}
-		return insertApproval(ctx, tx, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
+		})
+		queueApproval(batch, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
 			Principal: p.Key(), Dedup: dedup, At: now, ToolDigest: tool.Digest, Upstream: tool.Upstream, UpstreamTool: tool.UpstreamTool,
 			TraceParent: telemetry.TraceParent(ctx),
-			Intent:      newIntent{Key: key, Generation: 1, SubmitURL: g.submitURL(hint), BodySealed: g.box.Seal(body, key)}})
+			Intent:      newIntent{Key: key, Generation: 1, SubmitURL: submitURL, BodySealed: g.box.Seal(body, key)}})
+		return tx.SendBatch(ctx, batch).Close()
 	})
 	var le *limitError
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
-		return opened{task: taskID, key: key}, nil
+		return opened{intent: &intent{Key: key, TaskID: taskID, SubmitURL: submitURL, State: intentOpen, Generation: 1, Body: body}}, nil
 	case errors.Is(err, errDuplicate), errors.As(err, &le), errors.As(err, &pgErr) && pgErr.Code == "23505":
 		return opened{}, err
 	}
@@ -197,19 +194,27 @@ func (g *Gate) submitAndBind(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
+	_, err = g.submitAndBindIntent(ctx, in)
+	return err
+}
+
+// submitAndBindIntent is submitAndBind of intent in, as written; it
+// returns the task as bound (nil if another binder bound it, or it moved
+// on).
+func (g *Gate) submitAndBindIntent(ctx context.Context, in *intent) (*tasks.Task, error) {
 	tr, err := g.submit(ctx, in)
 	fault.Point("pep.after-submit")
 	if err != nil {
 		g.cfg.Log.WarnContext(ctx, "approval request not submitted", "task_id", in.TaskID, "error", err.Error())
 		if ferr := g.failIntent(ctx, in, !errors.Is(err, errUncertain), err); ferr != nil {
-			return ferr
+			return nil, ferr
 		}
 		if backendUnavailable(err) {
-			return tasks.Unavailable(tasks.WhatApproval + " (the request was not submitted; the tool did not run)")
+			return nil, tasks.Unavailable(tasks.WhatApproval + " (the request was not submitted; the tool did not run)")
 		}
-		return rpcError(tasks.CodeInternalError, "the approval request could not be submitted; the tool did not run")
+		return nil, rpcError(tasks.CodeInternalError, "the approval request could not be submitted; the tool did not run")
 	}
-	return g.bind(ctx, in, tr)
+	return g.bindTask(ctx, in, tr)
 }
 
 // loadIntent reads intent key and opens its body.
@@ -244,6 +249,13 @@ func (g *Gate) submit(ctx context.Context, in *intent) (authzen.TaskResponse, er
 // the task ended before the handle arrived (cancelled), the request is
 // cancelled instead.
 func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) error {
+	_, err := g.bindTask(ctx, in, tr)
+	return err
+}
+
+// bindTask is bind, returning the task as this binding left it (nil when
+// it did not take the handle).
+func (g *Gate) bindTask(ctx context.Context, in *intent, tr authzen.TaskResponse) (*tasks.Task, error) {
 	windowEnd := g.now().Add(g.cfg.MaxWindow)
 	deadline := windowEnd
 	if tr.Task.ExpiresAt != nil && tr.Task.ExpiresAt.Before(deadline) {
@@ -251,6 +263,7 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 	}
 	cancelURL, _ := tr.Task.Links["cancel"].(string)
 	bound := false
+	var t *tasks.Task
 	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
 		won, held, err := bindHandle(ctx, tx, in, handle{BackendID: tr.Task.ID, StatusURL: tr.Task.StatusEndpoint, CancelURL: cancelURL,
 			Deadline: deadline, WindowEnd: windowEnd})
@@ -266,7 +279,7 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 			return nil
 		}
 		bound = true
-		if err := g.tasks.KeepUntilTx(ctx, tx, in.TaskID, deadline.Add(g.cfg.ResultRetention)); err != nil {
+		if t, err = g.tasks.KeepTx(ctx, tx, in.TaskID, deadline.Add(g.cfg.ResultRetention)); err != nil {
 			return err
 		}
 		first := g.now().Add(g.undecidedPoll())
@@ -277,13 +290,13 @@ func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) er
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("pep: bind handle: %w", err)
+		return nil, fmt.Errorf("pep: bind handle: %w", err)
 	}
 	fault.Point("pep.after-handle")
 	if !bound && cancelURL != "" {
 		g.cancelBackend(ctx, cancelURL)
 	}
-	return nil
+	return t, nil
 }
 
 // submitFailure says why a submission failed in words a caller may read: the

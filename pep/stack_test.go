@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -71,6 +72,8 @@ type pepOptions struct {
 	privateBackend *dbtest.Private
 	// privateCounters, when set, holds the front-end's rate counters alone.
 	privateCounters *dbtest.Private
+	// tracer, when set, sees every statement of the gate's own pool.
+	tracer pgx.QueryTracer
 }
 
 const aliceToken = "alice-token-0123"
@@ -89,6 +92,9 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 			bo.DatabaseURL = o.privateBackend.URL
 		}
 		p = &stack{env: backendtest.Start(t, bo), db: dbtest.New(t), secret: webhook.NewSecret()}
+	}
+	if o.tracer != nil {
+		p.db = tracedPool(t, p.db, o.tracer.(*roundTrips))
 	}
 	jobs, err := river.NewClient(riverpgxv5.New(p.db), &river.Config{Schema: migrations.PEPRiverSchema})
 	require.NoError(t, err)

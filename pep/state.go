@@ -80,8 +80,15 @@ func canMove(from, to phase) bool { return slices.Contains(phaseTransitions[from
 // conditions (parameters from $4, the arguments after id), returning what to
 // return. It is the only statement that writes a phase.
 func (m move) apply(ctx context.Context, q querier, id, set, where, returning string, args ...any) pgx.Row {
+	sql, args := m.statement(id, set, where, returning, args...)
+	return q.QueryRow(ctx, sql, args...)
+}
+
+// statement is the UPDATE apply runs, with its arguments, for a caller that
+// pipelines it.
+func (m move) statement(id, set, where, returning string, args ...any) (string, []any) {
 	sql := `UPDATE pep.approval_tasks t SET phase = $2` + set + ` WHERE task_id = $1 AND phase = ANY($3)` + where + returning
-	return q.QueryRow(ctx, sql, append([]any{id, string(m.to), phaseNames(m.from)}, args...)...)
+	return sql, append([]any{id, string(m.to), phaseNames(m.from)}, args...)
 }
 
 func phaseNames(ps []phase) []string {
@@ -135,13 +142,19 @@ func canMoveIntent(from, to intentState) bool { return slices.Contains(intentTra
 // state, $3 the states it may leave; set's parameters from $4). It is the
 // only statement that writes an intent's state.
 func (m intentMove) apply(ctx context.Context, q querier, key, set string, args ...any) error {
+	sql, args := m.statement(key, set, args...)
+	_, err := q.Exec(ctx, sql, args...)
+	return err
+}
+
+// statement is the UPDATE apply runs, with its arguments.
+func (m intentMove) statement(key, set string, args ...any) (string, []any) {
 	from := make([]string, len(m.from))
 	for i, s := range m.from {
 		from[i] = string(s)
 	}
-	_, err := q.Exec(ctx, `UPDATE pep.intents SET state = $2, updated_at = now()`+set+` WHERE key = $1 AND state = ANY($3)`,
-		append([]any{key, string(m.to), from}, args...)...)
-	return err
+	return `UPDATE pep.intents SET state = $2, updated_at = now()` + set + ` WHERE key = $1 AND state = ANY($3)`,
+		append([]any{key, string(m.to), from}, args...)
 }
 
 // querier runs statements; pools and transactions both do.
@@ -229,46 +242,74 @@ func getIntent(ctx context.Context, q tasks.Querier, key string) (*intent, []byt
 	return &in, sealed, err
 }
 
-// lockOpenings takes principal's limit lock (lockLimits) for the rest of
-// tx. It is its own statement: each statement after it reads a snapshot
-// taken once every earlier holder has committed.
-func lockOpenings(ctx context.Context, tx pgx.Tx, principal string) error {
-	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockLimits, principal)
-	return err
+// openings is what decides whether a principal may open a task: whether
+// a live task holds the call's dedup key, and the principal's recent and
+// live approval tasks.
+type openings struct {
+	live          bool
+	recent, count int
 }
 
-// hasLive reports whether a live (not done) task holds dedup key.
-func hasLive(ctx context.Context, q tasks.Querier, dedup string) (bool, error) {
-	var live bool
-	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done')`, dedup).Scan(&live)
-	return live, err
+// lockOpenings takes principal's limit lock (lockLimits) for the rest of tx
+// and reads its openings since since, in one round trip. The lock is its
+// own statement: the server runs a pipeline's statements in order, so each
+// after it reads a snapshot taken once every earlier holder has committed.
+func lockOpenings(ctx context.Context, tx pgx.Tx, principal, dedup string, since time.Time) (o openings, err error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockLimits, principal)
+	b.Queue(hasLiveSQL, dedup).QueryRow(func(r pgx.Row) error { return r.Scan(&o.live) })
+	b.Queue(countOpeningsSQL, principal, since).QueryRow(func(r pgx.Row) error { return r.Scan(&o.recent, &o.count) })
+	return o, tx.SendBatch(ctx, b).Close()
 }
+
+// hasLiveSQL reads whether a live (not done) task holds dedup key $1.
+const hasLiveSQL = `SELECT EXISTS (SELECT 1 FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done')`
 
 // liveTask returns the live task holding dedup key and its phase ("" if
 // none).
 func liveTask(ctx context.Context, q tasks.Querier, dedup string) (string, phase, error) {
 	var id string
 	var ph phase
-	live := `SELECT task_id, phase FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done'`
-	if brokenBuild && broken(violateTerminalReopened) { // the latest task for the call, ended or not
-		live = `SELECT task_id, 'pending' FROM pep.approval_tasks WHERE dedup_key = $1 ORDER BY created_at DESC LIMIT 1`
-	}
-	err := q.QueryRow(ctx, live, dedup).Scan(&id, &ph)
+	err := q.QueryRow(ctx, liveTaskSQL(), dedup).Scan(&id, &ph)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", "", nil
 	}
 	return id, ph, err
 }
 
-// countOpenings counts principal's approval tasks created since since, and
-// those still live; each count is served by its own index
-// (migrations/pep/0002).
-func countOpenings(ctx context.Context, q tasks.Querier, principal string, since time.Time) (recent, live int, err error) {
-	err = q.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND created_at > $2),
-		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND phase <> 'done')`, principal, since).Scan(&recent, &live)
-	return recent, live, err
+func liveTaskSQL() string {
+	if brokenBuild && broken(violateTerminalReopened) { // the latest task for the call, ended or not
+		return `SELECT task_id, 'pending' FROM pep.approval_tasks WHERE dedup_key = $1 ORDER BY created_at DESC LIMIT 1`
+	}
+	return `SELECT task_id, phase FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done'`
 }
+
+// precheck reads, in one round trip outside any transaction, whether a live
+// task holds dedup key (its id, "" if none) and principal's openings since
+// since (openings.live unused).
+func precheck(ctx context.Context, db interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}, dedup, principal string, since time.Time) (id string, o openings, err error) {
+	b := &pgx.Batch{}
+	b.Queue(liveTaskSQL(), dedup).Query(func(rows pgx.Rows) error {
+		var ph phase
+		for rows.Next() {
+			if err := rows.Scan(&id, &ph); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	b.Queue(countOpeningsSQL, principal, since).QueryRow(func(r pgx.Row) error { return r.Scan(&o.recent, &o.count) })
+	return id, o, db.SendBatch(ctx, b).Close()
+}
+
+// countOpeningsSQL counts principal $1's approval tasks created since $2,
+// and those still live; each count is served by its own index
+// (migrations/pep/0002).
+const countOpeningsSQL = `SELECT
+		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND created_at > $2),
+		(SELECT count(*) FROM pep.approval_tasks WHERE principal = $1 AND phase <> 'done')`
 
 // newApproval is a task's first row and its first intent.
 type newApproval struct {
@@ -289,25 +330,25 @@ type newIntent struct {
 	BodySealed     []byte
 }
 
-// insertApproval writes a's row, in phase submitting at generation 1, and
-// its first intent.
-func insertApproval(ctx context.Context, tx pgx.Tx, a newApproval) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO pep.approval_tasks (task_id, tool, args_sealed, args_digest, principal, dedup_key, phase,
+// queueApproval queues on b (sent in a transaction) a's row, in phase
+// submitting at generation 1, and its first intent.
+func queueApproval(b *pgx.Batch, a newApproval) {
+	b.Queue(`INSERT INTO pep.approval_tasks (task_id, tool, args_sealed, args_digest, principal, dedup_key, phase,
 		generation, created_at, updated_at, tool_digest, upstream, upstream_tool, trace_parent)
 		VALUES ($1, $2, $3, $4, $5, $6, 'submitting', 1, $7, $7, $8, nullif($9, ''), $10, nullif($11, ''))`,
-		a.TaskID, a.Tool, a.ArgsSealed, a.ArgsDigest, a.Principal, a.Dedup, a.At, a.ToolDigest, a.Upstream, a.UpstreamTool, a.TraceParent); err != nil {
-		return err
-	}
-	return insertIntent(ctx, tx, a.TaskID, a.Intent, &a.At)
+		a.TaskID, a.Tool, a.ArgsSealed, a.ArgsDigest, a.Principal, a.Dedup, a.At, a.ToolDigest, a.Upstream, a.UpstreamTool, a.TraceParent)
+	b.Queue(insertIntentSQL, a.Intent.Key, a.TaskID, a.Intent.Generation, a.Intent.SubmitURL, a.Intent.BodySealed, &a.At)
 }
 
 // insertIntent writes a new intent for task id, at time at (nil: the
 // database's now()).
 func insertIntent(ctx context.Context, tx pgx.Tx, taskID string, in newIntent, at *time.Time) error {
-	_, err := tx.Exec(ctx, `INSERT INTO pep.intents (key, task_id, generation, submit_url, body_sealed, state, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, 'intent', coalesce($6, now()), coalesce($6, now()))`, in.Key, taskID, in.Generation, in.SubmitURL, in.BodySealed, at)
+	_, err := tx.Exec(ctx, insertIntentSQL, in.Key, taskID, in.Generation, in.SubmitURL, in.BodySealed, at)
 	return err
 }
+
+const insertIntentSQL = `INSERT INTO pep.intents (key, task_id, generation, submit_url, body_sealed, state, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, 'intent', coalesce($6, now()), coalesce($6, now()))`
 
 // handle is what the backend returned for a submission, as it is bound.
 type handle struct {
@@ -320,17 +361,25 @@ type handle struct {
 // it, and otherwise which request the task holds at that generation (nil:
 // none, it moved on without one).
 func bindHandle(ctx context.Context, tx pgx.Tx, in *intent, h handle) (bound bool, held *string, err error) {
-	if err := intentBind.apply(ctx, tx, in.Key, `, backend_id = $4, status_url = $5, cancel_url = $6, deadline = $7`,
-		h.BackendID, h.StatusURL, h.CancelURL, h.Deadline); err != nil {
-		return false, nil, err
-	}
-	err = moveBind.apply(ctx, tx, in.TaskID, `, backend_id = $5, status_url = $6, cancel_url = $7, deadline = $8, window_end = $9, updated_at = now()`,
-		` AND generation = $4`, ` RETURNING true`, in.Generation, h.BackendID, h.StatusURL, h.CancelURL, h.Deadline, h.WindowEnd).Scan(&bound)
-	if err == nil {
-		return true, nil, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return false, nil, err
+	// Both UPDATEs in one round trip: the second's outcome is read from
+	// its rows, and only a lost move needs another look.
+	b := &pgx.Batch{}
+	sql, args := intentBind.statement(in.Key, `, backend_id = $4, status_url = $5, cancel_url = $6, deadline = $7`,
+		h.BackendID, h.StatusURL, h.CancelURL, h.Deadline)
+	b.Queue(sql, args...)
+	sql, args = moveBind.statement(in.TaskID, `, backend_id = $5, status_url = $6, cancel_url = $7, deadline = $8, window_end = $9, updated_at = now()`,
+		` AND generation = $4`, ` RETURNING true`, in.Generation, h.BackendID, h.StatusURL, h.CancelURL, h.Deadline, h.WindowEnd)
+	b.Queue(sql, args...).
+		Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				if err := rows.Scan(&bound); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil || bound {
+		return bound, nil, err
 	}
 	err = tx.QueryRow(ctx, `SELECT backend_id FROM pep.approval_tasks WHERE task_id = $1 AND generation = $2`, in.TaskID, in.Generation).Scan(&held)
 	if errors.Is(err, pgx.ErrNoRows) {

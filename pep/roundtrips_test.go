@@ -1,0 +1,105 @@
+package pep_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// roundTrips counts the front-end's statements as PostgreSQL sees them:
+// each statement sent alone is a round trip, and so is each pipelined
+// batch, however many statements it holds.
+type roundTrips struct {
+	mu             sync.Mutex
+	trips, commits int
+	statements     []string
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.trips++
+	if strings.EqualFold(strings.TrimSpace(d.SQL), "commit") {
+		r.commits++
+	}
+	r.statements = append(r.statements, d.SQL)
+	return ctx
+}
+
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.trips++
+	for _, q := range d.Batch.QueuedQueries {
+		r.statements = append(r.statements, "batch: "+q.SQL)
+		if strings.EqualFold(strings.TrimSpace(q.SQL), "commit") {
+			r.commits++
+		}
+	}
+	return ctx
+}
+
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func (r *roundTrips) reset() (trips, commits int, statements []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	trips, commits, statements = r.trips, r.commits, r.statements
+	r.trips, r.commits, r.statements = 0, 0, nil
+	return trips, commits, statements
+}
+
+// tracedPool is a second pool on db's database whose statements r counts.
+func tracedPool(t *testing.T, db *pgxpool.Pool, r *roundTrips) *pgxpool.Pool {
+	cfg := db.Config().Copy()
+	cfg.ConnConfig.Tracer = r
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}
+
+// TestGateRoundTrips counts the front-end's PostgreSQL round trips and
+// commits for a gated call, from tools/call to CreateTaskResult. Two
+// commits are required (the intent before the backend is contacted, the
+// handle before the result); every other statement is pipelined into
+// them. The budget is the count as built: a change that adds a round trip
+// to the gate fails here.
+func TestGateRoundTrips(t *testing.T) {
+	r := &roundTrips{}
+	p := newPEP(t, pepOptions{tracer: r})
+	p.transfer(t, 30001) // warm-up: caller memory, rate-limit lease, catalog
+	var lsn0 string
+	require.NoError(t, p.db.QueryRow(context.Background(), `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn0))
+	r.reset()
+	const calls = 5
+	for i := range calls {
+		p.transfer(t, 40000+i)
+	}
+	trips, commits, statements := r.reset()
+	var wal int64
+	require.NoError(t, p.db.QueryRow(context.Background(), `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint`, lsn0).Scan(&wal))
+	t.Logf("WAL per gated call, both processes (the cluster's, River's polling included): %d bytes", wal/calls)
+	t.Logf("per gated call: %.1f round trips, %.1f commits; statements:\n%s", float64(trips)/calls, float64(commits)/calls, strings.Join(statements[:len(statements)/calls], "\n"))
+	require.Equal(t, 2*calls, commits, "two commits per gated call")
+	require.LessOrEqual(t, trips, gateRoundTrips*calls, "round trips per gated call")
+	// A notification in a writing transaction serializes commits
+	// (tasks.Store.QueueCreate); the new task's id is no one's yet.
+	for _, s := range statements {
+		require.NotContains(t, s, "pg_notify", "a gated call's transactions announce nothing")
+	}
+}
+
+// gateRoundTrips is the budget per gated call: the caller lookup (the
+// caller memory is off in these tests), the dedup and limit precheck,
+// BEGIN + 2 batches + COMMIT for the intent, BEGIN + the 2 UPDATEs pipelined + TTL +
+// River job + COMMIT for the handle (the TTL UPDATE returns the task).
+const gateRoundTrips = 11
