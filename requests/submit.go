@@ -401,6 +401,11 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 			}}); err != nil {
 			return err
 		}
+		created := Event{Kind: EventCreated, RequestID: r.ID}
+		var enqueue func(context.Context, pgx.Tx) error
+		if be, ok := s.cfg.Events.(batchEvents); ok {
+			enqueue = be.QueueTx(b, created) // read by res.Close below
+		}
 		res := tx.SendBatch(ctx, b)
 		if key != "" {
 			tag, err := res.Exec()
@@ -442,7 +447,11 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		if err := res.Close(); err != nil {
 			return fmt.Errorf("requests: create: %w", err)
 		}
-		if err := s.recordTx(ctx, tx, Event{Kind: EventCreated, RequestID: r.ID}); err != nil {
+		if enqueue != nil {
+			if err := enqueue(ctx, tx); err != nil {
+				return err
+			}
+		} else if err := s.recordTx(ctx, tx, created); err != nil {
 			return err
 		}
 		if len(rule.Resolvers) > 0 {
