@@ -204,9 +204,6 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		"-c", "max_connections=200",
 		"-c", "shared_buffers=64MB",
 	}
-	if os.Getenv("ARAP_PGSS") != "" { // TEMP profiling hack, not committed
-		args = append(args, "-c", "shared_preload_libraries=pg_stat_statements", "-c", "pg_stat_statements.track=all")
-	}
 	if opts.Ephemeral {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
 	}
