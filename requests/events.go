@@ -15,6 +15,13 @@ type Events interface {
 	RecordTx(ctx context.Context, tx pgx.Tx, events ...Event) error
 }
 
+// batchEvents is an Events that can queue its rows in a batch the change
+// sends anyway and return the rest of its work (notify does): submission
+// saves a round trip with it.
+type batchEvents interface {
+	QueueTx(b *pgx.Batch, events ...Event) func(ctx context.Context, tx pgx.Tx) error
+}
+
 // EventKind names what happened to a request.
 type EventKind string
 

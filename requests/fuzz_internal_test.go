@@ -1,6 +1,7 @@
 package requests
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/gowebpki/jcs"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/authzen"
@@ -34,7 +37,11 @@ func FuzzDecodeSubmission(f *testing.F) {
 		if clean.JSON(body) != nil {
 			return // Submit refuses it before decoding
 		}
-		sub, err := decodeSubmission(body)
+		var doc any
+		if jsonv2.Unmarshal(body, &doc) != nil {
+			return // Submit refuses it as invalid JSON before decoding
+		}
+		sub, err := decodeSubmission(body, doc)
 		if err != nil {
 			var re *Error
 			require.True(t, errors.As(err, &re), "refusal is typed: %v", err)
@@ -52,7 +59,9 @@ func FuzzDecodeSubmission(f *testing.F) {
 		again, err := json.Marshal(sub)
 		require.NoError(t, err)
 		require.NoError(t, clean.JSON(again), "what is accepted can be stored")
-		back, err := decodeSubmission(again)
+		var againDoc any
+		require.NoError(t, json.Unmarshal(again, &againDoc))
+		back, err := decodeSubmission(again, againDoc)
 		require.NoError(t, err, "%s", again)
 		b2, err := json.Marshal(back)
 		require.NoError(t, err)
@@ -100,5 +109,31 @@ func FuzzCursor(f *testing.F) {
 		require.NoError(t, err)
 		require.True(t, at.Equal(at2))
 		require.Equal(t, id, id2)
+	})
+}
+
+// FuzzBodyHashIsJCS: the idempotency hash is SHA-256 of what jcs.Transform
+// writes for every body both accept, so a retry hashed before and after the
+// single-decode path matches; and a body jcs.Transform refuses (duplicate
+// member names, bad syntax) is refused too.
+func FuzzBodyHashIsJCS(f *testing.F) {
+	for _, s := range []string{`{"a":1,"b":[1e21,0.1,-0,1E-7,123456789012345678],"c":"\u00e9\ud83d\ude00\n\u001f","d":{"z":null,"é":true,"a":false}}`,
+		`{"a":1,"a":2}`, `{"x":{"y":1,"y":1}}`, `[1,2`, `{"amount":50000.5,"to":"acct-1"}`, `"s"`, `{"\u0061":1,"a":2}`, `{"big":1e400}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if clean.JSON(body) != nil {
+			return // Submit refuses it before hashing
+		}
+		got, _, err := hashBody(body)
+		want, jerr := jcs.Transform(body)
+		if jerr != nil {
+			require.Error(t, err, "jcs refuses %q: %v", body, jerr)
+			return
+		}
+		if err != nil {
+			return // refused where jcs accepts: never a wrong hash
+		}
+		require.Equal(t, sha256.Sum256(want), got, "%s", body)
 	})
 }

@@ -216,6 +216,8 @@ func TestSubmissionErrors(t *testing.T) {
 		}, authzen.ProblemInvalidRequest, "denial.binding_tokn"},
 		{"wrong type", "", func() []byte { return patch(f.fresh("wire_transfer", wire), "subject", "alice") }, authzen.ProblemInvalidRequest, "wrong type"},
 		{"bulk", "", func() []byte { return patch(f.fresh("wire_transfer", wire), "items", []any{map[string]any{}}) }, authzen.ProblemUnsupported, "bulk"},
+		{"bulk, null items", "", func() []byte { return patch(f.fresh("wire_transfer", wire), "items", json.RawMessage("null")) }, authzen.ProblemUnsupported, "bulk"},
+		{"denial not an object", "", func() []byte { return patch(f.fresh("wire_transfer", wire), "denial", "x") }, authzen.ProblemInvalidRequest, "denial must be an object"},
 		{"no denial", "", func() []byte { return patch(f.fresh("wire_transfer", wire), "denial", nil) }, authzen.ProblemNotRequestable, "no denial"},
 		{"evaluation_id only", "", func() []byte {
 			return patch(f.fresh("wire_transfer", wire), "denial", map[string]any{"evaluation_id": "eval_x", "expires_at": "2026-01-01T00:00:00Z"})

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gowebpki/jcs"
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/omcp/arap/audit"
@@ -42,7 +42,7 @@ const MaxIdempotencyKeyLen = 255
 // first that fails decides the error: body syntax; idempotency lookup (a
 // retry gets the original handle back even though its binding_token's jti
 // repeats); structure; actor chain; binding_token signature, issuer and
-// audience; jti replay; freshness; binding; request schema; create.
+// audience; freshness; binding; request schema; jti replay (in create).
 //
 // key is the Idempotency-Key ("" for none: every such submission is new).
 // body is the raw request body.
@@ -54,11 +54,10 @@ func (s *Service) Submit(ctx context.Context, caller Caller, key string, body []
 	if err := clean.JSON(body); err != nil {
 		return nil, refuse(authzen.ProblemInvalidRequest, "the body is refused: %v", err)
 	}
-	canon, err := jcs.Transform(body)
+	bodyHash, doc, err := hashBody(body)
 	if err != nil {
-		return nil, refuse(authzen.ProblemInvalidRequest, "the body is not valid JSON: %v", err)
+		return nil, err
 	}
-	bodyHash := sha256.Sum256(canon)
 
 	if key != "" {
 		if sub, err := s.replay(ctx, s.cfg.DB, caller, key, bodyHash[:]); sub != nil || err != nil {
@@ -66,7 +65,7 @@ func (s *Service) Submit(ctx context.Context, caller Caller, key string, body []
 		}
 	}
 
-	res, err := s.checkAndCreate(ctx, caller, key, bodyHash[:], body)
+	res, err := s.checkAndCreate(ctx, caller, key, bodyHash[:], body, doc)
 	var refusal *Error
 	if key != "" && errors.As(err, &refusal) {
 		// A duplicate in flight may have committed while this one was being
@@ -78,8 +77,8 @@ func (s *Service) Submit(ctx context.Context, caller Caller, key string, body []
 	return res, err
 }
 
-func (s *Service) checkAndCreate(ctx context.Context, caller Caller, key string, bodyHash, body []byte) (*Submitted, error) {
-	sub, err := decodeSubmission(body)
+func (s *Service) checkAndCreate(ctx context.Context, caller Caller, key string, bodyHash, body []byte, doc any) (*Submitted, error) {
+	sub, err := decodeSubmission(body, doc)
 	if err != nil {
 		return nil, err
 	}
@@ -107,6 +106,22 @@ func (s *Service) checkAndCreate(ctx context.Context, caller Caller, key string,
 			Detail: "the submission does not satisfy the request schema at request_schema_url: " + schemamsg.Join(v)}
 	}
 	return s.create(ctx, caller, key, bodyHash, sub, claims, rule)
+}
+
+// hashBody returns the idempotency hash of body, SHA-256 of its RFC 8785
+// form (as jcs.Transform writes it), and its generic decoding, which also
+// serves the unknown-member checks: one decode for both. The v2 decoder
+// refuses duplicate member names, as RFC 8785 does.
+func hashBody(body []byte) ([sha256.Size]byte, any, error) {
+	var doc any
+	if err := jsonv2.Unmarshal(body, &doc); err != nil {
+		return [sha256.Size]byte{}, nil, refuse(authzen.ProblemInvalidRequest, "the body is not valid JSON: %v", err)
+	}
+	canon, err := authzen.Canonical(doc)
+	if err != nil {
+		return [sha256.Size]byte{}, nil, refuse(authzen.ProblemInvalidRequest, "the body is not valid JSON: %v", err)
+	}
+	return sha256.Sum256(canon), doc, nil
 }
 
 func parseIdempotencyKey(k string) (string, error) {
@@ -149,17 +164,18 @@ func (s *Service) replay(ctx context.Context, q Querier, caller Caller, key stri
 	return &Submitted{Request: r, Replayed: true}, nil
 }
 
-func decodeSubmission(body []byte) (*authzen.Submission, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
+// decodeSubmission reads body, whose generic decoding is doc.
+func decodeSubmission(body []byte, doc any) (*authzen.Submission, error) {
+	top, ok := doc.(map[string]any)
+	if !ok {
 		return nil, refuse(authzen.ProblemInvalidRequest, "the body must be a JSON object")
 	}
 	if err := unknownMembers(top, authzen.SubmissionMembers, ""); err != nil {
 		return nil, err
 	}
-	if raw, ok := top["denial"]; ok {
-		var d map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &d); err != nil {
+	if raw, ok := top["denial"]; ok && raw != nil {
+		d, ok := raw.(map[string]any)
+		if !ok {
 			return nil, refuse(authzen.ProblemInvalidRequest, "denial must be an object")
 		}
 		if err := unknownMembers(d, authzen.DenialMembers, "denial."); err != nil {
@@ -174,7 +190,7 @@ func decodeSubmission(body []byte) (*authzen.Submission, error) {
 		}
 		return nil, refuse(authzen.ProblemInvalidRequest, "cannot read the submission: %v", err)
 	}
-	if len(sub.Items) > 0 || top["items"] != nil {
+	if _, items := top["items"]; len(sub.Items) > 0 || items {
 		return nil, refuse(authzen.ProblemUnsupported, "bulk submissions (items) are not supported by this service; submit one request per denial")
 	}
 	if sub.Subject == nil || sub.Resource == nil || sub.Action == nil {
@@ -198,7 +214,7 @@ func decodeSubmission(body []byte) (*authzen.Submission, error) {
 // unknownMembers refuses members outside known. The submission's top level
 // and its denial are not ARAP extension points; an unknown name there is a
 // mistake (a typo of a required member, usually) and is reported as such.
-func unknownMembers(obj map[string]json.RawMessage, known []string, prefix string) error {
+func unknownMembers(obj map[string]any, known []string, prefix string) error {
 	var bad []string
 	for k := range obj {
 		if !slices.Contains(known, k) {
@@ -246,8 +262,8 @@ func checkActors(caller Caller, sub *authzen.Submission) error {
 }
 
 // verifyBinding checks the binding_token: signature, issuer, audience and
-// intended client; then jti replay; then freshness; then that it binds this
-// submission's subject, resource, action and relevant context.
+// intended client; then freshness; then that it binds this submission's
+// subject, resource, action and relevant context. Its jti is spent by create.
 func (s *Service) verifyBinding(ctx context.Context, caller Caller, sub *authzen.Submission) (*evaluation.BindingClaims, error) {
 	d := sub.Denial
 	invalid := func(format string, args ...any) error {
@@ -273,13 +289,9 @@ func (s *Service) verifyBinding(ctx context.Context, caller Caller, sub *authzen
 	if c.ID == "" || c.ExpiresAt == nil {
 		return nil, invalid("denial.binding_token lacks jti or exp")
 	}
-	var seen bool
-	if err := s.cfg.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM arap.binding_jtis WHERE jti = $1)`, c.ID).Scan(&seen); err != nil {
-		return nil, fmt.Errorf("requests: jti lookup: %w", err)
-	}
-	if seen {
-		return nil, invalid("denial.binding_token has already been used for another request (jti replay); evaluate again for a fresh denial")
-	}
+	// jti replay is refused by create, whose INSERT of the jti is the check
+	// that holds under concurrency; a lookup here cost every submission a
+	// round trip for an earlier error message.
 
 	// Freshness: the earlier of exp and the protected denial expiry, which
 	// the echoed denial.expires_at must match.
@@ -389,6 +401,11 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 			}}); err != nil {
 			return err
 		}
+		created := Event{Kind: EventCreated, RequestID: r.ID}
+		var enqueue func(context.Context, pgx.Tx) error
+		if be, ok := s.cfg.Events.(batchEvents); ok {
+			enqueue = be.QueueTx(b, created) // read by res.Close below
+		}
 		res := tx.SendBatch(ctx, b)
 		if key != "" {
 			tag, err := res.Exec()
@@ -430,7 +447,11 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		if err := res.Close(); err != nil {
 			return fmt.Errorf("requests: create: %w", err)
 		}
-		if err := s.recordTx(ctx, tx, Event{Kind: EventCreated, RequestID: r.ID}); err != nil {
+		if enqueue != nil {
+			if err := enqueue(ctx, tx); err != nil {
+				return err
+			}
+		} else if err := s.recordTx(ctx, tx, created); err != nil {
 			return err
 		}
 		if len(rule.Resolvers) > 0 {

@@ -82,6 +82,9 @@ type Keys struct {
 	kid    string
 	verify map[string]verifyKey
 	loaded time.Time
+	// verified spares the signature check of a token signed or verified here
+	// before (verified.go).
+	verified verified
 }
 
 // Options configure Open.
@@ -291,6 +294,9 @@ func (k *Keys) Sign(ctx context.Context, typ string, claims jwt.Claims) (string,
 	if err != nil {
 		return "", fmt.Errorf("signing: sign: %w", err)
 	}
+	if exp, err := claims.GetExpirationTime(); err == nil && exp != nil {
+		k.verified.add(s, typ, kid, exp.Time)
+	}
 	return s, nil
 }
 
@@ -310,34 +316,51 @@ func (k *Keys) Verify(ctx context.Context, typ, token string, claims jwt.Claims)
 	if err := k.refreshIfStale(ctx); err != nil {
 		return err
 	}
+	parser := jwt.NewParser(jwt.WithValidMethods([]string{Alg}), jwt.WithoutClaimsValidation())
+	now := k.now()
+	if kid, ok := k.verified.get(token, typ, now); ok {
+		// These exact bytes were signed (or verified) here with kid and typ,
+		// and have not reached their exp: only the signature check is spared.
+		// The key must still verify; anything else takes the full path,
+		// which names the error.
+		if vk, ok := k.lookup(kid); ok && (vk.expiresAt.IsZero() || now.Before(vk.expiresAt)) {
+			if _, _, err := parser.ParseUnverified(token, claims); err == nil {
+				return nil
+			}
+		}
+	}
 	var keyErr error
-	_, err := jwt.NewParser(jwt.WithValidMethods([]string{Alg}), jwt.WithoutClaimsValidation()).
-		ParseWithClaims(token, claims, func(t *jwt.Token) (any, error) {
-			if got, _ := t.Header["typ"].(string); got != typ {
-				keyErr = fmt.Errorf("%w: typ %q, want %q", ErrWrongType, got, typ)
+	var signedBy string
+	_, err := parser.ParseWithClaims(token, claims, func(t *jwt.Token) (any, error) {
+		if got, _ := t.Header["typ"].(string); got != typ {
+			keyErr = fmt.Errorf("%w: typ %q, want %q", ErrWrongType, got, typ)
+			return nil, keyErr
+		}
+		kid, _ := t.Header["kid"].(string)
+		vk, ok := k.lookup(kid)
+		if !ok {
+			// Another replica may have rotated: reload once before refusing.
+			if err := k.reload(ctx); err != nil {
+				keyErr = err
+				return nil, err
+			}
+			if vk, ok = k.lookup(kid); !ok {
+				keyErr = fmt.Errorf("%w (kid %q)", ErrUnknownKey, kid)
 				return nil, keyErr
 			}
-			kid, _ := t.Header["kid"].(string)
-			vk, ok := k.lookup(kid)
-			if !ok {
-				// Another replica may have rotated: reload once before refusing.
-				if err := k.reload(ctx); err != nil {
-					keyErr = err
-					return nil, err
-				}
-				if vk, ok = k.lookup(kid); !ok {
-					keyErr = fmt.Errorf("%w (kid %q)", ErrUnknownKey, kid)
-					return nil, keyErr
-				}
-			}
-			if !vk.expiresAt.IsZero() && !k.now().Before(vk.expiresAt) {
-				keyErr = fmt.Errorf("%w (kid %q)", ErrKeyExpired, kid)
-				return nil, keyErr
-			}
-			return vk.pub, nil
-		})
+		}
+		if !vk.expiresAt.IsZero() && !k.now().Before(vk.expiresAt) {
+			keyErr = fmt.Errorf("%w (kid %q)", ErrKeyExpired, kid)
+			return nil, keyErr
+		}
+		signedBy = kid
+		return vk.pub, nil
+	})
 	switch {
 	case err == nil:
+		if exp, err := claims.GetExpirationTime(); err == nil && exp != nil {
+			k.verified.add(token, typ, signedBy, exp.Time)
+		}
 		return nil
 	case keyErr != nil:
 		return keyErr
