@@ -87,6 +87,16 @@ func TestKeyIDsAndRotation(t *testing.T) {
 	_, _, err = rotated.Reseal(r, "row-9")
 	require.ErrorIs(t, err, seal.ErrOpen, "the additional data still binds the row")
 
+	// The key id is part of the value: one altered does not open, under
+	// the key it named or any other, so a value cannot pass for another
+	// key's (which keys reseal --check relies on).
+	for i := 1; i < 9; i++ {
+		bad := bytes.Clone(w)
+		bad[i] ^= 0x01
+		_, err = rotated.Open(bad, "row-2")
+		require.ErrorIs(t, err, seal.ErrOpen, "key id byte %d altered", i)
+	}
+
 	_, err = seal.New(newKey, []byte("short"))
 	require.Error(t, err)
 }
