@@ -61,7 +61,7 @@ func TestAuditStreamScopeAndErrors(t *testing.T) {
 	p := auditPage(t, siem, "")
 	require.NotEmpty(t, p.Events, "the seeding wrote events")
 	for _, q := range []string{
-		"after=nonsense", "after=a1.AAAA", "after=" + url.QueryEscape(p.Next+"x"),
+		"after=nonsense", "after=a1.AAAA", "after=" + url.QueryEscape(p.Next+"!"), // not base64url
 		"since=yesterday", "since=2026-01-01", "since=2026-01-01T00:00:00Z&after=" + url.QueryEscape(p.Next),
 		"limit=0", "limit=1001", "limit=ten",
 	} {

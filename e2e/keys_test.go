@@ -99,7 +99,11 @@ func TestMasterKeyRotationUnderLoad(t *testing.T) {
 
 	// Load: callers open tasks and approve every other one (which signs an
 	// approval, sends a signed callback, and runs the tool with its stored
-	// arguments) while the re-seal runs.
+	// arguments) while the re-seal runs. The calls are paced to stay within
+	// alice's limits (30 new requests a minute, 20 waiting) however long
+	// the re-seal takes on a busy machine: a refused call would end the load.
+	permits := time.NewTicker(2500 * time.Millisecond)
+	defer permits.Stop()
 	var (
 		mu       sync.Mutex
 		approved []string
@@ -117,7 +121,7 @@ func TestMasterKeyRotationUnderLoad(t *testing.T) {
 				select {
 				case <-stop:
 					return
-				default:
+				case <-permits.C:
 				}
 				id, err := call(100*(w+1) + i)
 				if err != nil {
@@ -125,10 +129,13 @@ func TestMasterKeyRotationUnderLoad(t *testing.T) {
 					return
 				}
 				made.Add(1)
-				if i%2 == 1 {
-					mu.Lock()
+				mu.Lock()
+				wait := i%2 == 1 && len(waiting) < 8
+				if wait {
 					waiting = append(waiting, id)
-					mu.Unlock()
+				}
+				mu.Unlock()
+				if wait {
 					continue
 				}
 				req, err := boundRequest(ctx, s, id)
