@@ -271,7 +271,7 @@ func (b *Backend) build(ctx context.Context) error {
 			requests.QueueMaintenance: {MaxWorkers: requests.MaintenanceWorkers},
 			notify.Queue:              {MaxWorkers: notify.Workers},
 		},
-		PeriodicJobs: append(b.requests.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: requests.QueueMaintenance})),
+		PeriodicJobs: append(append(b.requests.PeriodicJobs(), b.notify.PeriodicJobs()...), counters.PeriodicJob(&river.InsertOpts{Queue: requests.QueueMaintenance})),
 		JobTimeout:   cfg.JobTimeout,
 		// A callback delivery is a job, so its pickup delay is every PEP's
 		// approve-to-complete latency; River's default 1 s poll is too slow

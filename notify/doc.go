@@ -4,9 +4,11 @@
 //
 // It owns two tables. arap.notification_events is an outbox: requests
 // records an event through the requests.Events seam inside the transaction
-// of the state change, with the River job that fans it out, so an event
-// exists if and only if its change does, and a crash after the commit
-// leaves a job that a surviving or restarted replica runs. The fan-out
+// of the state change, so an event exists if and only if its change does.
+// A periodic dispatch enqueues each undispatched event's fan-out job and
+// marks it dispatched in one transaction, so a crash after the change's
+// commit leaves a row that a surviving or restarted replica dispatches,
+// and the change pays for no River insert. The fan-out
 // resolves the recipients (the people the request's approval policy names
 // and may decide it, through the directory; the requester on the outcome)
 // and writes arap.notification_deliveries, one row per (event, recipient,

@@ -146,10 +146,10 @@ type FanoutArgs struct {
 // Kind implements river.JobArgs.
 func (FanoutArgs) Kind() string { return "notify.fanout" }
 
-// InsertOpts makes one fan-out job per event.
-func (FanoutArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{Queue: Queue, UniqueOpts: river.UniqueOpts{ByArgs: true}}
-}
+// InsertOpts puts fan-outs on the notify queue. The dispatch enqueues each
+// event's once; a second one (a dispatch by an earlier version) finds the
+// event fanned out and does nothing.
+func (FanoutArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{Queue: Queue} }
 
 // Queue is the River queue of notifications, and Workers its workers per
 // replica: a burst of events (a sweep expiring thousands of requests) waits
@@ -160,47 +160,104 @@ const (
 	Workers = 4
 )
 
-// RecordTx writes events to the outbox with their fan-out jobs, inside tx
-// (the change's transaction). It implements requests.Events.
-func (s *Service) RecordTx(ctx context.Context, tx pgx.Tx, events ...requests.Event) error {
-	if len(events) == 0 {
-		return nil
-	}
-	b := &pgx.Batch{}
-	enqueue := s.QueueTx(b, events...)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return err
-	}
-	return enqueue(ctx, tx)
-}
-
 // QueueTx queues the outbox rows of events in b, a batch the change sends
-// in its transaction anyway (submission's), and returns the enqueueing of
-// their fan-out jobs, to run in that transaction once b is read: one round
-// trip fewer than RecordTx.
-func (s *Service) QueueTx(b *pgx.Batch, events ...requests.Event) func(ctx context.Context, tx pgx.Tx) error {
+// in its own transaction (it implements requests.Events). Nothing else is
+// written there: the dispatch (DispatchPending) enqueues the fan-outs of
+// committed events within about a second, so a change pays one INSERT for
+// its notifications and no River insert.
+func (s *Service) QueueTx(b *pgx.Batch, events ...requests.Event) {
 	n := len(events)
+	if n == 0 {
+		return
+	}
 	ids, reqIDs, kinds, voters, decisions, statuses := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	jobs := make([]river.InsertManyParams, n)
 	for i, e := range events {
 		ids[i] = randid.New(EventIDPrefix)
 		reqIDs[i], kinds[i], voters[i], decisions[i], statuses[i] = e.RequestID, string(e.Kind), e.Voter, e.Decision, string(e.Status)
-		jobs[i] = river.InsertManyParams{Args: FanoutArgs{EventID: ids[i]}}
 	}
 	b.Queue(`INSERT INTO arap.notification_events (id, request_id, kind, voter, decision, status, created_at)
 		SELECT id, request_id, kind, voter, decision, status, $7
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS e(id, request_id, kind, voter, decision, status)`,
 		ids, reqIDs, kinds, voters, decisions, statuses, s.cfg.Now()).Exec(func(pgconn.CommandTag) error { return nil })
-	return func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := s.cfg.Jobs.InsertManyTx(ctx, tx, jobs); err != nil {
-			return fmt.Errorf("notify: enqueue fan-out: %w", err)
+}
+
+// DispatchBatch is the most events one dispatch transaction takes.
+const DispatchBatch = 1000
+
+// DispatchPending enqueues the fan-outs of the events not yet dispatched,
+// marking them dispatched in the same transaction, so each event gets one
+// fan-out job however many replicas dispatch at once (SKIP LOCKED). It
+// returns how many it dispatched.
+func (s *Service) DispatchPending(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n := 0
+		err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `UPDATE arap.notification_events SET dispatched_at = $2
+				WHERE id IN (SELECT id FROM arap.notification_events WHERE dispatched_at IS NULL
+					ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+				RETURNING id`, DispatchBatch, s.cfg.Now())
+			if err != nil {
+				return err
+			}
+			ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil || len(ids) == 0 {
+				return err
+			}
+			jobs := make([]river.InsertManyParams, len(ids))
+			for i, id := range ids {
+				jobs[i] = river.InsertManyParams{Args: FanoutArgs{EventID: id}}
+			}
+			n = len(ids)
+			_, err = s.cfg.Jobs.InsertManyTx(ctx, tx, jobs)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("notify: dispatch: %w", err)
 		}
-		return nil
+		total += n
+		if n < DispatchBatch {
+			return total, nil
+		}
 	}
+}
+
+// DispatchArgs is the periodic job that runs DispatchPending.
+type DispatchArgs struct{}
+
+// Kind implements river.JobArgs.
+func (DispatchArgs) Kind() string { return "notify.dispatch" }
+
+// InsertOpts puts the dispatch on the notify queue.
+func (DispatchArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{Queue: Queue} }
+
+// DispatchWorker runs DispatchArgs.
+type DispatchWorker struct {
+	river.WorkerDefaults[DispatchArgs]
+	Service *Service
+}
+
+// Work dispatches what is pending.
+func (w *DispatchWorker) Work(ctx context.Context, _ *river.Job[DispatchArgs]) error {
+	_, err := w.Service.DispatchPending(ctx)
+	return err
+}
+
+// DispatchInterval is how often the pending events are dispatched: the
+// most a notification waits before its fan-out is enqueued.
+const DispatchInterval = time.Second
+
+// PeriodicJobs is the dispatch, every DispatchInterval (run by River's
+// leader).
+func (s *Service) PeriodicJobs() []*river.PeriodicJob {
+	return []*river.PeriodicJob{river.NewPeriodicJob(river.PeriodicInterval(DispatchInterval),
+		func() (river.JobArgs, *river.InsertOpts) { return DispatchArgs{}, nil },
+		&river.PeriodicJobOpts{RunOnStart: true})}
 }
 
 // AddWorkers registers the fan-out and delivery workers.
 func (s *Service) AddWorkers(w *river.Workers) {
+	river.AddWorker(w, &DispatchWorker{Service: s})
 	river.AddWorker(w, &FanoutWorker{Service: s})
 	river.AddWorker(w, &DeliverWorker{Service: s})
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -251,8 +252,8 @@ func notifier(t *testing.T, env *backendtest.Env, pool *pgxpool.Pool, jobs reque
 	return s
 }
 
-// TestCrashBetweenCommitAndSend: the outbox row commits with its job and
-// the process dies before anything is sent; a fresh backend (a fresh River
+// TestCrashBetweenCommitAndSend: the outbox row commits and the process
+// dies before anything is dispatched or sent; a fresh backend (a fresh River
 // client) started afterwards on the database sends the notices.
 func TestCrashBetweenCommitAndSend(t *testing.T) {
 	sink := startSink(t)
@@ -274,7 +275,9 @@ func TestCrashBetweenCommitAndSend(t *testing.T) {
 	require.NoError(t, err)
 	crashing := notifier(t, env, pool, inserter, sink)
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return crashing.RecordTx(ctx, tx, requests.Event{Kind: requests.EventCreated, RequestID: id})
+		b := &pgx.Batch{}
+		crashing.QueueTx(b, requests.Event{Kind: requests.EventCreated, RequestID: id})
+		return tx.SendBatch(ctx, b).Close()
 	}))
 	require.Empty(t, sink.Messages())
 
@@ -286,6 +289,62 @@ func TestCrashBetweenCommitAndSend(t *testing.T) {
 	backendtest.Start(t, backendtest.Options{Mail: mailTo(sink), Join: env})
 	got := waitFor(t, sink, 2, func(m mailsink.Message) bool { return strings.Contains(m.Text, id) })
 	require.Equal(t, []string{"bob@example.com", "carol@example.com"}, recipients(got))
+}
+
+// TestDispatchEnqueuesEachEventOnce: the events changes record get their
+// fan-out job from the dispatch, one each, however many dispatchers run at
+// once, in as many batches as it takes.
+func TestDispatchEnqueuesEachEventOnce(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{})
+	ctx := context.Background()
+	id := env.Submit(t, wireCall("alice", "acct-991", 50000))
+	settled(t, env.Pool, id)
+	require.NoError(t, env.Backend.Stop(ctx)) // its dispatch must not run meanwhile
+	pool, err := pgxpool.New(ctx, env.DBURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: migrations.RiverSchema})
+	require.NoError(t, err)
+	svc := notifier(t, env, pool, inserter, startSink(t))
+	const dispatchers = 4
+	const n = dispatchers*notify.DispatchBatch + 10 // more than one batch each
+	events := make([]requests.Event, n)
+	for i := range events {
+		events[i] = requests.Event{Kind: requests.EventDecided, RequestID: id, Voter: fmt.Sprintf("user:v%d", i), Decision: "approve"}
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		svc.QueueTx(b, events...)
+		return tx.SendBatch(ctx, b).Close()
+	}))
+
+	var wg sync.WaitGroup
+	got := make([]int, dispatchers)
+	errs := make([]error, dispatchers)
+	for i := range dispatchers {
+		wg.Go(func() { got[i], errs[i] = svc.DispatchPending(ctx) })
+	}
+	wg.Wait()
+	total := 0
+	for i := range dispatchers {
+		require.NoError(t, errs[i])
+		total += got[i]
+	}
+	require.Equal(t, n, total, "each event dispatched by exactly one dispatcher")
+
+	var jobs, distinct, undispatched int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT j.args->>'event_id')
+		FROM river.river_job j JOIN arap.notification_events e ON e.id = j.args->>'event_id'
+		WHERE j.kind = $1 AND e.request_id = $2 AND e.kind = 'decided'`, notify.FanoutArgs{}.Kind(), id).Scan(&jobs, &distinct))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM arap.notification_events WHERE dispatched_at IS NULL`).Scan(&undispatched))
+	require.Equal(t, n, distinct, "every event has a fan-out job")
+	require.Equal(t, n, jobs, "no event has two")
+	require.Zero(t, undispatched)
+
+	again, err := svc.DispatchPending(ctx)
+	require.NoError(t, err)
+	require.Zero(t, again, "nothing is dispatched twice")
 }
 
 // TestTwoReplicasNotifyOnce: two backends on one database, many requests

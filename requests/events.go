@@ -10,16 +10,9 @@ import (
 // notifications (package notify), which implement it; requests knows
 // nothing of recipients or channels.
 type Events interface {
-	// RecordTx records events inside tx, the transaction of the change
-	// they report; an error rolls the change back.
-	RecordTx(ctx context.Context, tx pgx.Tx, events ...Event) error
-}
-
-// batchEvents is an Events that can queue its rows in a batch the change
-// sends anyway and return the rest of its work (notify does): submission
-// saves a round trip with it.
-type batchEvents interface {
-	QueueTx(b *pgx.Batch, events ...Event) func(ctx context.Context, tx pgx.Tx) error
+	// QueueTx queues the recording of events in b, a batch sent in the
+	// transaction of the change they report (an error rolls it back).
+	QueueTx(b *pgx.Batch, events ...Event)
 }
 
 // EventKind names what happened to a request.
@@ -54,5 +47,7 @@ func (s *Service) recordTx(ctx context.Context, tx pgx.Tx, events ...Event) erro
 	if s.cfg.Events == nil || len(events) == 0 {
 		return nil
 	}
-	return s.cfg.Events.RecordTx(ctx, tx, events...)
+	b := &pgx.Batch{}
+	s.cfg.Events.QueueTx(b, events...)
+	return tx.SendBatch(ctx, b).Close()
 }

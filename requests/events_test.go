@@ -2,7 +2,6 @@ package requests_test
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -21,23 +20,18 @@ type events struct {
 	fail bool
 }
 
-func (e *events) RecordTx(ctx context.Context, tx pgx.Tx, evs ...requests.Event) error {
+func (e *events) QueueTx(b *pgx.Batch, evs ...requests.Event) {
 	if e.fail {
-		return errors.New("events: refused")
+		b.Queue(`SELECT 'events: refused'::int`) // fails the batch, and with it the change
+		return
 	}
 	// A write in the change's transaction: it commits or rolls back with it.
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.event_marks (request_id text, kind text)`); err != nil {
-		return err
-	}
 	for _, ev := range evs {
-		if _, err := tx.Exec(ctx, `INSERT INTO public.event_marks VALUES ($1, $2)`, ev.RequestID, ev.Kind); err != nil {
-			return err
-		}
+		b.Queue(`INSERT INTO public.event_marks VALUES ($1, $2)`, ev.RequestID, ev.Kind)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.got = append(e.got, evs...)
-	return nil
 }
 
 func (e *events) kinds(id string) []requests.EventKind {
@@ -54,7 +48,8 @@ func (e *events) kinds(id string) []requests.EventKind {
 
 // withEvents is f's service recording into ev.
 func (f *fixture) withEvents(ev requests.Events) {
-	var err error
+	_, err := f.db.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS public.event_marks (request_id text, kind text)`)
+	require.NoError(f.t, err)
 	f.svc, err = requests.NewService(requests.Config{DB: f.db, Jobs: f.jobs, Keys: f.keys, Policy: f.engine,
 		Issuer: issuer, RequestsURL: requestsURL, Now: f.clock.Now, Events: ev})
 	require.NoError(f.t, err)

@@ -401,10 +401,8 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 			}}); err != nil {
 			return err
 		}
-		created := Event{Kind: EventCreated, RequestID: r.ID}
-		var enqueue func(context.Context, pgx.Tx) error
-		if be, ok := s.cfg.Events.(batchEvents); ok {
-			enqueue = be.QueueTx(b, created) // read by res.Close below
+		if s.cfg.Events != nil {
+			s.cfg.Events.QueueTx(b, Event{Kind: EventCreated, RequestID: r.ID}) // read by res.Close below
 		}
 		res := tx.SendBatch(ctx, b)
 		if key != "" {
@@ -446,13 +444,6 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		}
 		if err := res.Close(); err != nil {
 			return fmt.Errorf("requests: create: %w", err)
-		}
-		if enqueue != nil {
-			if err := enqueue(ctx, tx); err != nil {
-				return err
-			}
-		} else if err := s.recordTx(ctx, tx, created); err != nil {
-			return err
 		}
 		if len(rule.Resolvers) > 0 {
 			if _, err := s.cfg.Jobs.InsertTx(ctx, tx, ResolveArgs{RequestID: r.ID}, nil); err != nil {
