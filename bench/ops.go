@@ -292,7 +292,7 @@ func (s *System) Upstream(via bool, next *atomic.Int64) Op {
 }
 
 // ApproveToComplete opens a task (not timed), then times the decision API
-// approval until tasks/get shows the task completed: callback, status read,
+// approval until the listen stream reports the task completed: callback, status read,
 // re-evaluation, claim, run, result.
 func (s *System) ApproveToComplete(next *atomic.Int64) Op {
 	return func(ctx context.Context, _ int) (time.Duration, error) {
@@ -308,33 +308,26 @@ func (s *System) ApproveToComplete(next *atomic.Int64) Op {
 		if err != nil {
 			return 0, fmt.Errorf("approve: backend id of %s: %w", id, err)
 		}
-		t0 := time.Now()
-		code, body, err := post(ctx, s.BackendURL+"/v1/requests/"+backendID+"/decisions", s.ITSMToken, []byte(`{"decision":"approve","reason":"bench"}`))
+		// The client learns of the result as a SEP-2848 client waiting for
+		// it does, on a listen stream opened before the decision; polling
+		// tasks/get in a loop would load the machine it measures.
+		wait, stop, err := s.listen(ctx, token, id)
 		if err != nil {
 			return 0, err
 		}
-		if code != http.StatusOK {
-			return 0, fmt.Errorf("approve: HTTP %d %.200s", code, body)
+		t0 := time.Now()
+		code, body, err := post(ctx, s.BackendURL+"/v1/requests/"+backendID+"/decisions", s.ITSMToken, []byte(`{"decision":"approve","reason":"bench"}`))
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("approve: HTTP %d %.200s", code, body)
 		}
-		mcp := s.mcpClient(token)
-		for {
-			t, _, err := mcp.Get(ctx, id)
-			if err != nil {
-				return 0, err
-			}
-			switch t.Status {
-			case tasks.Completed:
-				return time.Since(t0), nil
-			case tasks.Working:
-			default:
-				return 0, fmt.Errorf("approve: task %s ended %s", id, t.Status)
-			}
-			select {
-			case <-ctx.Done():
-				return 0, ctx.Err()
-			case <-time.After(2 * time.Millisecond):
-			}
+		if err != nil {
+			stop()
+			return 0, err
 		}
+		if err := wait(); err != nil {
+			return 0, err
+		}
+		return time.Since(t0), nil
 	}
 }
 
