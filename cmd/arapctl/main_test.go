@@ -314,3 +314,33 @@ rules:
 	require.Contains(t, out, "HIDDEN CHARACTERS")
 	require.Contains(t, out, "4 (requests show "+id+")")
 }
+
+// TestKeysResealCheck: --check fails, naming the column, while a value is
+// sealed under a previous key; keys reseal moves it; --check then passes
+// with the new key alone.
+func TestKeysResealCheck(t *testing.T) {
+	url := dbtest.URL(t)
+	t.Setenv("DATABASE_URL", url)
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer db.Close()
+	oldKey, newKey := bytes.Repeat([]byte{3}, 32), bytes.Repeat([]byte{4}, 32)
+	_, err = signing.Open(ctx, db, signing.Options{MasterKey: oldKey}) // seals its signing key under oldKey
+	require.NoError(t, err)
+
+	t.Setenv("ARAP_MASTER_KEY", base64.StdEncoding.EncodeToString(newKey))
+	t.Setenv("ARAP_MASTER_KEY_PREVIOUS", base64.StdEncoding.EncodeToString(oldKey))
+	out, err := ctl(t, "keys", "reseal", "--check")
+	require.ErrorContains(t, err, "do not retire the previous keys yet")
+	require.Contains(t, out, "arap.signing_keys.private_key: 1 values, 1 not under key")
+
+	out, err = ctl(t, "keys", "reseal")
+	require.NoError(t, err)
+	require.Contains(t, out, "arap.signing_keys.private_key: 1 values, 1 re-sealed")
+
+	t.Setenv("ARAP_MASTER_KEY_PREVIOUS", "")
+	out, err = ctl(t, "keys", "reseal", "--check")
+	require.NoError(t, err)
+	require.Contains(t, out, "the previous keys can be retired")
+}
