@@ -148,9 +148,26 @@ func (s *Service) Fanout(ctx context.Context, eventID string) error {
 	if err != nil {
 		return err
 	}
-	rcpts, err := s.recipients(ctx, e, r)
-	if err != nil {
+	// The rule's notify section, stored with the request, picks the
+	// channels (e-mail only without one, as before notify sections).
+	np := r.ApprovalPolicy.Notify
+	people := false
+	for _, c := range s.cfg.Channels {
+		people = people || (c.Name() != ChannelWebhook && np.Uses(c.Name()))
+	}
+	_, hooks := s.channels[ChannelWebhook]
+	hooks = hooks && np.Uses(ChannelWebhook) && len(np.Webhooks) > 0
+	if !people && !hooks {
+		// Nobody can be told (no channel for people configured, no webhook
+		// target named): done, without reading the directory.
+		_, err := s.cfg.DB.Exec(ctx, `UPDATE arap.notification_events SET fanned_out_at = $2 WHERE id = $1 AND fanned_out_at IS NULL`, e.ID, s.cfg.Now())
 		return err
+	}
+	var rcpts []recipient
+	if people {
+		if rcpts, err = s.recipients(ctx, e, r); err != nil {
+			return err
+		}
 	}
 	return pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
 		if _, fanned, err := loadEvent(ctx, tx, eventID, true); errors.Is(err, pgx.ErrNoRows) || (err == nil && fanned) {
@@ -158,9 +175,6 @@ func (s *Service) Fanout(ctx context.Context, eventID string) error {
 		} else if err != nil {
 			return fmt.Errorf("notify: load event %s: %w", eventID, err)
 		}
-		// The rule's notify section, stored with the request, picks the
-		// channels (e-mail only without one, as before notify sections).
-		np := r.ApprovalPolicy.Notify
 		var names, channels, addresses, roles []string
 		for _, rc := range rcpts {
 			for _, c := range s.cfg.Channels {
@@ -174,7 +188,7 @@ func (s *Service) Fanout(ctx context.Context, eventID string) error {
 		}
 		// Webhook targets are told of every event, whatever the request's
 		// state by now: a ticket follows the request from start to end.
-		if _, on := s.channels[ChannelWebhook]; on && np.Uses(ChannelWebhook) {
+		if hooks {
 			for _, t := range np.Webhooks {
 				names, channels, addresses, roles = append(names, t), append(channels, ChannelWebhook), append(addresses, t), append(roles, RoleWebhook)
 			}
