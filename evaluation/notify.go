@@ -29,8 +29,10 @@ var WebhookNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
 // notifications. A rule without a notify section has none (nil): e-mail to
 // the people, as before notify sections existed.
 type NotifyPolicy struct {
-	// Channels lists the channels used; every person channel when nil.
-	Channels []string `json:"channels,omitempty"`
+	// Channels lists the channels used; every person channel when nil. An
+	// empty list (no channel) is stored as [], not left out: read back as
+	// nil it would mean every channel.
+	Channels []string `json:"channels"`
 	// Webhooks names the operator's webhook targets told of each event
 	// (arapctl webhooks create); set exactly when Channels has "webhook".
 	Webhooks []string `json:"webhooks,omitempty"`

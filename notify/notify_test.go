@@ -241,6 +241,45 @@ rules:
 	}
 }
 
+// TestNoChannelsTellsNobody: a rule with notify: {channels: []} (arguments
+// that must not leave arap) sends nothing, though e-mail is configured and
+// its approvers have addresses: the empty list survives being stored with
+// the request, and is not read back as "every channel".
+func TestNoChannelsTellsNobody(t *testing.T) {
+	sink := startSink(t)
+	env := backendtest.Start(t, backendtest.Options{Mail: mailTo(sink), Policy: []byte(`version: 1
+rules:
+  - name: secret
+    match: {resource_id: secret}
+    effect: request
+    approval: {groups: [treasury]}
+    notify: {channels: []}
+  - name: expense
+    match: {resource_id: expense}
+    effect: request
+    approval: {groups: [treasury]}
+`)})
+	call := func(tool string) map[string]any {
+		return map[string]any{
+			"subject":  map[string]any{"type": "user", "id": "alice"},
+			"action":   map[string]any{"name": "tools/call"},
+			"resource": map[string]any{"type": "mcp_tool", "id": tool, "properties": map[string]any{"arguments": map[string]any{"to": "acct-1"}}},
+		}
+	}
+	quiet := env.Submit(t, call("secret"))
+	told := env.Submit(t, call("expense"))
+	settled(t, env.Pool, quiet)
+	waitFor(t, sink, 2, about(told)) // e-mail works, and had its time
+	settled(t, env.Pool, told)
+	for _, m := range sink.Messages() {
+		require.False(t, about(quiet)(m), "told of a request whose rule has no channels: %s", m.Subject)
+	}
+	var deliveries int
+	require.NoError(t, env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM arap.notification_deliveries d
+		JOIN arap.notification_events e ON e.id = d.event_id WHERE e.request_id = $1`, quiet).Scan(&deliveries))
+	require.Zero(t, deliveries)
+}
+
 // notifier builds a notify.Service on env's database that delivers to sink,
 // as another replica would.
 func notifier(t *testing.T, env *backendtest.Env, pool *pgxpool.Pool, jobs requests.JobInserter, sink *mailsink.Sink) *notify.Service {
