@@ -271,7 +271,7 @@ func (b *Backend) build(ctx context.Context) error {
 			requests.QueueMaintenance: {MaxWorkers: requests.MaintenanceWorkers},
 			notify.Queue:              {MaxWorkers: notify.Workers},
 		},
-		PeriodicJobs: append(append(b.requests.PeriodicJobs(), b.notify.PeriodicJobs()...), counters.PeriodicJob(&river.InsertOpts{Queue: requests.QueueMaintenance})),
+		PeriodicJobs: append(b.requests.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: requests.QueueMaintenance})),
 		JobTimeout:   cfg.JobTimeout,
 		// A callback delivery is a job, so its pickup delay is every PEP's
 		// approve-to-complete latency; River's default 1 s poll is too slow
@@ -328,6 +328,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	b.host.Mount(host.Parts{
 		Handler: h, Metrics: b.metrics, Workers: jobs, Reload: func() { _ = b.Reload() },
+		Services: []host.Service{&notify.Dispatcher{Service: b.notify}},
 		Started: func() []any {
 			// The master key's id (which says nothing about the key) shows
 			// which key each replica seals under during a rotation.

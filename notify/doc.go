@@ -5,7 +5,7 @@
 // It owns two tables. arap.notification_events is an outbox: requests
 // records an event through the requests.Events seam inside the transaction
 // of the state change, so an event exists if and only if its change does.
-// A periodic dispatch enqueues each undispatched event's fan-out job and
+// A dispatch in every replica, each second, enqueues each undispatched event's fan-out job and
 // marks it dispatched in one transaction, so a crash after the change's
 // commit leaves a row that a surviving or restarted replica dispatches,
 // and the change pays for no River insert. The fan-out

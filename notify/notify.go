@@ -147,8 +147,8 @@ type FanoutArgs struct {
 func (FanoutArgs) Kind() string { return "notify.fanout" }
 
 // InsertOpts puts fan-outs on the notify queue. The dispatch enqueues each
-// event's once; a second one (a dispatch by an earlier version) finds the
-// event fanned out and does nothing.
+// event's once; a second one would find the event fanned out and do
+// nothing.
 func (FanoutArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{Queue: Queue} }
 
 // Queue is the River queue of notifications, and Workers its workers per
@@ -175,8 +175,8 @@ func (s *Service) QueueTx(b *pgx.Batch, events ...requests.Event) {
 		ids[i] = randid.New(EventIDPrefix)
 		reqIDs[i], kinds[i], voters[i], decisions[i], statuses[i] = e.RequestID, string(e.Kind), e.Voter, e.Decision, string(e.Status)
 	}
-	b.Queue(`INSERT INTO arap.notification_events (id, request_id, kind, voter, decision, status, created_at)
-		SELECT id, request_id, kind, voter, decision, status, $7
+	b.Queue(`INSERT INTO arap.notification_events (id, request_id, kind, voter, decision, status, created_at, dispatched_at)
+		SELECT id, request_id, kind, voter, decision, status, $7, NULL
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS e(id, request_id, kind, voter, decision, status)`,
 		ids, reqIDs, kinds, voters, decisions, statuses, s.cfg.Now()).Exec(func(pgconn.CommandTag) error { return nil })
 }
@@ -222,42 +222,55 @@ func (s *Service) DispatchPending(ctx context.Context) (int, error) {
 	}
 }
 
-// DispatchArgs is the periodic job that runs DispatchPending.
-type DispatchArgs struct{}
-
-// Kind implements river.JobArgs.
-func (DispatchArgs) Kind() string { return "notify.dispatch" }
-
-// InsertOpts puts the dispatch on the notify queue.
-func (DispatchArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{Queue: Queue} }
-
-// DispatchWorker runs DispatchArgs.
-type DispatchWorker struct {
-	river.WorkerDefaults[DispatchArgs]
-	Service *Service
-}
-
-// Work dispatches what is pending.
-func (w *DispatchWorker) Work(ctx context.Context, _ *river.Job[DispatchArgs]) error {
-	_, err := w.Service.DispatchPending(ctx)
-	return err
-}
-
-// DispatchInterval is how often the pending events are dispatched: the
-// most a notification waits before its fan-out is enqueued.
+// DispatchInterval is how often each replica dispatches the pending
+// events: the most a notification waits before its fan-out is enqueued.
 const DispatchInterval = time.Second
 
-// PeriodicJobs is the dispatch, every DispatchInterval (run by River's
-// leader).
-func (s *Service) PeriodicJobs() []*river.PeriodicJob {
-	return []*river.PeriodicJob{river.NewPeriodicJob(river.PeriodicInterval(DispatchInterval),
-		func() (river.JobArgs, *river.InsertOpts) { return DispatchArgs{}, nil },
-		&river.PeriodicJobOpts{RunOnStart: true})}
+// Dispatcher runs DispatchPending every DispatchInterval in this replica
+// (a host.Service). Every replica runs it, not River's leader alone: a
+// leader that was killed keeps its lease for a while, and during a rolling
+// upgrade the leader may be a version without the dispatch. Replicas do not
+// collide (SKIP LOCKED), and the dispatch waits behind no queue.
+type Dispatcher struct {
+	Service *Service
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+// Start runs the dispatch loop until Stop.
+func (d *Dispatcher) Start(context.Context) error {
+	ctx, stop := context.WithCancel(context.Background())
+	d.stop, d.done = stop, make(chan struct{})
+	go func() {
+		defer close(d.done)
+		t := time.NewTicker(DispatchInterval)
+		defer t.Stop()
+		for {
+			round, cancel := context.WithTimeout(ctx, time.Minute)
+			if _, err := d.Service.DispatchPending(round); err != nil && ctx.Err() == nil {
+				d.Service.cfg.Log.WarnContext(ctx, "notification dispatch failed; retried in a second", "error", err)
+			}
+			cancel()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return nil
+}
+
+// Stop ends the loop and waits for a dispatch in progress.
+func (d *Dispatcher) Stop() {
+	if d.stop != nil {
+		d.stop()
+		<-d.done
+	}
 }
 
 // AddWorkers registers the fan-out and delivery workers.
 func (s *Service) AddWorkers(w *river.Workers) {
-	river.AddWorker(w, &DispatchWorker{Service: s})
 	river.AddWorker(w, &FanoutWorker{Service: s})
 	river.AddWorker(w, &DeliverWorker{Service: s})
 }

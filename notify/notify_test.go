@@ -357,6 +357,10 @@ func TestDispatchEnqueuesEachEventOnce(t *testing.T) {
 		svc.QueueTx(b, events...)
 		return tx.SendBatch(ctx, b).Close()
 	}))
+	// An event as a version before the dispatch writes it (it enqueues its
+	// own fan-out): the column's default counts it dispatched.
+	_, err = pool.Exec(ctx, `INSERT INTO arap.notification_events (id, request_id, kind, created_at) VALUES ('nev_older', $1, 'created', now())`, id)
+	require.NoError(t, err)
 
 	var wg sync.WaitGroup
 	got := make([]int, dispatchers)
@@ -377,7 +381,7 @@ func TestDispatchEnqueuesEachEventOnce(t *testing.T) {
 		FROM river.river_job j JOIN arap.notification_events e ON e.id = j.args->>'event_id'
 		WHERE j.kind = $1 AND e.request_id = $2 AND e.kind = 'decided'`, notify.FanoutArgs{}.Kind(), id).Scan(&jobs, &distinct))
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM arap.notification_events WHERE dispatched_at IS NULL`).Scan(&undispatched))
-	require.Equal(t, n, distinct, "every event has a fan-out job")
+	require.Equal(t, n, distinct, "every event has a fan-out job (and the older version's event none from the dispatch)")
 	require.Equal(t, n, jobs, "no event has two")
 	require.Zero(t, undispatched)
 
