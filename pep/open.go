@@ -51,7 +51,6 @@ func (g *Gate) existing(ctx context.Context, dedup string) (*tasks.Task, error) 
 
 // Limit denials: non-requestable, so the agent does not loop.
 const (
-	msgBusy        = "The approval service is busy; the tool did not run. Try again later."
 	msgRate        = "Too many approval requests in the last minute; the tool did not run and no request was made. Wait before asking again."
 	msgOutstanding = "Too many approval requests are already waiting for a decision; the tool did not run and no request was made. Wait for them or cancel some."
 )

@@ -94,8 +94,7 @@ func (s *Store) defaults(t *Task) {
 // and a stream that subscribes later reads it first. A notification in a
 // writing transaction serializes commits: PostgreSQL holds a global lock
 // from the notify queue's insertion through the commit's WAL flush, so
-// notifying commits stop sharing flushes (16 writers on the bench cluster:
-// 4,600-5,100 commits/s without it, 340-590/s with it).
+// notifying commits stop sharing flushes (docs/performance.md, "gate").
 func (s *Store) QueueCreate(b *pgx.Batch, t *Task) {
 	s.defaults(t)
 	b.Queue(insertSQL, t.createArgs()[:13]...)
@@ -278,15 +277,13 @@ func orEmpty(s []string) []string {
 // KeepUntilTx raises task id's TTL so that it is kept at least until until
 // (never lowers it; an unlimited TTL stays unlimited).
 func (s *Store) KeepUntilTx(ctx context.Context, tx pgx.Tx, id string, until time.Time) error {
-	_, err := tx.Exec(ctx, `UPDATE pep.tasks SET ttl_ms = greatest(ttl_ms, `+ttlUntil("$2")+`) WHERE id = $1 AND ttl_ms IS NOT NULL`, id, until)
-	if err != nil {
-		return fmt.Errorf("tasks: keep %s: %w", id, err)
-	}
-	return nil
+	_, err := s.KeepTx(ctx, tx, id, until)
+	return err
 }
 
 // KeepTx is KeepUntilTx returning the task as it is then (nil if there is
-// none), so a caller that returns it needs no second read.
+// none), so a caller that returns it needs no second read. greatest()
+// ignores NULL, hence the CASE that keeps an unlimited TTL unlimited.
 func (s *Store) KeepTx(ctx context.Context, tx pgx.Tx, id string, until time.Time) (*Task, error) {
 	t, err := scan(tx.QueryRow(ctx, `UPDATE pep.tasks SET ttl_ms = CASE WHEN ttl_ms IS NULL THEN NULL ELSE greatest(ttl_ms, `+ttlUntil("$2")+`) END
 		WHERE id = $1 RETURNING `+columns, id, until))
