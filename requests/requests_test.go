@@ -90,6 +90,14 @@ func TestIdempotency(t *testing.T) {
 	require.Equal(t, authzen.ProblemDuplicateRequest, requests.ErrorCode(err))
 	require.Equal(t, 1, count(t, f, "arap.requests"))
 
+	// A retry long after the response was lost, when its binding_token has
+	// expired and the checks refuse it: still the original handle.
+	f.clock.Advance(11 * time.Minute)
+	again, err = f.svc.Submit(ctx, f.pep, "k", raw)
+	require.NoError(t, err, "an expired token's retry is answered from the key")
+	require.True(t, again.Replayed)
+	require.Equal(t, first.Request.ID, again.Request.ID)
+
 	// Keys are scoped to the client: another client's "k" is its own.
 	_, err = f.svc.Submit(ctx, f.other, "k", f.fresh("wire_transfer", map[string]any{"to": "x", "amount": 30000}))
 	require.Equal(t, authzen.ProblemInvalidDenialBinding, requests.ErrorCode(err), "the token was issued to pep, not other-pep")

@@ -1,8 +1,6 @@
 package requests
 
 import (
-	"github.com/omcp/arap/internal/telemetry"
-
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -16,6 +14,7 @@ import (
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
@@ -24,6 +23,7 @@ import (
 	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/randid"
 	"github.com/omcp/arap/internal/schemamsg"
+	"github.com/omcp/arap/internal/telemetry"
 	"github.com/omcp/arap/signing"
 )
 
@@ -39,10 +39,14 @@ type Submitted struct {
 const MaxIdempotencyKeyLen = 255
 
 // Submit accepts an access request. The checks run in this order, and the
-// first that fails decides the error: body syntax; idempotency lookup (a
-// retry gets the original handle back even though its binding_token's jti
-// repeats); structure; actor chain; binding_token signature, issuer and
-// audience; freshness; binding; request schema; jti replay (in create).
+// first that fails decides the error: body syntax; structure; actor chain;
+// binding_token signature, issuer and audience; freshness; binding; request
+// schema; then, in the creating transaction, the Idempotency-Key and the jti.
+// A submission refused by any of them whose Idempotency-Key is already
+// recorded is answered from that record instead: a retry after a lost
+// response repeats its binding_token's jti, and may come after the token
+// expired, and still gets the original handle back (or duplicate_request for
+// a different body).
 //
 // key is the Idempotency-Key ("" for none: every such submission is new).
 // body is the raw request body.
@@ -58,20 +62,15 @@ func (s *Service) Submit(ctx context.Context, caller Caller, key string, body []
 	if err != nil {
 		return nil, err
 	}
-
-	if key != "" {
-		if sub, err := s.replay(ctx, s.cfg.DB, caller, key, bodyHash[:]); sub != nil || err != nil {
-			return sub, err
-		}
-	}
-
 	res, err := s.checkAndCreate(ctx, caller, key, bodyHash[:], body, doc)
 	var refusal *Error
-	if key != "" && errors.As(err, &refusal) {
-		// A duplicate in flight may have committed while this one was being
-		// checked (its jti is now spent): answer as the retry it is.
+	if key != "" && (errors.Is(err, errKeyTaken) || errors.As(err, &refusal)) {
 		if sub, rerr := s.replay(ctx, s.cfg.DB, caller, key, bodyHash[:]); sub != nil || rerr != nil {
 			return sub, rerr
+		}
+		if errors.Is(err, errKeyTaken) {
+			// The key's holder was purged between the conflict and the read.
+			return nil, errors.New("requests: idempotency key vanished")
 		}
 	}
 	return res, err
@@ -341,11 +340,13 @@ func describeMembers(m []string) string {
 	return "context (" + strings.Join(m, ", ") + ")"
 }
 
-// create writes the request, its idempotency key, the spent jti and the
-// first audit event in one transaction (the expiry sweep finds it by its
-// deadline). The key row is written
-// first: a concurrent duplicate blocks on it, then sees the committed row and
-// replays it, so concurrent duplicates create one request.
+// create writes the request, its idempotency key, the spent jti, the first
+// audit event and the outbox row in one round trip: a pipeline with one Sync
+// is one implicit transaction, and any failing statement rolls back the
+// others. The key row is written first, so a concurrent duplicate blocks on
+// it until the first commits and then fails on it (errKeyTaken): concurrent
+// duplicates create one request. A rule with resolvers also schedules them,
+// which needs River's insert in an explicit transaction.
 func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHash []byte, sub *authzen.Submission, c *evaluation.BindingClaims, rule *evaluation.Rule) (*Submitted, error) {
 	now := s.now()
 	r := &Request{
@@ -371,103 +372,69 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		UpdatedAt:             now,
 		TraceParent:           telemetry.TraceParent(ctx),
 	}
-	var out *Submitted
-	err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
-		// One round trip for the writes: the key row first (a concurrent
-		// duplicate blocks on it, then finds the committed row and replays
-		// it), the spent jti, the request, the first audit event.
-		b := &pgx.Batch{}
-		if key != "" {
-			b.Queue(`INSERT INTO arap.idempotency_keys (client_id, key, body_hash, request_id, created_at)
-				VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`, caller.ID, key, bodyHash, r.ID, now)
-		}
-		b.Queue(`INSERT INTO arap.binding_jtis (jti, expires_at, request_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
-			c.ID, c.ExpiresAt.Time, r.ID)
-		b.Queue(`INSERT INTO arap.requests (id, client_id, status, rule, subject, resource, action, context,
-			requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
-			expires_at, created_at, updated_at, approval_policy, callback, next_reminder_at, escalate_at, trace_parent)
-			VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17, $18, $19, $20, nullif($21, ''))`,
-			r.ID, r.ClientID, r.Rule, r.Subject, r.Resource, r.Action, r.Context, r.RequestedAccess, r.ClientInfo, r.Denial,
-			r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now, r.ApprovalPolicy, r.Callback,
-			after(now, r.ApprovalPolicy.RemindEvery), after(now, r.ApprovalPolicy.EscalateAfter), r.TraceParent)
-		if err := audit.QueueFirst(b, audit.Event{Chain: r.ID, Kind: "request.submitted", Actor: caller.principal(), At: now,
-			Data: map[string]any{
-				"client_id": caller.ID, "rule": r.Rule, "evaluation_id": r.EvaluationID, "binding_hash": r.BindingHash,
-				"subject": r.Subject.Str("id"), "resource": r.Resource.Str("type") + ":" + r.Resource.Str("id"),
-				"action": r.Action.Str("name"), "expires_at": r.ExpiresAt, "idempotency_key_used": key != "",
-				// So that audit verify knows, from the log alone, that
-				// every person's vote must be signed.
-				"require_passkey": r.ApprovalPolicy.RequirePasskey,
-			}}); err != nil {
-			return err
-		}
-		if s.cfg.Events != nil {
-			s.cfg.Events.QueueTx(b, Event{Kind: EventCreated, RequestID: r.ID}) // read by res.Close below
-		}
-		res := tx.SendBatch(ctx, b)
-		if key != "" {
-			tag, err := res.Exec()
-			if err != nil {
-				res.Close()
-				return fmt.Errorf("requests: claim idempotency key: %w", err)
+	b := &pgx.Batch{}
+	if key != "" {
+		b.Queue(`INSERT INTO arap.idempotency_keys (client_id, key, body_hash, request_id, created_at)
+			VALUES ($1, $2, $3, $4, $5)`, caller.ID, key, bodyHash, r.ID, now)
+	}
+	b.Queue(`INSERT INTO arap.binding_jtis (jti, expires_at, request_id) VALUES ($1, $2, $3)`,
+		c.ID, c.ExpiresAt.Time, r.ID)
+	b.Queue(`INSERT INTO arap.requests (id, client_id, status, rule, subject, resource, action, context,
+		requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
+		expires_at, created_at, updated_at, approval_policy, callback, next_reminder_at, escalate_at, trace_parent)
+		VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17, $18, $19, $20, nullif($21, ''))`,
+		r.ID, r.ClientID, r.Rule, r.Subject, r.Resource, r.Action, r.Context, r.RequestedAccess, r.ClientInfo, r.Denial,
+		r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now, r.ApprovalPolicy, r.Callback,
+		after(now, r.ApprovalPolicy.RemindEvery), after(now, r.ApprovalPolicy.EscalateAfter), r.TraceParent)
+	if err := audit.QueueFirst(b, audit.Event{Chain: r.ID, Kind: "request.submitted", Actor: caller.principal(), At: now,
+		Data: map[string]any{
+			"client_id": caller.ID, "rule": r.Rule, "evaluation_id": r.EvaluationID, "binding_hash": r.BindingHash,
+			"subject": r.Subject.Str("id"), "resource": r.Resource.Str("type") + ":" + r.Resource.Str("id"),
+			"action": r.Action.Str("name"), "expires_at": r.ExpiresAt, "idempotency_key_used": key != "",
+			// So that audit verify knows, from the log alone, that
+			// every person's vote must be signed.
+			"require_passkey": r.ApprovalPolicy.RequirePasskey,
+		}}); err != nil {
+		return nil, err
+	}
+	if s.cfg.Events != nil {
+		s.cfg.Events.QueueTx(b, Event{Kind: EventCreated, RequestID: r.ID})
+	}
+	var err error
+	if len(rule.Resolvers) == 0 {
+		err = createErr(s.cfg.DB.SendBatch(ctx, b).Close())
+	} else {
+		err = pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
+			if err := createErr(tx.SendBatch(ctx, b).Close()); err != nil {
+				return err
 			}
-			if tag.RowsAffected() == 0 {
-				// A concurrent duplicate committed first: what else the batch
-				// wrote is rolled back.
-				if err := res.Close(); err != nil {
-					return fmt.Errorf("requests: create: %w", err)
-				}
-				sub, err := s.replay(ctx, tx, caller, key, bodyHash)
-				if err == nil && sub == nil {
-					err = errors.New("requests: idempotency key vanished")
-				}
-				out = sub
-				return errReplay{err}
-			}
-		}
-		tag, err := res.Exec()
-		if err != nil {
-			res.Close()
-			return fmt.Errorf("requests: record jti: %w", err)
-		}
-		if tag.RowsAffected() == 0 {
-			res.Close()
-			return refuse(authzen.ProblemInvalidDenialBinding, "denial.binding_token has already been used for another request (jti replay); evaluate again for a fresh denial")
-		}
-		if _, err := res.Exec(); err != nil {
-			res.Close()
-			return fmt.Errorf("requests: insert: %w", err)
-		}
-		if _, err := res.Exec(); err != nil {
-			res.Close()
-			return fmt.Errorf("requests: audit: %w", err)
-		}
-		if err := res.Close(); err != nil {
-			return fmt.Errorf("requests: create: %w", err)
-		}
-		if len(rule.Resolvers) > 0 {
 			if _, err := s.cfg.Jobs.InsertTx(ctx, tx, ResolveArgs{RequestID: r.ID}, nil); err != nil {
 				return fmt.Errorf("requests: schedule resolvers: %w", err)
 			}
-		}
-		out = &Submitted{Request: r}
-		return nil
-	})
-	var rep errReplay
-	if errors.As(err, &rep) {
-		if rep.err != nil {
-			return nil, rep.err
-		}
-		return out, nil
+			return nil
+		})
 	}
 	if err != nil {
 		return nil, err
 	}
 	submitted.Inc()
-	return out, nil
+	return &Submitted{Request: r}, nil
 }
 
-// errReplay rolls back a creation that found a committed duplicate.
-type errReplay struct{ err error }
+// errKeyTaken is a creation that found its Idempotency-Key recorded.
+var errKeyTaken = errors.New("requests: idempotency key taken")
 
-func (e errReplay) Error() string { return "replay" }
+// createErr names the creating batch's failure: its two unique keys are the
+// idempotency and replay checks.
+func createErr(err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.TableName == "idempotency_keys":
+		return errKeyTaken
+	case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.TableName == "binding_jtis":
+		return refuse(authzen.ProblemInvalidDenialBinding, "denial.binding_token has already been used for another request (jti replay); evaluate again for a fresh denial")
+	}
+	return fmt.Errorf("requests: create: %w", err)
+}
