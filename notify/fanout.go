@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/requests"
 )
 
@@ -111,6 +112,19 @@ func (s *Service) recipients(ctx context.Context, e *event, r *requests.Request)
 	return out, nil
 }
 
+// audience says whom an event of a request whose rule's notify section is
+// np can reach: people (a channel for people is configured and the rule
+// uses it; without a notify section, every one), and webhook targets (the
+// channel is configured and the rule names targets). With neither, nobody
+// can be told, whatever the event.
+func (s *Service) audience(np *evaluation.NotifyPolicy) (people, hooks bool) {
+	for _, c := range s.cfg.Channels {
+		people = people || (c.Name() != ChannelWebhook && np.Uses(c.Name()))
+	}
+	_, hooks = s.channels[ChannelWebhook]
+	return people, hooks && np.Uses(ChannelWebhook) && len(np.Webhooks) > 0
+}
+
 // FanoutWorker runs FanoutArgs.
 type FanoutWorker struct {
 	river.WorkerDefaults[FanoutArgs]
@@ -148,18 +162,11 @@ func (s *Service) Fanout(ctx context.Context, eventID string) error {
 	if err != nil {
 		return err
 	}
-	// The rule's notify section, stored with the request, picks the
-	// channels (e-mail only without one, as before notify sections).
 	np := r.ApprovalPolicy.Notify
-	people := false
-	for _, c := range s.cfg.Channels {
-		people = people || (c.Name() != ChannelWebhook && np.Uses(c.Name()))
-	}
-	_, hooks := s.channels[ChannelWebhook]
-	hooks = hooks && np.Uses(ChannelWebhook) && len(np.Webhooks) > 0
+	people, hooks := s.audience(np)
 	if !people && !hooks {
-		// Nobody can be told (no channel for people configured, no webhook
-		// target named): done, without reading the directory.
+		// The dispatch enqueues no fan-out for such an event; a job of an
+		// older version may still come here.
 		_, err := s.cfg.DB.Exec(ctx, `UPDATE arap.notification_events SET fanned_out_at = $2 WHERE id = $1 AND fanned_out_at IS NULL`, e.ID, s.cfg.Now())
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/omcp/arap/directory"
+	"github.com/omcp/arap/evaluation"
 	"github.com/omcp/arap/internal/randid"
 	"github.com/omcp/arap/internal/summary"
 	"github.com/omcp/arap/requests"
@@ -186,30 +187,58 @@ const DispatchBatch = 1000
 
 // DispatchPending enqueues the fan-outs of the events not yet dispatched,
 // marking them dispatched in the same transaction, so each event gets one
-// fan-out job however many replicas dispatch at once (SKIP LOCKED). It
-// returns how many it dispatched.
+// fan-out job however many replicas dispatch at once (SKIP LOCKED). An
+// event that nobody can be told of (audience, from the rule's notify
+// section stored with its request) gets no job: it is marked fanned out
+// there and then. It returns how many events it dispatched.
 func (s *Service) DispatchPending(ctx context.Context) (int, error) {
 	total := 0
 	for {
 		n := 0
 		err := pgx.BeginFunc(ctx, s.cfg.DB, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, `UPDATE arap.notification_events SET dispatched_at = $2
+			// The request's notify section comes wrapped, so that a rule
+			// without one ({"n": null}) differs from a purged request (NULL),
+			// whose event the fan-out settles.
+			rows, err := tx.Query(ctx, `UPDATE arap.notification_events e SET dispatched_at = $2
 				WHERE id IN (SELECT id FROM arap.notification_events WHERE dispatched_at IS NULL
 					ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-				RETURNING id`, DispatchBatch, s.cfg.Now())
+				RETURNING id, (SELECT jsonb_build_object('n', r.approval_policy->'notify') FROM arap.requests r WHERE r.id = e.request_id)`,
+				DispatchBatch, s.cfg.Now())
 			if err != nil {
 				return err
 			}
-			ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil || len(ids) == 0 {
+			var jobs []river.InsertManyParams
+			var quiet []string
+			for rows.Next() {
+				var id string
+				var np *struct {
+					N *evaluation.NotifyPolicy `json:"n"`
+				}
+				if err := rows.Scan(&id, &np); err != nil {
+					rows.Close()
+					return err
+				}
+				n++
+				if np != nil {
+					if people, hooks := s.audience(np.N); !people && !hooks {
+						quiet = append(quiet, id)
+						continue
+					}
+				}
+				jobs = append(jobs, river.InsertManyParams{Args: FanoutArgs{EventID: id}})
+			}
+			if err := rows.Err(); err != nil {
 				return err
 			}
-			jobs := make([]river.InsertManyParams, len(ids))
-			for i, id := range ids {
-				jobs[i] = river.InsertManyParams{Args: FanoutArgs{EventID: id}}
+			if len(quiet) > 0 {
+				if _, err := tx.Exec(ctx, `UPDATE arap.notification_events SET fanned_out_at = $2 WHERE id = ANY($1) AND fanned_out_at IS NULL`,
+					quiet, s.cfg.Now()); err != nil {
+					return err
+				}
 			}
-			n = len(ids)
-			_, err = s.cfg.Jobs.InsertManyTx(ctx, tx, jobs)
+			if len(jobs) > 0 {
+				_, err = s.cfg.Jobs.InsertManyTx(ctx, tx, jobs)
+			}
 			return err
 		})
 		if err != nil {

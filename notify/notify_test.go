@@ -278,6 +278,15 @@ rules:
 	require.NoError(t, env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM arap.notification_deliveries d
 		JOIN arap.notification_events e ON e.id = d.event_id WHERE e.request_id = $1`, quiet).Scan(&deliveries))
 	require.Zero(t, deliveries)
+	// The dispatch settles an event nobody can be told of itself: no
+	// fan-out job is ever enqueued for it (told's was).
+	fanouts := func(id string) (n int) {
+		require.NoError(t, env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM river.river_job j
+			JOIN arap.notification_events e ON e.id = j.args->>'event_id' WHERE j.kind = 'notify.fanout' AND e.request_id = $1`, id).Scan(&n))
+		return n
+	}
+	require.Zero(t, fanouts(quiet))
+	require.Positive(t, fanouts(told))
 }
 
 // notifier builds a notify.Service on env's database that delivers to sink,
