@@ -20,10 +20,10 @@ func TestBenchRunsEveryOperation(t *testing.T) {
 		t.Skip(err)
 	}
 	ctx := context.Background()
-	s, err := Start(ctx, Options{Callers: 50})
+	s, err := Start(ctx, Options{Callers: 50, Statements: true})
 	require.NoError(t, err)
 	t.Cleanup(s.Stop)
-	r, err := Run(ctx, s, Config{Concurrency: 4, Duration: 500 * time.Millisecond, Ops: AllOps, StatusRows: 2000, LatencyConcurrency: 2})
+	r, err := Run(ctx, s, Config{Concurrency: 4, Duration: 500 * time.Millisecond, Ops: AllOps, StatusRows: 2000, LatencyConcurrency: 2, Statements: 5})
 	require.NoError(t, err)
 	require.Len(t, r.Rows, len(AllOps)+1, "gateway-allowed has a latency row and a throughput row")
 	// How many complete within the window is a measurement: a loaded
@@ -34,6 +34,15 @@ func TestBenchRunsEveryOperation(t *testing.T) {
 		require.Zero(t, row.Errors, "%s: %s", row.Name, row.FirstError)
 	}
 	require.GreaterOrEqual(t, r.StatusRows, 2000)
+	// PostgreSQL's profile of a measurement counts its calls' statements.
+	if ins := r.Baselines["insert"]; ins.N > 0 {
+		p := r.DB[ins.Name]
+		require.NotNil(t, p)
+		require.Contains(t, p.Top[0].Query, "INSERT INTO public.bench_insert")
+		// Calls cut off by the window's end may still have run.
+		require.GreaterOrEqual(t, p.Top[0].Calls, 1.0, "one INSERT per call")
+		require.Less(t, p.Top[0].Calls, 1.5)
+	}
 	require.Positive(t, r.PeakRSS["arapd serve"])
 	require.Positive(t, r.PeakRSS["arapd mcp"])
 

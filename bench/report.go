@@ -23,8 +23,13 @@ type Config struct {
 	// LatencyConcurrency is the concurrency of the ops with a latency
 	// target (status, approve-to-complete): a p99 measured at saturation
 	// is queueing, not the service. Default 4.
-	LatencyConcurrency int       `json:"latency_concurrency"`
-	Log                io.Writer `json:"-"`
+	LatencyConcurrency int `json:"latency_concurrency"`
+	// Statements, when not zero, profiles PostgreSQL during each
+	// measurement and keeps that many statements by time (the system needs
+	// Options.Statements). The warm-up is then run apart, so the profile
+	// covers the measured calls only.
+	Statements int       `json:"statements,omitempty"`
+	Log        io.Writer `json:"-"`
 }
 
 // AllOps are the operations, in run order.
@@ -48,6 +53,9 @@ type Report struct {
 	PeakRSS    map[string]int64 `json:"peak_rss_bytes"`
 	RSSMet     bool             `json:"rss_met"`
 	StatusRows int              `json:"status_table_rows"` // rows in arap.requests when status was measured
+	// DB is PostgreSQL's profile of each measurement, by its name (with
+	// Config.Statements).
+	DB map[string]*DBProfile `json:"db,omitempty"`
 }
 
 // Run measures the baselines and then each op against s.
@@ -58,11 +66,24 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 	if c.LatencyConcurrency == 0 {
 		c.LatencyConcurrency = 4
 	}
-	r := &Report{Config: c, Baselines: map[string]Stats{}, PeakRSS: map[string]int64{}}
+	r := &Report{Config: c, Baselines: map[string]Stats{}, PeakRSS: map[string]int64{}, DB: map[string]*DBProfile{}}
 	measure := func(name string, conc int, op Op) Stats {
 		fmt.Fprintf(c.Log, "measuring %s (%d workers, %s)\n", name, conc, c.Duration)
-		st := Measure(ctx, name, conc, c.Warmup, c.Duration, op)
+		if c.Statements == 0 {
+			st := Measure(ctx, name, conc, c.Warmup, c.Duration, op)
+			fmt.Fprintln(c.Log, "  "+st.String())
+			return st
+		}
+		run(ctx, conc, c.Warmup, op)
+		mark, err := s.markDB(ctx)
+		st := Measure(ctx, name, conc, 0, c.Duration, op)
 		fmt.Fprintln(c.Log, "  "+st.String())
+		if err == nil {
+			r.DB[name], err = s.profileDB(ctx, mark, st.N, c.Statements)
+		}
+		if err != nil {
+			fmt.Fprintf(c.Log, "  no PostgreSQL profile of %s: %v\n", name, err)
+		}
 		return st
 	}
 	httpOp, stopHTTP, err := HTTPBaseline()
@@ -192,6 +213,16 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "peak RSS %s: %.0f MB\n", name, float64(r.PeakRSS[name])/(1<<20))
 	}
 	fmt.Fprintf(w, "RSS under 150 MB: %s; status read with %d rows in arap.requests\n", yes(r.RSSMet), r.StatusRows)
+	for _, name := range []string{"http", "insert"} {
+		if b, ok := r.Baselines[name]; ok && r.DB[b.Name] != nil {
+			r.DB[b.Name].print(w, b.Name)
+		}
+	}
+	for _, row := range r.Rows {
+		if p := r.DB[row.Name]; p != nil {
+			p.print(w, row.Name)
+		}
+	}
 	for _, row := range r.Rows {
 		if row.FirstError != "" {
 			fmt.Fprintf(w, "first error of %s: %s\n", row.Name, row.FirstError)

@@ -57,7 +57,10 @@ type Options struct {
 	// Pprof serves profiles of arapd serve on 127.0.0.1:6060 and of arapd
 	// mcp on 127.0.0.1:6061 (ARAP_PPROF_ADDR).
 	Pprof bool
-	Log   io.Writer
+	// Statements loads pg_stat_statements into the cluster, for
+	// Config.Statements.
+	Statements bool
+	Log        io.Writer
 }
 
 // Start brings a system up. Stop takes it down.
@@ -92,11 +95,20 @@ func (s *System) start(ctx context.Context, o Options) error {
 	}
 	fmt.Fprintln(o.Log, "starting PostgreSQL")
 	var err error
-	if s.cluster, err = pgembed.Start(ctx, pgembed.Options{DataDir: filepath.Join(s.dir, "pg")}); err != nil {
+	pgo := pgembed.Options{DataDir: filepath.Join(s.dir, "pg")}
+	if o.Statements {
+		pgo.Settings = []string{"shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all"}
+	}
+	if s.cluster, err = pgembed.Start(ctx, pgo); err != nil {
 		return err
 	}
 	if s.DBURL, s.DB, err = Database(ctx, s.cluster); err != nil {
 		return err
+	}
+	if o.Statements {
+		if _, err := s.DB.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(o.Log, "database %s\n", s.DBURL)
 	env := Env(s.DBURL)

@@ -5,7 +5,7 @@
 // the same load generator (a trivial HTTP JSON handler, single-row INSERT
 // commits), and each server's peak RSS. See docs/performance.md.
 //
-//	go run ./cmd/arapbench [--concurrency 16] [--duration 10s] [--ops evaluate,submit] [--json]
+//	go run ./cmd/arapbench [--concurrency 16] [--duration 10s] [--ops evaluate,submit] [--statements 15] [--json]
 package main
 
 import (
@@ -33,18 +33,19 @@ func main() {
 	bin := fs.String("bin", "", "directory with arapd and arapctl (default: build them; run from the module root)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	pprof := fs.Bool("pprof", false, "serve profiles of arapd serve on 127.0.0.1:6060 and arapd mcp on 127.0.0.1:6061 during the run")
+	statements := fs.Int("statements", 0, "profile PostgreSQL during each measurement (pg_stat_statements) and print this many statements by time")
 	_ = fs.Parse(os.Args[1:])
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	s, err := bench.Start(ctx, bench.Options{Bin: *bin, Callers: *callers, Pprof: *pprof, Log: os.Stderr})
+	s, err := bench.Start(ctx, bench.Options{Bin: *bin, Callers: *callers, Pprof: *pprof, Statements: *statements > 0, Log: os.Stderr})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "arapbench:", err)
 		os.Exit(1)
 	}
 	defer s.Stop()
 	r, err := bench.Run(ctx, s, bench.Config{Concurrency: *conc, LatencyConcurrency: *latConc, Duration: *dur, Warmup: *warm,
-		Ops: strings.Split(*ops, ","), StatusRows: *rows, Log: os.Stderr})
+		Ops: strings.Split(*ops, ","), StatusRows: *rows, Statements: *statements, Log: os.Stderr})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "arapbench:", err)
 		s.Stop()

@@ -45,6 +45,8 @@ type Options struct {
 	// Log receives the server's output. Defaults to a file postgres.log next to
 	// the data directory.
 	Log io.Writer
+	// Settings are more server settings, as "name=value".
+	Settings []string
 }
 
 // Cluster is a running PostgreSQL server.
@@ -206,6 +208,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if opts.Ephemeral {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+	}
+	for _, kv := range opts.Settings {
+		args = append(args, "-c", kv)
 	}
 	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
 	// Pdeathsig stops the server if this process dies without calling Stop,
