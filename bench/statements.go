@@ -13,13 +13,14 @@ import (
 // fetches, the notification dispatch) during the same seconds. It needs
 // Options.Statements (pg_stat_statements).
 type DBProfile struct {
-	// Commits is approximate: a backend reports its counts to
-	// pg_stat_database up to a second late.
-	Commits    float64     `json:"commits_per_op"`
-	Statements float64     `json:"statements_per_op"`
-	Ms         float64     `json:"statement_ms_per_op"` // execution time of every statement
-	WALBytes   float64     `json:"wal_bytes_per_op"`
-	Top        []Statement `json:"top"`
+	// Transactions counts read-only ones too (pg_stat_database's
+	// xact_commit), and is approximate: a backend reports its counts up to a
+	// second late.
+	Transactions float64     `json:"transactions_per_op"`
+	Statements   float64     `json:"statements_per_op"`
+	Ms           float64     `json:"statement_ms_per_op"` // execution time of every statement
+	WALBytes     float64     `json:"wal_bytes_per_op"`
+	Top          []Statement `json:"top"`
 }
 
 // Statement is one normalized statement's share of a call.
@@ -65,7 +66,7 @@ func (s *System) profileDB(ctx context.Context, m dbMark, n, top int) (*DBProfil
 		return nil, err
 	}
 	defer rows.Close()
-	p := &DBProfile{Commits: float64(commits-m.commits) / float64(n), WALBytes: wal / float64(n)}
+	p := &DBProfile{Transactions: float64(commits-m.commits) / float64(n), WALBytes: wal / float64(n)}
 	for rows.Next() {
 		var q string
 		var calls int64
@@ -75,7 +76,7 @@ func (s *System) profileDB(ctx context.Context, m dbMark, n, top int) (*DBProfil
 		}
 		p.Statements += float64(calls) / float64(n)
 		p.Ms += ms / float64(n)
-		if len(p.Top) < top {
+		if len(p.Top) < top && ms/float64(n) >= 0.0005 {
 			p.Top = append(p.Top, Statement{Query: oneLine(q, 110), Calls: float64(calls) / float64(n), Ms: ms / float64(n)})
 		}
 	}
@@ -95,8 +96,11 @@ func oneLine(q string, n int) string {
 }
 
 func (p *DBProfile) print(w io.Writer, name string) {
-	fmt.Fprintf(w, "\nPostgreSQL per call of %s: %.2f commits, %.1f statements, %.3f ms of statement time, %.1f KB of WAL\n",
-		name, p.Commits, p.Statements, p.Ms, p.WALBytes/1024)
+	if len(p.Top) == 0 {
+		return // no statement of its own (the HTTP baseline)
+	}
+	fmt.Fprintf(w, "\nPostgreSQL per call of %s: %.1f transactions, %.1f statements, %.3f ms of statement time, %.1f KB of WAL\n",
+		name, p.Transactions, p.Statements, p.Ms, p.WALBytes/1024)
 	fmt.Fprintf(w, "  %8s %8s  %s\n", "ms/call", "per call", "statement")
 	for _, st := range p.Top {
 		fmt.Fprintf(w, "  %8.3f %8.2f  %s\n", st.Ms, st.Calls, st.Query)
