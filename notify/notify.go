@@ -2,6 +2,7 @@ package notify
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -211,15 +212,18 @@ func (s *Service) DispatchPending(ctx context.Context) (int, error) {
 			var quiet []string
 			for rows.Next() {
 				var id string
-				var np *struct {
-					N *evaluation.NotifyPolicy `json:"n"`
-				}
-				if err := rows.Scan(&id, &np); err != nil {
+				var raw []byte
+				if err := rows.Scan(&id, &raw); err != nil {
 					rows.Close()
 					return err
 				}
 				n++
-				if np != nil {
+				// An event whose section does not decode gets its fan-out
+				// job, which fails alone, rather than stopping the batch.
+				var np struct {
+					N *evaluation.NotifyPolicy `json:"n"`
+				}
+				if raw != nil && json.Unmarshal(raw, &np) == nil {
 					if people, hooks := s.audience(np.N); !people && !hooks {
 						quiet = append(quiet, id)
 						continue

@@ -289,6 +289,33 @@ rules:
 	require.Positive(t, fanouts(told))
 }
 
+// TestUndecodableNotifySectionStopsNothing: an event whose request's stored
+// notify section does not decode gets a fan-out job of its own, and the
+// events after it in the same dispatch are dispatched as usual; it does not
+// roll back every dispatch that takes it.
+func TestUndecodableNotifySectionStopsNothing(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{}) // no channel for people: events are settled by the dispatch
+	ctx := context.Background()
+	bad := env.Submit(t, wireCall("alice", "acct-1", 50000))
+	good := env.Submit(t, wireCall("alice", "acct-2", 50000))
+	settled(t, env.Pool, bad)
+	settled(t, env.Pool, good)
+	now := time.Now()
+	_, err := env.Pool.Exec(ctx, `UPDATE arap.requests SET approval_policy = jsonb_set(approval_policy, '{notify}', '{"channels": "email"}') WHERE id = $1`, bad)
+	require.NoError(t, err)
+	_, err = env.Pool.Exec(ctx, `INSERT INTO arap.notification_events (id, request_id, kind, created_at, dispatched_at)
+		VALUES ('nev_test_bad', $1, 'reminder', $3, NULL), ('nev_test_good', $2, 'reminder', $4, NULL)`, bad, good, now.Add(-time.Hour), now)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var fanned bool
+		require.NoError(t, env.Pool.QueryRow(ctx, `SELECT fanned_out_at IS NOT NULL FROM arap.notification_events WHERE id = 'nev_test_good'`).Scan(&fanned))
+		return fanned
+	}, 20*time.Second, 20*time.Millisecond, "the event after the undecodable one is dispatched and settled")
+	var jobs int
+	require.NoError(t, env.Pool.QueryRow(ctx, `SELECT count(*) FROM river.river_job WHERE kind = 'notify.fanout' AND args->>'event_id' = 'nev_test_bad'`).Scan(&jobs))
+	require.Equal(t, 1, jobs, "the undecodable one has its own fan-out job")
+}
+
 // notifier builds a notify.Service on env's database that delivers to sink,
 // as another replica would.
 func notifier(t *testing.T, env *backendtest.Env, pool *pgxpool.Pool, jobs requests.JobInserter, sink *mailsink.Sink) *notify.Service {

@@ -142,13 +142,12 @@ func TestConcurrentDuplicatesCreateOneRequest(t *testing.T) {
 }
 
 // TestDuplicateCommittedDuringChecksIsReplayed forces the interleaving the
-// 50-goroutine test above only sometimes hits: a duplicate finds no key at
-// its idempotency lookup, then its twin commits while it is still being
-// checked, so its jti check finds the token spent. It is answered as the
-// retry it is (the twin's handle, replayed), not refused; a different body
-// under the key in the same position gets duplicate_request. The caller's
-// actor check (MayAssertActor), which runs between the lookup and the jti
-// check, holds it there.
+// 50-goroutine test above only sometimes hits: a duplicate is still being
+// checked when its twin commits, so its creating batch finds the key taken.
+// It is answered as the retry it is (the twin's handle, replayed), not
+// refused; a different body under the key in the same position gets
+// duplicate_request. The caller's actor check (MayAssertActor), which runs
+// before the creating batch, holds it there.
 func TestDuplicateCommittedDuringChecksIsReplayed(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
