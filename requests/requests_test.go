@@ -674,3 +674,50 @@ func TestBadRowStopsOnlyItself(t *testing.T) {
 		}
 	}
 }
+
+// TestResolverRuleSubmissionIsAtomic: a rule with resolvers creates its
+// request in an explicit transaction (River's insert of the resolve job
+// needs one). Concurrent duplicates under one key make one request and one
+// job, a retry gets the same handle, and the token under another key is a
+// replay that writes nothing.
+func TestResolverRuleSubmissionIsAtomic(t *testing.T) {
+	f := setupWith(t, "testdata/resolution.yaml")
+	ctx := context.Background()
+	raw := f.fresh("deploy_service", map[string]any{"service": "api", "version": "1.2"})
+	const n = 8
+	ids := make(chan string, n)
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	for range n {
+		go func() {
+			<-start
+			s, err := f.svc.Submit(ctx, f.pep, "deploy-1", raw)
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids <- s.Request.ID
+		}()
+	}
+	close(start)
+	var first string
+	for range n {
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		case id := <-ids:
+			if first == "" {
+				first = id
+			}
+			require.Equal(t, first, id, "every duplicate gets the one handle")
+		}
+	}
+	again, err := f.svc.Submit(ctx, f.pep, "deploy-1", raw)
+	require.NoError(t, err)
+	require.Equal(t, first, again.Request.ID)
+	_, err = f.svc.Submit(ctx, f.pep, "deploy-2", raw)
+	require.Equal(t, authzen.ProblemInvalidDenialBinding, requests.ErrorCode(err))
+	require.Equal(t, 1, count(t, f, "arap.requests"))
+	require.Equal(t, 1, count(t, f, "arap.idempotency_keys"))
+	require.Equal(t, 1, count(t, f, "river.river_job WHERE kind = 'requests.resolve'"))
+}
