@@ -3,6 +3,7 @@ package requests_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -673,6 +674,40 @@ func TestBadRowStopsOnlyItself(t *testing.T) {
 			require.Equal(t, "expired", status, "request %d expired despite the bad row", i)
 		}
 	}
+}
+
+// TestRetryAnsweredDespiteAPassingFault: a retry whose checks meet a fault
+// (here the callback allow-list cannot be read) is still answered from its
+// Idempotency-Key's record; a new submission meeting it gets the fault.
+func TestRetryAnsweredDespiteAPassingFault(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	var failing atomic.Bool
+	svc, err := requests.NewService(requests.Config{DB: f.db, Jobs: f.jobs, Keys: f.keys, Policy: f.engine, Issuer: issuer, RequestsURL: requestsURL,
+		CheckCallback: func(context.Context, string, *authzen.Callback) error {
+			if failing.Load() {
+				return errors.New("allow-list unreadable")
+			}
+			return nil
+		}})
+	require.NoError(t, err)
+	withCallback := func(tool string, args map[string]any) []byte {
+		req := toolCall(tool, args)
+		d, hint := f.deny(f.pep, req)
+		body := submission(req, d, hint)
+		body["callback"] = map[string]any{"endpoint": "https://pep.example/cb", "state": "tsk_1"}
+		return mustJSON(t, body)
+	}
+	raw := withCallback("wire_transfer", map[string]any{"to": "acct-1", "amount": 50000})
+	first, err := svc.Submit(ctx, f.pep, "k", raw)
+	require.NoError(t, err)
+	failing.Store(true)
+	again, err := svc.Submit(ctx, f.pep, "k", raw)
+	require.NoError(t, err, "the retry is answered from its key")
+	require.Equal(t, first.Request.ID, again.Request.ID)
+	_, err = svc.Submit(ctx, f.pep, "k2", withCallback("wire_transfer", map[string]any{"to": "acct-2", "amount": 50000}))
+	require.ErrorContains(t, err, "allow-list unreadable")
+	require.Equal(t, 1, count(t, f, "arap.requests"))
 }
 
 // TestResolverRuleSubmissionIsAtomic: a rule with resolvers creates its

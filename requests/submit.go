@@ -42,11 +42,11 @@ const MaxIdempotencyKeyLen = 255
 // first that fails decides the error: body syntax; structure; actor chain;
 // binding_token signature, issuer and audience; freshness; binding; request
 // schema; then, in the creating transaction, the Idempotency-Key and the jti.
-// A submission refused by any of them whose Idempotency-Key is already
-// recorded is answered from that record instead: a retry after a lost
-// response repeats its binding_token's jti, and may come after the token
-// expired, and still gets the original handle back (or duplicate_request for
-// a different body).
+// A submission that fails in any of them, or on a passing fault, whose
+// Idempotency-Key is already recorded is answered from that record instead:
+// a retry after a lost response repeats its binding_token's jti, and may come
+// after the token expired, and still gets the original handle back (or
+// duplicate_request for a different body).
 //
 // key is the Idempotency-Key ("" for none: every such submission is new).
 // body is the raw request body.
@@ -63,8 +63,7 @@ func (s *Service) Submit(ctx context.Context, caller Caller, key string, body []
 		return nil, err
 	}
 	res, err := s.checkAndCreate(ctx, caller, key, bodyHash[:], body, doc)
-	var refusal *Error
-	if key != "" && (errors.Is(err, errKeyTaken) || errors.As(err, &refusal)) {
+	if key != "" && err != nil {
 		if sub, rerr := s.replay(ctx, s.cfg.DB, caller, key, bodyHash[:]); sub != nil || rerr != nil {
 			return sub, rerr
 		}
