@@ -26,8 +26,7 @@ type Config struct {
 	LatencyConcurrency int `json:"latency_concurrency"`
 	// Statements, when not zero, profiles PostgreSQL during each
 	// measurement and keeps that many statements by time (the system needs
-	// Options.Statements). The warm-up is then run apart, so the profile
-	// covers the measured calls only.
+	// Options.Statements).
 	Statements int       `json:"statements,omitempty"`
 	Log        io.Writer `json:"-"`
 }
@@ -69,16 +68,15 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 	r := &Report{Config: c, Baselines: map[string]Stats{}, PeakRSS: map[string]int64{}, DB: map[string]*DBProfile{}}
 	measure := func(name string, conc int, op Op) Stats {
 		fmt.Fprintf(c.Log, "measuring %s (%d workers, %s)\n", name, conc, c.Duration)
-		if c.Statements == 0 {
-			st := Measure(ctx, name, conc, c.Warmup, c.Duration, op)
-			fmt.Fprintln(c.Log, "  "+st.String())
-			return st
+		run(ctx, conc, c.Warmup, op) // apart, so that a profile covers the measured calls only
+		var mark dbMark
+		var err error
+		if c.Statements > 0 {
+			mark, err = s.markDB(ctx)
 		}
-		run(ctx, conc, c.Warmup, op)
-		mark, err := s.markDB(ctx)
 		st := Measure(ctx, name, conc, 0, c.Duration, op)
 		fmt.Fprintln(c.Log, "  "+st.String())
-		if err == nil {
+		if c.Statements > 0 && err == nil {
 			r.DB[name], err = s.profileDB(ctx, mark, st.N, c.Statements)
 		}
 		if err != nil {
