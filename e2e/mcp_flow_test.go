@@ -14,7 +14,6 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/mcp/tasks"
-	"github.com/omcp/arap/pep"
 )
 
 const flowPolicy = `version: 1
@@ -102,15 +101,19 @@ func TestApprovalFlows(t *testing.T) {
 	t.Run("grant pending: the task waits and then runs once", func(t *testing.T) {
 		r := answer(t, alice, map[string]any{"to": "b", "amount": 22}, "CHG100")
 		id := r.Task.TaskID
+		first := lookAt(t, s, id) // the binding's: the safety poll (pep.SafetyPoll)
+		require.NotNil(t, first)
 		require.Equal(t, 200, s.decide(s.requestOf(id), "approve"))
 		// The callback wakes the task; re-evaluation says retry (the grant
-		// is still provisioning), which leaves the task working and
-		// schedules a follow-up look at the retry-after.
-		require.Eventually(t, func() bool { return followUps(t, s, id, "") > 0 }, 60*time.Second, 50*time.Millisecond,
-			"no follow-up look after the callback")
+		// is still provisioning), which leaves the task working and moves
+		// its next look to the retry-after, sooner than the safety poll.
+		require.Eventually(t, func() bool {
+			at := lookAt(t, s, id)
+			return at != nil && at.Before(*first)
+		}, 60*time.Second, 50*time.Millisecond, "no sooner look after the callback")
 		d, _, err := alice.Get(ctx, id)
 		require.NoError(t, err)
-		if d.Status != tasks.Working { // the follow-up may have run already
+		if d.Status != tasks.Working { // the sooner look may have run already
 			disp, _ := disposition(t, d)
 			require.Equal(t, "approved-executed", disp, "retry keeps the task working; never a denial")
 		}
@@ -118,10 +121,11 @@ func TestApprovalFlows(t *testing.T) {
 		disp, _ := disposition(t, d)
 		require.Equal(t, "approved-executed", disp)
 		require.Equal(t, 1, s.ledger(id))
-		// It was the follow-up that ran it, not the tracking job's safety
-		// poll (pep.SafetyPoll), whose first look comes 30 s after the call.
-		require.Positive(t, followUps(t, s, id, "AND j.attempted_at <= t.terminal_at"), "the follow-up ended the task")
-		require.Zero(t, tracking(t, s, id, "AND j.attempted_at <= t.terminal_at"), "the safety poll ended the task")
+		// It was that sooner look that ran it, not the safety poll: the
+		// task ended before its first look was due.
+		var ended time.Time
+		require.NoError(t, s.pool.QueryRow(ctx, `SELECT terminal_at FROM pep.tasks WHERE id = $1`, id).Scan(&ended))
+		require.True(t, ended.Before(*first), "the safety poll ended the task (ended %s, first look %s)", ended, *first)
 	})
 
 	t.Run("a revoked approval opens a new request, with input asked in-task", func(t *testing.T) {
@@ -182,27 +186,13 @@ func TestApprovalFlows(t *testing.T) {
 	})
 }
 
-// followUps counts the task's follow-up looks (River jobs of the
-// front-end), with a condition on the job j and the task t.
-func followUps(t *testing.T, s *stack, taskID, cond string) int {
-	return trackJobs(t, s, taskID, true, cond)
-}
-
-// tracking counts the task's own tracking job (the safety poll) likewise.
-func tracking(t *testing.T, s *stack, taskID, cond string) int {
-	return trackJobs(t, s, taskID, false, cond)
-}
-
-func trackJobs(t *testing.T, s *stack, taskID string, followUp bool, cond string) int {
-	var n int
-	err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM pep_river.river_job j JOIN pep.tasks t ON t.id = j.args->>'task_id'
-		WHERE j.kind = $1 AND t.id = $2 AND coalesce((j.args->>'follow_up')::boolean, false) = $3 `+cond,
-		pep.TrackArgs{}.Kind(), taskID, followUp).Scan(&n)
-	if err != nil { // not require: this may run on Eventually's goroutine
-		t.Errorf("track jobs of %s: %v", taskID, err)
-		return -1
+// lookAt is when the front-end next looks at the task (nil: not set).
+func lookAt(t *testing.T, s *stack, taskID string) *time.Time {
+	var at *time.Time
+	if err := s.pool.QueryRow(context.Background(), `SELECT look_at FROM pep.approval_tasks WHERE task_id = $1`, taskID).Scan(&at); err != nil {
+		t.Errorf("look of %s: %v", taskID, err) // not require: this may run on Eventually's goroutine
 	}
-	return n
+	return at
 }
 
 // requestable reports whether the backend's PDP answers the call with a

@@ -20,7 +20,6 @@ import (
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp/tasks"
-	"github.com/omcp/arap/pep"
 )
 
 var pepMasterKey = base64.StdEncoding.EncodeToString([]byte("e2e-pep-master-key-0123456789ab!"))
@@ -191,10 +190,10 @@ const reconcileEvery = time.Second
 // nothingMoreRuns checks that ended tasks never run their tool again:
 // executed maps each task to the executions its ledger holds. It waits for
 // every event that could still act on a task, failing as soon as a ledger
-// changes: its callbacks answered (callbacksSettled), and its tracking jobs
-// run and finished (see tracksOpen). What is left is periodic with no event
-// to wait for, the reconciler: the ledgers are then watched over two and a
-// half of its periods.
+// changes: its callbacks answered (callbacksSettled). What is left is
+// periodic with no event to wait for, the look sweep and the reconciler:
+// the ledgers are then watched over two and a half of the reconciler's
+// periods and one of the sweep's, the ended tasks' looks due.
 func (s *stack) nothingMoreRuns(executed map[string]int) {
 	s.t.Helper()
 	ids := make([]string, 0, len(executed))
@@ -224,28 +223,13 @@ func (s *stack) nothingMoreHappens(ids []string, changed func() error) {
 	for _, id := range ids {
 		s.callbacksSettled(id)
 	}
-	// A tracking job sleeps up to the safety poll (30 s) between looks:
-	// the sleeping ones are brought forward, as if their time had come
-	// (what River's scheduler does then), and each must look at its ended
-	// task and finish without acting. A job left running by a killed
-	// process is rescued by River after twice the job timeout (two
-	// minutes), and is waited for.
-	_, err := s.pool.Exec(ctx, `UPDATE pep_river.river_job SET state = 'available', scheduled_at = now()
-		WHERE kind = $1 AND args->>'task_id' = ANY($2) AND state IN ('scheduled', 'retryable')`, pep.TrackArgs{}.Kind(), ids)
+	// The look sweep takes only tasks that wait or run: the ended tasks'
+	// looks are brought forward, as if their time had come, and none may
+	// act. What is left is periodic (the sweep each second, the reconciler)
+	// with no event to wait for.
+	_, err := s.pool.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = now() WHERE task_id = ANY($1)`, ids)
 	require.NoError(s.t, err)
-	deadline := time.Now().Add(4 * time.Minute)
-	for {
-		require.NoError(s.t, changed())
-		var open int
-		require.NoError(s.t, s.pool.QueryRow(ctx, `SELECT count(*) FROM pep_river.river_job WHERE kind = $1 AND args->>'task_id' = ANY($2)
-			AND state NOT IN ('completed', 'cancelled', 'discarded')`, pep.TrackArgs{}.Kind(), ids).Scan(&open))
-		if open == 0 {
-			break
-		}
-		require.False(s.t, time.Now().After(deadline), "%d tracking jobs of ended tasks still to run after 4 minutes", open)
-		time.Sleep(100 * time.Millisecond) // polling
-	}
-	require.Never(s.t, func() bool { return changed() != nil }, 5*reconcileEvery/2, 50*time.Millisecond,
+	require.Never(s.t, func() bool { return changed() != nil }, 5*reconcileEvery/2+time.Second, 50*time.Millisecond,
 		"an ended task's effects changed")
 	require.NoError(s.t, changed())
 }

@@ -68,9 +68,6 @@ type Config struct {
 	PollInterval time.Duration
 	ExecTimeout  time.Duration
 	MaxWindow    time.Duration
-	// JobTimeout bounds background jobs; a job whose worker died is retried
-	// after twice this. Default: ExecTimeout plus 30s.
-	JobTimeout time.Duration
 	// IntentGrace is how long an unbound intent is left to the process
 	// that wrote it before the reconciler takes it over (default 15s).
 	IntentGrace time.Duration
@@ -144,12 +141,8 @@ func New(ctx context.Context, cfg Config) (*Frontend, error) {
 	return f, nil
 }
 
-func (f *Frontend) build(ctx context.Context) error {
+func (f *Frontend) build(ctx context.Context) (err error) {
 	cfg, pool := f.cfg, f.host.Pool()
-	inserter, err := f.host.River(&river.Config{Schema: migrations.PEPRiverSchema})
-	if err != nil {
-		return fmt.Errorf("frontend: %w", err)
-	}
 	callbackURL := ""
 	if len(cfg.WebhookSecrets) > 0 {
 		callbackURL = f.host.URL() + pep.PathCallback
@@ -168,26 +161,22 @@ func (f *Frontend) build(ctx context.Context) error {
 		DB: pool, MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys, TracerProvider: cfg.TracerProvider,
 		Backend: &arapclient.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken,
 			HTTP: &http.Client{Timeout: 30 * time.Second, Transport: telemetry.Transport(arapclient.Pooled(), cfg.TracerProvider)}},
-		CallbackURL: callbackURL, Jobs: inserter, Tools: cfg.Tools, Sources: sources, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
+		CallbackURL: callbackURL, Tools: cfg.Tools, Sources: sources, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
 		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Metrics: cfg.Metrics, Log: cfg.Log,
 	}); err != nil {
 		return err
-	}
-	jobTimeout := cfg.JobTimeout
-	if jobTimeout == 0 {
-		jobTimeout = max(cfg.ExecTimeout, 30*time.Second) + 30*time.Second
 	}
 	counters := ratelimit.NewCounters(pool, pep.RateCounters)
 	workers := river.NewWorkers()
 	f.gate.AddWorkers(workers)
 	counters.AddWorker(workers)
+	// The front-end's River jobs are its purges (and older versions'
+	// tracking jobs, handed to the look sweep): nothing on a call's path.
 	jobs, err := f.host.River(&river.Config{
 		Schema: migrations.PEPRiverSchema, Workers: workers,
-		Queues:               map[string]river.QueueConfig{pep.Queue: {MaxWorkers: 20}},
+		Queues:               map[string]river.QueueConfig{pep.Queue: {MaxWorkers: 4}},
 		PeriodicJobs:         append(f.gate.PeriodicJobs(), counters.PeriodicJob(&river.InsertOpts{Queue: pep.Queue})),
-		JobTimeout:           jobTimeout,
-		RescueStuckJobsAfter: 2 * jobTimeout,
-		FetchPollInterval:    200 * time.Millisecond,
+		RescueStuckJobsAfter: 2 * time.Minute, // twice River's default job timeout
 	})
 	if err != nil {
 		return fmt.Errorf("frontend: %w", err)
@@ -202,10 +191,10 @@ func (f *Frontend) build(ctx context.Context) error {
 		Handler: srv, Metrics: cfg.Metrics.Handler(cfg.Log), Workers: jobs,
 		// They stop in reverse once HTTP has drained: the notifier (its
 		// streams already ended by OnShutdown), then the Stopping hook,
-		// then the gate (its callback wake-ups and the reconciler, waited
-		// for); the workers after them. The upstream sessions close after
-		// the workers (Stop, Run): a tracking job still running must not
-		// find its upstream gone.
+		// then the gate (its callback wake-ups, looks, sweep and
+		// reconciler, waited for); the workers after them. The upstream
+		// sessions close after the workers (Stop, Run): a look still
+		// running must not find its upstream gone.
 		Services: []host.Service{f.gate, stopping(cfg.Stopping), notifier},
 		Reload:   f.reloadUpstreams,
 		// Shutdown waits for open requests, and a listen stream never ends

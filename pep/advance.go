@@ -17,7 +17,7 @@ import (
 )
 
 // Advancing an open approval task: read the backend's status endpoint
-// (authoritative: a callback or the tracking job only wakes the task), and
+// (authoritative: a callback or a look only wakes the task), and
 // act on what it says. On approval, re-evaluate with the approval and act on
 // the PDP's answer: execute (execute.go), retry later, open a new request
 // (chain), or deny.
@@ -27,7 +27,7 @@ import (
 // request (a callback about an earlier generation's request is ignored).
 // The callback only wakes the task: Advance re-reads the status endpoint
 // before acting. At most cap(g.advance) wake-ups run at once; past that, and
-// once the gate has stopped, the tracking job gets to the task instead. The
+// once the gate has stopped, the look sweep gets to the task instead. The
 // error is only that of the check.
 func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 	if current, err := isPending(ctx, g.cfg.DB, id, backendID); err != nil || !current {
@@ -35,7 +35,7 @@ func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 	}
 	select {
 	case g.advance <- struct{}{}:
-	default: // busy: the tracking job will get to it
+	default: // busy: the look sweep will get to it
 		return nil
 	}
 	// The advance runs after the callback is answered, under the gate's
@@ -46,12 +46,8 @@ func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 		ctx = trace.ContextWithSpanContext(ctx, callback)
 		ctx, cancel := context.WithTimeout(ctx, g.cfg.ExecTimeout+30*time.Second)
 		defer cancel()
-		next, err := g.Advance(ctx, id)
-		if err == nil {
-			err = g.FollowUp(ctx, id, next)
-		}
-		if err != nil && g.bg.life.Err() == nil {
-			g.cfg.Log.WarnContext(ctx, "advance after callback failed; the poll will retry", "task_id", id, "error", err)
+		if _, err := g.Advance(ctx, id); err != nil && g.bg.life.Err() == nil {
+			g.cfg.Log.WarnContext(ctx, "advance after callback failed; the task's next look retries", "task_id", id, "error", err)
 		}
 	})
 	if !started {
@@ -63,9 +59,10 @@ func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 // Advance moves approval task id forward: it reads the backend's status
 // endpoint (authoritative; a callback only wakes us), and on approval
 // re-evaluates with the approval and executes. It is safe to run several
-// times concurrently (callback and poll): every step is a conditional update
-// and the execution claim admits one winner. It returns when to look again
-// (zero: nothing more to do).
+// times concurrently (callback and sweep): every step is a conditional
+// update and the execution claim admits one winner. It schedules the
+// task's next look and returns when that is (zero: nothing more to do);
+// on an error the look already scheduled stands.
 func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 	a, err := getApproval(ctx, g.cfg.DB, id)
 	if errors.Is(err, tasks.ErrNotFound) {
@@ -74,6 +71,17 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
+	next, err := g.step(ctx, a)
+	if err == nil && !next.IsZero() {
+		if err = scheduleLook(ctx, g.cfg.DB, a, next); err != nil {
+			err = fmt.Errorf("pep: task %s: schedule the next look: %w", a.TaskID, err)
+		}
+	}
+	return next, err
+}
+
+// step is Advance of a as read.
+func (g *Gate) step(ctx context.Context, a *approvalTask) (time.Time, error) {
 	ctx, span := g.span(ctx, "pep.advance", a)
 	defer span.End()
 	switch a.Phase {
@@ -91,7 +99,7 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 		if a.Deadline != nil && g.now().After(a.Deadline.Add(time.Minute)) {
 			return time.Time{}, g.fail(ctx, a, "the approval service was unreachable until the request's deadline passed")
 		}
-		g.cfg.Log.WarnContext(ctx, "status read failed; will retry", "task_id", id, "error", err.Error())
+		g.cfg.Log.WarnContext(ctx, "status read failed; will retry", "task_id", a.TaskID, "error", err.Error())
 		return g.backoff(a, 0), nil
 	}
 	if tr.Task.ID != *a.BackendID {
@@ -220,7 +228,7 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 	// about (nor a new request opened for it).
 	tool, why, err := g.current(a, b)
 	if err != nil {
-		return time.Time{}, err // the tracking job tries again
+		return time.Time{}, err // the next look tries again
 	}
 	if why != "" {
 		return time.Time{}, g.deny(ctx, a, why)

@@ -91,8 +91,13 @@ func TestPEPAuditTrail(t *testing.T) {
 		_ = p.db.QueryRow(ctx, `SELECT count(*) FROM pep.audit_events WHERE chain = $1 AND kind = $2`, unknown, pep.AuditClaimed).Scan(&n)
 		return n == 1
 	}, time.Minute, 20*time.Millisecond, "claimed")
+	var atDeadline bool
+	require.NoError(t, p.db.QueryRow(ctx, `SELECT look_at = exec_deadline FROM pep.approval_tasks WHERE task_id = $1`, unknown).Scan(&atDeadline))
+	require.True(t, atDeadline, "the claim schedules its look at its execution deadline")
 	p.offset.Store(int64(2 * time.Minute))
-	require.NoError(t, p.gate.Reconcile(ctx))
+	n, err := p.gate.LookDue(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the claim's look at its execution deadline")
 	p.offset.Store(0)
 	require.Equal(t, pep.OutcomeUnknown, disposition(t, p.task(t, unknown)))
 	close(release)

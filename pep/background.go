@@ -8,7 +8,7 @@ import (
 )
 
 // The gate's own background work: the advances that callbacks wake (Wake,
-// in advance.go) and the reconciler. All of it runs under the gate's
+// in advance.go), the look sweep (look.go) and the reconciler. All of it runs under the gate's
 // context, which Stop ends; Stop then waits for it, so nothing the gate
 // started outlives it (a run already claimed still records its outcome:
 // execute detaches from the context after the claim).
@@ -38,18 +38,19 @@ func (g *Gate) spawn(f func(ctx context.Context)) bool {
 	return true
 }
 
-// Start runs the reconciler (every Config.ReconcileEvery) and the listener
-// that lets the callers' authentication be remembered (Callers.Listen).
-// Callback wake-ups need no Start: they run from NewGate until Stop.
+// Start runs the look sweep (look.go), the reconciler (every
+// Config.ReconcileEvery) and the listener that lets the callers'
+// authentication be remembered (Callers.Listen). Callback wake-ups need no
+// Start: they run from NewGate until Stop.
 func (g *Gate) Start(context.Context) error {
-	if !g.spawn(g.reconcileLoop) || !g.spawn(func(ctx context.Context) { g.callers.Listen(ctx, g.cfg.Log) }) {
+	if !g.spawn(g.lookLoop) || !g.spawn(g.reconcileLoop) || !g.spawn(func(ctx context.Context) { g.callers.Listen(ctx, g.cfg.Log) }) {
 		return errors.New("pep: the gate has stopped")
 	}
 	return nil
 }
 
 // Stop ends the gate's context and waits for everything the gate started:
-// wake-ups in flight and the reconciler. Nothing is started after it.
+// wake-ups and looks in flight, the sweep and the reconciler. Nothing is started after it.
 func (g *Gate) Stop() {
 	g.bg.mu.Lock()
 	g.bg.stopped = true

@@ -7,14 +7,11 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/dbtest"
-	"github.com/omcp/arap/migrations"
 )
 
 // TestSecondBinderLeavesTheRequestAlone: the submitter and the reconciler
@@ -30,9 +27,7 @@ func TestSecondBinderLeavesTheRequestAlone(t *testing.T) {
 	}))
 	t.Cleanup(backend.Close)
 	db := dbtest.New(t)
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
-	g, err := NewGate(Config{DB: db, Backend: &arapclient.Client{BaseURL: backend.URL}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: DemoTools()})
+	g, err := NewGate(Config{DB: db, Backend: &arapclient.Client{BaseURL: backend.URL}, MasterKey: make([]byte, 32), Tools: DemoTools()})
 	require.NoError(t, err)
 	task := func(id string) {
 		_, err = db.Exec(ctx, `INSERT INTO pep.tasks (id, principal, kind, status, created_at, updated_at, poll_interval_ms)

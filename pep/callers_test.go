@@ -7,14 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/dbtest"
-	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
 )
 
@@ -22,10 +19,8 @@ import (
 // backend would refuse as non-canonical is refused when it is made.
 func TestCallerIdentitiesAreCanonical(t *testing.T) {
 	db := dbtest.New(t)
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
 	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
-		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
+		MasterKey: make([]byte, 32), Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	ctx := context.Background()
 	for _, p := range []pep.Principal{
@@ -42,10 +37,8 @@ func TestCallerIdentitiesAreCanonical(t *testing.T) {
 // stopped at the end of the test.
 func startedGate(t *testing.T, db *pgxpool.Pool) *pep.Gate {
 	t.Helper()
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
 	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
-		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
+		MasterKey: make([]byte, 32), Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	require.NoError(t, g.Start(context.Background()))
 	t.Cleanup(g.Stop)
@@ -119,10 +112,8 @@ func TestCallerMemoryEmptiedWhenListenerLost(t *testing.T) {
 func TestCallersWithoutListenerReadTheTable(t *testing.T) {
 	db := dbtest.New(t)
 	ctx := context.Background()
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
 	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
-		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
+		MasterKey: make([]byte, 32), Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	require.NoError(t, g.Callers().Create(ctx, "agent-1", "token-agent-1-0123", pep.Principal{SubjectID: "bob", ActorID: "agent:demo"}))
 	_, err = g.Callers().Authenticate(ctx, "token-agent-1-0123")

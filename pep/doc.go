@@ -16,7 +16,7 @@
 //
 // and of its decision:
 //
-//	server.go   callback: a verified callback (or jobs.go: the tracking job)
+//	server.go   callback: a verified callback (or look.go: the look sweep)
 //	advance.go  Wake, Advance: the status endpoint, reevaluate, chain
 //	execute.go  execute: the claim, the run; its outcome through finish
 //	end.go      finish (every ending, with the task store), deny, fail, cancel
@@ -29,7 +29,8 @@
 // owns the tables of approval tasks and intents, lists their phases and states
 // with the transitions between them, and holds every statement on them;
 // binding.go is what a call is bound to; background.go is the gate's own
-// goroutines (callback wake-ups, the reconciler), which Stop waits for. The
+// goroutines (callback wake-ups, the look sweep of look.go, the
+// reconciler), which Stop waits for. The
 // claim and every way a task ends are recorded, in the same transaction, in
 // the front-end's own hash-chained audit trail (audit.go), which VerifyAudit
 // (arapctl audit verify --pep) checks. ops.go serves /readyz and writes

@@ -12,11 +12,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/rivertype"
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
@@ -26,12 +23,6 @@ import (
 	"github.com/omcp/arap/internal/seal"
 	"github.com/omcp/arap/mcp/tasks"
 )
-
-// JobInserter enqueues River jobs.
-type JobInserter interface {
-	Insert(ctx context.Context, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
-	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
-}
 
 // Config configures a Gate.
 type Config struct {
@@ -45,7 +36,6 @@ type Config struct {
 	// CallbackURL is where the backend is asked to call back (this server's
 	// callback endpoint); empty means poll only.
 	CallbackURL string
-	Jobs        JobInserter
 	// Tools are built-in tools that never change (the demo tools); they
 	// come before Sources, whose tools are read on every call. An exposed
 	// name offered twice at startup is refused; one that appears twice
@@ -105,8 +95,8 @@ type Gate struct {
 
 // NewGate checks cfg and builds a Gate.
 func NewGate(cfg Config) (*Gate, error) {
-	if cfg.DB == nil || cfg.Backend == nil || cfg.Jobs == nil {
-		return nil, errors.New("pep: DB, Backend and Jobs are required")
+	if cfg.DB == nil || cfg.Backend == nil {
+		return nil, errors.New("pep: DB and Backend are required")
 	}
 	box, err := seal.New(cfg.MasterKey, cfg.PreviousMasterKeys...)
 	if err != nil {

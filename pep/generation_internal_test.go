@@ -4,13 +4,10 @@ import (
 	"context"
 	"testing"
 
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/dbtest"
-	"github.com/omcp/arap/migrations"
 )
 
 // TestStaleDecisionLeavesANewerGeneration: an Advance that read the task at
@@ -21,9 +18,7 @@ import (
 func TestStaleDecisionLeavesANewerGeneration(t *testing.T) {
 	ctx := context.Background()
 	db := dbtest.New(t)
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
-	g, err := NewGate(Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: DemoTools()})
+	g, err := NewGate(Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Tools: DemoTools()})
 	require.NoError(t, err)
 	_, err = db.Exec(ctx, `INSERT INTO pep.tasks (id, principal, kind, status, created_at, updated_at, poll_interval_ms)
 		VALUES ('tsk_gen', 'user:alice|', $1, 'working', now(), now(), 1000)`, KindApproval)

@@ -15,15 +15,12 @@ import (
 // which may share the database, do not take from it.
 const Queue = "pep"
 
-// TrackArgs follows one approval task: it advances the task and snoozes
-// until the next look. The task's own tracking job is enqueued when the
-// handle is bound and lasts until the task ends. A follow-up (FollowUp: a
-// callback woke the task and the next look is soon, say a grant still
-// provisioning) is a second one with FollowUp set, which stops once the next
-// look is no sooner than the safety poll, where the first one takes over.
+// TrackArgs is the tracking job older versions enqueued for each approval
+// task (and for a follow-up look). Tasks are now looked at by each
+// replica's look sweep (look.go); a tracking job still queued by an older
+// replica during an upgrade brings its task's look forward and ends.
 type TrackArgs struct {
-	TaskID   string `json:"task_id"`
-	FollowUp bool   `json:"follow_up,omitempty"`
+	TaskID string `json:"task_id"`
 }
 
 // Kind implements river.JobArgs.
@@ -35,38 +32,9 @@ type TrackWorker struct {
 	Gate *Gate
 }
 
-// Work advances the task once and sleeps until the next look.
+// Work hands the task to the look sweep.
 func (w *TrackWorker) Work(ctx context.Context, job *river.Job[TrackArgs]) error {
-	next, err := w.Gate.Advance(ctx, job.Args.TaskID)
-	if err != nil {
-		return err
-	}
-	if next.IsZero() || (job.Args.FollowUp && !soon(next)) {
-		return nil
-	}
-	return river.JobSnooze(max(time.Until(next), 0))
-}
-
-// Timeout leaves room for one tool run.
-func (w *TrackWorker) Timeout(*river.Job[TrackArgs]) time.Duration {
-	return w.Gate.cfg.ExecTimeout + 30*time.Second
-}
-
-// soon reports whether next is a look sooner than the safety poll.
-func soon(next time.Time) bool { return !next.IsZero() && time.Until(next) < SafetyPoll }
-
-func trackOpts(at time.Time) *river.InsertOpts {
-	return &river.InsertOpts{Queue: Queue, ScheduledAt: at, MaxAttempts: 1000}
-}
-
-// FollowUp schedules a follow-up look at next if it is sooner than the
-// tracking job would look.
-func (g *Gate) FollowUp(ctx context.Context, id string, next time.Time) error {
-	if !soon(next) {
-		return nil
-	}
-	_, err := g.cfg.Jobs.Insert(ctx, TrackArgs{TaskID: id, FollowUp: true}, trackOpts(next))
-	return err
+	return lookSoon(ctx, w.Gate.cfg.DB, job.Args.TaskID, w.Gate.now())
 }
 
 // PurgeArgs is the periodic retention job.
@@ -108,10 +76,11 @@ func (g *Gate) PeriodicJobs() []*river.PeriodicJob {
 //     if its task has ended meanwhile, the request is cancelled;
 //   - an abandoned intent (its task failed before binding, the submission's
 //     fate unknown) is resubmitted to find a request that may exist, which is
-//     cancelled (a request that never existed is refused as expired);
-//   - a claimed task past its execution deadline ends outcome-unknown.
+//     cancelled (a request that never existed is refused as expired).
 //
-// No intent is ever submitted under a new key, so nothing is submitted twice.
+// No intent is ever submitted under a new key, so nothing is submitted
+// twice. (A claimed task past its execution deadline is the look sweep's:
+// the claim schedules the task's look at that deadline.)
 func (g *Gate) Reconcile(ctx context.Context) error {
 	idleBefore := g.now().Add(-g.cfg.IntentGrace)
 	list, err := idleIntents(ctx, g.cfg.DB, idleBefore)
@@ -151,19 +120,6 @@ func (g *Gate) Reconcile(ctx context.Context) error {
 		}
 	}
 
-	ids, err := overdueClaims(ctx, g.cfg.DB, g.now())
-	if err != nil {
-		return fmt.Errorf("pep: reconcile: %w", err)
-	}
-	for _, id := range ids {
-		a, err := getApproval(ctx, g.cfg.DB, id)
-		if err == nil {
-			_, err = g.reapClaim(ctx, a)
-		}
-		if err != nil {
-			g.cfg.Log.ErrorContext(ctx, "reconcile: reap failed", "task_id", id, "error", err)
-		}
-	}
 	return nil
 }
 

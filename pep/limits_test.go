@@ -10,15 +10,12 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
-	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
 )
 
@@ -34,10 +31,8 @@ func gatedServer(t *testing.T, maxPending, perMinute int) *gated {
 	t.Helper()
 	env := backendtest.Start(t, backendtest.Options{})
 	db := dbtest.New(t)
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
 	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: env.URL, Token: dev.PEPToken},
-		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools(), MaxPending: maxPending, SubmitsPerMinute: perMinute})
+		MasterKey: make([]byte, 32), Tools: pep.DemoTools(), MaxPending: maxPending, SubmitsPerMinute: perMinute})
 	require.NoError(t, err)
 	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
 	srv, err := pep.NewServer(g, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000})

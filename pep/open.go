@@ -244,7 +244,8 @@ func (g *Gate) submit(ctx context.Context, in *intent) (authzen.TaskResponse, er
 }
 
 // bind records the handle of intent in's request on its task, extends the
-// TTL to the request's deadline plus retention, and schedules tracking. If
+// TTL to the request's deadline plus retention, and schedules the task's
+// first look. If
 // the task ended before the handle arrived (cancelled), the request is
 // cancelled instead.
 func (g *Gate) bind(ctx context.Context, in *intent, tr authzen.TaskResponse) error {
@@ -261,11 +262,15 @@ func (g *Gate) bindTask(ctx context.Context, in *intent, tr authzen.TaskResponse
 		deadline = *tr.Task.ExpiresAt
 	}
 	cancelURL, _ := tr.Task.Links["cancel"].(string)
+	first := g.now().Add(g.undecidedPoll())
+	if first.After(deadline.Add(time.Second)) {
+		first = deadline.Add(time.Second) // the deadline ends it, if nothing else does
+	}
 	bound := false
 	var t *tasks.Task
 	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
 		won, held, err := bindHandle(ctx, tx, in, handle{BackendID: tr.Task.ID, StatusURL: tr.Task.StatusEndpoint, CancelURL: cancelURL,
-			Deadline: deadline, WindowEnd: windowEnd})
+			Deadline: deadline, WindowEnd: windowEnd, FirstLook: first})
 		if err != nil {
 			return err
 		}
@@ -278,14 +283,7 @@ func (g *Gate) bindTask(ctx context.Context, in *intent, tr authzen.TaskResponse
 			return nil
 		}
 		bound = true
-		if t, err = g.tasks.KeepTx(ctx, tx, in.TaskID, deadline.Add(g.cfg.ResultRetention)); err != nil {
-			return err
-		}
-		first := g.now().Add(g.undecidedPoll())
-		if first.After(deadline.Add(time.Second)) {
-			first = deadline.Add(time.Second) // the deadline ends it, if nothing else does
-		}
-		_, err = g.cfg.Jobs.InsertTx(ctx, tx, TrackArgs{TaskID: in.TaskID}, trackOpts(first))
+		t, err = g.tasks.KeepTx(ctx, tx, in.TaskID, deadline.Add(g.cfg.ResultRetention))
 		return err
 	})
 	if err != nil {

@@ -14,14 +14,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/ratelimit"
-	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
 	"github.com/omcp/arap/webhook"
 )
@@ -252,10 +249,8 @@ func TestWebhookStoreDownRefusesCallbacks(t *testing.T) {
 func frontEnd(t *testing.T, url, secret string, perMinute int) string {
 	t.Helper()
 	db := connect(t, url)
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
 	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
-		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
+		MasterKey: make([]byte, 32), Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	// A fixed clock for the budget, so that no window ends mid-test.
 	counters := ratelimit.NewCounters(db, pep.RateCounters)
@@ -276,9 +271,7 @@ func TestFrontEndReplicasShareLimitsAndReplayMemory(t *testing.T) {
 	secret := webhook.NewSecret()
 	a, b := frontEnd(t, url, secret, 3), frontEnd(t, url, secret, 3)
 	setup := connect(t, url)
-	jobs, err := river.NewClient(riverpgxv5.New(setup), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
-	g, err := pep.NewGate(pep.Config{DB: setup, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
+	g, err := pep.NewGate(pep.Config{DB: setup, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
 

@@ -10,13 +10,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/dbtest"
-	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
 )
 
@@ -34,10 +31,8 @@ func server(t *testing.T, anon *pep.Principal) string {
 func serverWith(t *testing.T, o pep.ServerOptions) string {
 	t.Helper()
 	db := dbtest.New(t)
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
 	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1", Token: "unused"},
-		MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
+		MasterKey: make([]byte, 32), Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	require.NoError(t, g.Callers().Create(context.Background(), "alice-agent", "alice-token-0123", pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
 	srv, err := pep.NewServer(g, o)

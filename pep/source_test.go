@@ -10,18 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/mcp/tasks"
-	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
 )
 
@@ -398,23 +394,21 @@ func TestToolsListFollowsSources(t *testing.T) {
 func TestNameCollisionRefusedAtStartup(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
 	u := newUpstream()
 	u.change(0, func(t *pep.Tool) { t.Name = "wire_transfer" })
-	_, err = newGate(db, jobs, u)
+	_, err := newGate(db, u)
 	require.ErrorContains(t, err, `tool "wire_transfer" is offered by both upstream demo and upstream db`)
 
 	u.change(0, func(t *pep.Tool) { t.Name = "drop_table" })
-	g, err := newGate(db, jobs, u, u)
+	g, err := newGate(db, u, u)
 	require.ErrorContains(t, err, `tool "drop_table" is offered by both upstream db and upstream db`)
 	require.Nil(t, g)
-	g, err = newGate(db, jobs, u)
+	g, err = newGate(db, u)
 	require.NoError(t, err)
 	g.Stop()
 }
 
-func newGate(db *pgxpool.Pool, jobs *river.Client[pgx.Tx], sources ...pep.ToolSource) (*pep.Gate, error) {
-	return pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32), Jobs: jobs,
+func newGate(db *pgxpool.Pool, sources ...pep.ToolSource) (*pep.Gate, error) {
+	return pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: "http://127.0.0.1:1"}, MasterKey: make([]byte, 32),
 		Tools: pep.DemoTools(), Sources: sources})
 }

@@ -15,8 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
@@ -26,7 +24,6 @@ import (
 	"github.com/omcp/arap/internal/dev"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp/tasks"
-	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
 	up "github.com/omcp/arap/upstream"
 	"github.com/omcp/arap/webhook"
@@ -96,15 +93,14 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 	if o.tracer != nil {
 		p.db = tracedPool(t, p.db, o.tracer.(*roundTrips))
 	}
-	jobs, err := river.NewClient(riverpgxv5.New(p.db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
 	tools := pep.DemoTools()
 	for i := range tools {
 		if tools[i].Name == "wire_transfer" && o.run != nil {
 			tools[i].Run = o.run(tools[i].Run)
 		}
 	}
-	p.gate, err = pep.NewGate(pep.Config{DB: p.db, MasterKey: make([]byte, 32), Jobs: jobs, Tools: tools, Sources: o.sources,
+	var err error
+	p.gate, err = pep.NewGate(pep.Config{DB: p.db, MasterKey: make([]byte, 32), Tools: tools, Sources: o.sources,
 		Backend:   &arapclient.Client{BaseURL: p.env.URL, Token: dev.PEPToken, HTTP: &http.Client{Transport: hooked{p}, Timeout: time.Minute}},
 		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout, Log: o.log,
 		Now: func() time.Time { return time.Now().Add(time.Duration(p.offset.Load())) }})
@@ -220,7 +216,7 @@ func (p *stack) approval(t *testing.T, id string) *authzen.Approval {
 	return tr.Result.Approval
 }
 
-// advance runs Advance once, as the tracking job or a callback would.
+// advance runs Advance once, as the look sweep or a callback would.
 func (p *stack) advance(t *testing.T, taskID string) {
 	t.Helper()
 	_, err := p.gate.Advance(context.Background(), taskID)

@@ -350,10 +350,11 @@ func insertIntent(ctx context.Context, tx pgx.Tx, taskID string, in newIntent, a
 const insertIntentSQL = `INSERT INTO pep.intents (key, task_id, generation, submit_url, body_sealed, state, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, 'intent', coalesce($6, now()), coalesce($6, now()))`
 
-// handle is what the backend returned for a submission, as it is bound.
+// handle is what the backend returned for a submission, as it is bound,
+// and when the task is first looked at.
 type handle struct {
 	BackendID, StatusURL, CancelURL string
-	Deadline, WindowEnd             time.Time
+	Deadline, WindowEnd, FirstLook  time.Time
 }
 
 // bindHandle records h on intent in and, if the task is still submitting
@@ -367,8 +368,9 @@ func bindHandle(ctx context.Context, tx pgx.Tx, in *intent, h handle) (bound boo
 	sql, args := intentBind.statement(in.Key, `, backend_id = $4, status_url = $5, cancel_url = $6, deadline = $7`,
 		h.BackendID, h.StatusURL, h.CancelURL, h.Deadline)
 	b.Queue(sql, args...)
-	sql, args = moveBind.statement(in.TaskID, `, backend_id = $5, status_url = $6, cancel_url = $7, deadline = $8, window_end = $9, updated_at = now()`,
-		` AND generation = $4`, ` RETURNING true`, in.Generation, h.BackendID, h.StatusURL, h.CancelURL, h.Deadline, h.WindowEnd)
+	sql, args = moveBind.statement(in.TaskID, `, backend_id = $5, status_url = $6, cancel_url = $7, deadline = $8, window_end = $9,
+		look_at = $10, updated_at = now()`,
+		` AND generation = $4`, ` RETURNING true`, in.Generation, h.BackendID, h.StatusURL, h.CancelURL, h.Deadline, h.WindowEnd, h.FirstLook)
 	b.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {
@@ -429,11 +431,13 @@ func moveDeadline(ctx context.Context, tx pgx.Tx, id string, gen int, expiresAt 
 }
 
 // claimTx takes the execution claim of a (moveClaim at a's generation)
-// while its caller still has a live token, in the claim's own statement.
-// It reports whether this call won, and the request it was approved in.
+// while its caller still has a live token, in the claim's own statement,
+// and schedules the task's next look at the execution deadline (which
+// reaps the claim if its run was never recorded). It reports whether this
+// call won, and the request it was approved in.
 func claimTx(ctx context.Context, tx pgx.Tx, a *approvalTask, at, execDeadline time.Time) (bool, *string, error) {
 	var backendID *string
-	err := moveClaim.apply(ctx, tx, a.TaskID, `, claimed_at = $5, exec_deadline = $6, updated_at = $5`,
+	err := moveClaim.apply(ctx, tx, a.TaskID, `, claimed_at = $5, exec_deadline = $6, look_at = $6, updated_at = $5`,
 		` AND generation = $4 AND `+callerLive("t.principal"), ` RETURNING backend_id`, a.Generation, at, execDeadline).Scan(&backendID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil, nil // lost to cancel, expiry or another runner, or the caller is gone
@@ -530,11 +534,38 @@ func idleIntents(ctx context.Context, q querier, idleBefore time.Time) ([]openIn
 	})
 }
 
-// overdueClaims lists claimed tasks whose execution deadline is before now.
-func overdueClaims(ctx context.Context, q querier, now time.Time) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT task_id FROM pep.approval_tasks WHERE phase = 'claimed' AND exec_deadline < $1`, now)
+// takeLooks leases (at most n of) the tasks whose look is due at now for one
+// look each: their next look moves to until, so that no other replica takes
+// them before that unless the look schedules an earlier one, and a replica
+// that dies mid-look leaves its tasks to be taken again then. Replicas skip
+// each other's locked rows. Only waiting and running tasks are looked at
+// (the partial index approval_tasks_look holds nothing else).
+func takeLooks(ctx context.Context, q querier, now, until time.Time, n int) ([]string, error) {
+	rows, err := q.Query(ctx, `UPDATE pep.approval_tasks SET look_at = $2
+		WHERE task_id = ANY (ARRAY(SELECT task_id FROM pep.approval_tasks
+			WHERE look_at <= $1 AND phase IN ('pending', 'claimed') ORDER BY look_at LIMIT $3 FOR UPDATE SKIP LOCKED))
+		RETURNING task_id`, now, until, n)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// scheduleLook sets a's next look at at, if a is still in the phase and at
+// the generation it was read in: a look that acted on what it read says
+// when to look again, while a task that moved meanwhile keeps what its move
+// set (a claim's execution deadline, a new request's first look) or needs
+// none (it ended, or waits for input).
+func scheduleLook(ctx context.Context, q querier, a *approvalTask, at time.Time) error {
+	_, err := q.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = $4 WHERE task_id = $1 AND phase = $2 AND generation = $3`,
+		a.TaskID, string(a.Phase), a.Generation, at)
+	return err
+}
+
+// lookSoon brings task id's next look forward to at, if it waits or runs
+// and its look is later (or unset).
+func lookSoon(ctx context.Context, q querier, id string, at time.Time) error {
+	_, err := q.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = $2
+		WHERE task_id = $1 AND phase IN ('pending', 'claimed') AND (look_at IS NULL OR look_at > $2)`, id, at)
+	return err
 }

@@ -8,15 +8,12 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/backendtest"
 	"github.com/omcp/arap/internal/dbtest"
 	"github.com/omcp/arap/internal/dev"
-	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/pep"
 )
 
@@ -83,9 +80,7 @@ func mcpServer(t *testing.T) (string, string, *pgxpool.Pool, string) {
 	db, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
 	t.Cleanup(db.Close)
-	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.PEPRiverSchema})
-	require.NoError(t, err)
-	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: env.URL, Token: dev.PEPToken}, MasterKey: make([]byte, 32), Jobs: jobs, Tools: pep.DemoTools()})
+	g, err := pep.NewGate(pep.Config{DB: db, Backend: &arapclient.Client{BaseURL: env.URL, Token: dev.PEPToken}, MasterKey: make([]byte, 32), Tools: pep.DemoTools()})
 	require.NoError(t, err)
 	const token = "alice-token-0123"
 	require.NoError(t, g.Callers().Create(ctx, "alice-agent", token, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
