@@ -250,29 +250,6 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	if brokenBuild && broken(violateExecuteOnRequestableDenial) {
 		_, _ = g.runDirect(ctx, p, tool, args, req, nil)
 	}
-	// Deduplication comes before the limits: a repeat of a call whose task
-	// is live asks for nothing new, so it gets that task even at the cap.
-	d, err := digest(tool.Name, args)
-	if err != nil {
-		return nil, err
-	}
-	dedup := dedupKey(p, tool.Name, d)
-	// With it, a first look at the limits, so a caller at the cap is not
-	// asked for input it could not use; the binding check is taken again in
-	// open, atomically with the insert. Both in one round trip.
-	live, o, err := precheck(ctx, g.cfg.DB, dedup, p.Key(), g.now().Add(-time.Minute))
-	if err != nil {
-		return nil, err
-	}
-	if live != "" {
-		if t, err := g.existing(ctx, dedup); t != nil || err != nil {
-			return created(t), err
-		}
-	}
-	if msg := g.overLimit(o.recent, o.count); msg != "" {
-		return denied(msg, RemediationUnavailable), nil
-	}
-
 	// Input the backend needs before it will accept the request is collected
 	// first, synchronously (MRTR), so the task is submitted complete.
 	extra, ask, err := g.collectInput(ctx, p, tool.Name, args, hint, answers)
@@ -280,6 +257,29 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		return nil, err
 	}
 	if ask != nil {
+		// Before a caller is asked (or told its answer was declined): a
+		// repeat of a call whose task is live gets that task, even at the
+		// cap, and a caller at its limits is not asked for input it could
+		// not use. Both in one round trip; open takes both again,
+		// atomically with the insert, as it does for a call that needs no
+		// input.
+		d, err := digest(tool.Name, args)
+		if err != nil {
+			return nil, err
+		}
+		dedup := dedupKey(p, tool.Name, d)
+		live, o, err := precheck(ctx, g.cfg.DB, dedup, p.Key(), g.now().Add(-time.Minute))
+		if err != nil {
+			return nil, err
+		}
+		if live != "" {
+			if t, err := g.existing(ctx, dedup); t != nil || err != nil {
+				return created(t), err
+			}
+		}
+		if msg := g.overLimit(o.recent, o.count); msg != "" {
+			return denied(msg, RemediationUnavailable), nil
+		}
 		return ask, nil
 	}
 	t, err := g.open(ctx, tool, binding{Tool: tool.Name, Args: args, Principal: p}, decision, hint, extra)

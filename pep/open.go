@@ -83,8 +83,12 @@ func (g *Gate) overLimit(recent, pending int) string {
 	return ""
 }
 
-// errDuplicate means a live task for the same call exists.
-var errDuplicate = errors.New("pep: an identical call has a live task")
+// duplicateCall reports whether err is the refusal of a second live task
+// for the same call (the unique dedup index of the approval tasks).
+func duplicateCall(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == dedupIndex
+}
 
 // open makes the approval task for a requestable denial of b,
 // crash-consistently: (1) in one transaction, under the principal's limit
@@ -106,8 +110,7 @@ func (g *Gate) open(ctx context.Context, tool *offered, b binding, decision auth
 	dedup := dedupKey(b.Principal, b.Tool, d)
 	for range 3 {
 		o, err := g.insert(ctx, tool, b, d, dedup, decision, hint, extra)
-		var pgErr *pgconn.PgError
-		if errors.Is(err, errDuplicate) || errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		if duplicateCall(err) {
 			// A concurrent duplicate won; should its task have ended
 			// since, try again.
 			if t, err := g.existing(ctx, dedup); t != nil || err != nil {
@@ -150,37 +153,34 @@ func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup st
 	p, now := b.Principal, g.now()
 	ttl := tasks.TTLUntil(now, hint.ExpiresAt.Add(g.cfg.ResultRetention)) // provisional: extended when bound
 	submitURL := g.submitURL(hint)
-	// Two round trips besides BEGIN and COMMIT: the lock with the reads it
-	// guards, then the writes they allow, each pipelined.
-	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		o, err := lockOpenings(ctx, tx, p.Key(), dedup, now.Add(-time.Minute))
-		if err != nil {
-			return err
-		}
-		if o.live {
-			return errDuplicate
-		}
-		if msg := g.overLimit(o.recent, o.count); msg != "" {
-			return &limitError{msg: msg}
-		}
-		batch := &pgx.Batch{}
-		g.tasks.QueueCreate(batch, &tasks.Task{
-			ID: taskID, Principal: p.Key(), Kind: KindApproval, Status: tasks.Working,
-			StatusMessage: "Waiting for approval: " + describe(hint) + brokenStatusArgs(b.Args), Meta: pendingMeta(), CreatedAt: now,
-			TTLMs: &ttl, PollIntervalMs: int(g.cfg.PollInterval.Milliseconds()),
-		})
-		queueApproval(batch, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
-			Principal: p.Key(), Dedup: dedup, At: now, ToolDigest: tool.Digest, Upstream: tool.Upstream, UpstreamTool: tool.UpstreamTool,
-			TraceParent: telemetry.TraceParent(ctx),
-			Intent:      newIntent{Key: key, Generation: 1, SubmitURL: submitURL, BodySealed: g.box.Seal(body, key)}})
-		return tx.SendBatch(ctx, batch).Close()
+	// One pipeline with its BEGIN: the lock, the counts it guards and the
+	// writes they may allow, then COMMIT or, over a limit, ROLLBACK. A live
+	// task for the same call fails the insert (the unique dedup index).
+	var o openings
+	batch := &pgx.Batch{}
+	queueLockOpenings(batch, p.Key(), now.Add(-time.Minute), &o)
+	g.tasks.QueueCreate(batch, &tasks.Task{
+		ID: taskID, Principal: p.Key(), Kind: KindApproval, Status: tasks.Working,
+		StatusMessage: "Waiting for approval: " + describe(hint) + brokenStatusArgs(b.Args), Meta: pendingMeta(), CreatedAt: now,
+		TTLMs: &ttl, PollIntervalMs: int(g.cfg.PollInterval.Milliseconds()),
 	})
+	queueApproval(batch, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
+		Principal: p.Key(), Dedup: dedup, At: now, ToolDigest: tool.Digest, Upstream: tool.Upstream, UpstreamTool: tool.UpstreamTool,
+		TraceParent: telemetry.TraceParent(ctx),
+		Intent:      newIntent{Key: key, Generation: 1, SubmitURL: submitURL, BodySealed: g.box.Seal(body, key)}})
+	over := ""
+	_, err = inTx(ctx, g.cfg.DB, batch, func() bool {
+		over = g.overLimit(o.recent, o.count)
+		return over == ""
+	})
+	if err == nil && over != "" {
+		err = &limitError{msg: over}
+	}
 	var le *limitError
-	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
 		return opened{intent: &intent{Key: key, TaskID: taskID, SubmitURL: submitURL, State: intentOpen, Generation: 1, Body: body}}, nil
-	case errors.Is(err, errDuplicate), errors.As(err, &le), errors.As(err, &pgErr) && pgErr.Code == "23505":
+	case errors.As(err, &le), duplicateCall(err):
 		return opened{}, err
 	}
 	return opened{}, fmt.Errorf("pep: record intent: %w", err)
@@ -266,26 +266,39 @@ func (g *Gate) bindTask(ctx context.Context, in *intent, tr authzen.TaskResponse
 	if first.After(deadline.Add(time.Second)) {
 		first = deadline.Add(time.Second) // the deadline ends it, if nothing else does
 	}
-	bound := false
+	h := handle{BackendID: tr.Task.ID, StatusURL: tr.Task.StatusEndpoint, CancelURL: cancelURL,
+		Deadline: deadline, WindowEnd: windowEnd, FirstLook: first}
+	// The usual case in one pipeline with its BEGIN, then COMMIT: the
+	// handle on intent and task, and the TTL raised to cover the deadline.
+	// A bind lost to another binder or to the task's end is rolled back
+	// (the TTL of a task that is not this request's stays as it was) and
+	// its handle recorded on the intent alone below.
 	var t *tasks.Task
-	err := pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		won, held, err := bindHandle(ctx, tx, in, handle{BackendID: tr.Task.ID, StatusURL: tr.Task.StatusEndpoint, CancelURL: cancelURL,
-			Deadline: deadline, WindowEnd: windowEnd, FirstLook: first})
-		if err != nil {
-			return err
-		}
-		if !won {
+	bound := false
+	b := &pgx.Batch{}
+	queueBind(b, in, h, &bound)
+	g.tasks.QueueKeep(b, in.TaskID, deadline.Add(g.cfg.ResultRetention), &t)
+	won, err := inTx(ctx, g.cfg.DB, b, func() bool { return bound })
+	if err == nil && !won {
+		t = nil
+		err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+			won, held, err := bindHandle(ctx, tx, in, h)
+			if err != nil {
+				return err
+			}
+			if won { // not after losing above, but kept as bound if it ever is
+				bound = true
+				t, err = g.tasks.KeepTx(ctx, tx, in.TaskID, deadline.Add(g.cfg.ResultRetention))
+				return err
+			}
 			// Either another binder (the reconciler, or the submitter when
 			// the reconciler lost) bound this same request first: it is the
 			// task's and stays; or the task moved on (cancelled) without it:
 			// cancel it below.
 			bound = held != nil && *held == tr.Task.ID
 			return nil
-		}
-		bound = true
-		t, err = g.tasks.KeepTx(ctx, tx, in.TaskID, deadline.Add(g.cfg.ResultRetention))
-		return err
-	})
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pep: bind handle: %w", err)
 	}

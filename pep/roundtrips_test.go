@@ -99,7 +99,9 @@ func TestGateRoundTrips(t *testing.T) {
 }
 
 // gateRoundTrips is the budget per gated call: the caller lookup (the
-// caller memory is off in these tests), the dedup and limit precheck,
-// BEGIN + 2 batches + COMMIT for the intent, BEGIN + the 2 UPDATEs pipelined + TTL +
-// River job + COMMIT for the handle (the TTL UPDATE returns the task).
-const gateRoundTrips = 11
+// caller memory is off in these tests); the intent's transaction, BEGIN,
+// the limit lock, the counts and the three INSERTs as one pipeline, then
+// COMMIT; the handle's, BEGIN, both bind UPDATEs and the TTL UPDATE (which
+// returns the task) as one pipeline, then COMMIT. (The dedup and limit
+// precheck runs only before a call is asked for input.)
+const gateRoundTrips = 5

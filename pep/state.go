@@ -242,28 +242,22 @@ func getIntent(ctx context.Context, q tasks.Querier, key string) (*intent, []byt
 	return &in, sealed, err
 }
 
-// openings is what decides whether a principal may open a task: whether
-// a live task holds the call's dedup key, and the principal's recent and
-// live approval tasks.
+// openings is what decides whether a principal may open a task: its
+// recent and live approval tasks.
 type openings struct {
-	live          bool
 	recent, count int
 }
 
-// lockOpenings takes principal's limit lock (lockLimits) for the rest of tx
-// and reads its openings since since, in one round trip. The lock is its
-// own statement: the server runs a pipeline's statements in order, so each
-// after it reads a snapshot taken once every earlier holder has committed.
-func lockOpenings(ctx context.Context, tx pgx.Tx, principal, dedup string, since time.Time) (o openings, err error) {
-	b := &pgx.Batch{}
+// queueLockOpenings queues on b (sent in a transaction) principal's limit
+// lock (lockLimits), held for the rest of the transaction, and the read of
+// its openings since since into o. The lock is its own statement: the
+// server runs a pipeline's statements in order, so the read after it takes
+// a snapshot once every earlier holder has committed. (A live task for the
+// same call is found by the unique dedup index, when the task is inserted.)
+func queueLockOpenings(b *pgx.Batch, principal string, since time.Time, o *openings) {
 	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockLimits, principal)
-	b.Queue(hasLiveSQL, dedup).QueryRow(func(r pgx.Row) error { return r.Scan(&o.live) })
 	b.Queue(countOpeningsSQL, principal, since).QueryRow(func(r pgx.Row) error { return r.Scan(&o.recent, &o.count) })
-	return o, tx.SendBatch(ctx, b).Close()
 }
-
-// hasLiveSQL reads whether a live (not done) task holds dedup key $1.
-const hasLiveSQL = `SELECT EXISTS (SELECT 1 FROM pep.approval_tasks WHERE dedup_key = $1 AND phase <> 'done')`
 
 // liveTask returns the live task holding dedup key and its phase ("" if
 // none).
@@ -286,7 +280,7 @@ func liveTaskSQL() string {
 
 // precheck reads, in one round trip outside any transaction, whether a live
 // task holds dedup key (its id, "" if none) and principal's openings since
-// since (openings.live unused).
+// since.
 func precheck(ctx context.Context, db interface {
 	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
 }, dedup, principal string, since time.Time) (id string, o openings, err error) {
@@ -303,6 +297,10 @@ func precheck(ctx context.Context, db interface {
 	b.Queue(countOpeningsSQL, principal, since).QueryRow(func(r pgx.Row) error { return r.Scan(&o.recent, &o.count) })
 	return id, o, db.SendBatch(ctx, b).Close()
 }
+
+// dedupIndex is the unique index that admits one live task per call
+// (principal, tool and arguments).
+const dedupIndex = "approval_tasks_dedup"
 
 // countOpeningsSQL counts principal $1's approval tasks created since $2,
 // and those still live; each count is served by its own index
@@ -357,14 +355,10 @@ type handle struct {
 	Deadline, WindowEnd, FirstLook  time.Time
 }
 
-// bindHandle records h on intent in and, if the task is still submitting
-// in.Generation, on the task (moveBind). It reports whether the task took
-// it, and otherwise which request the task holds at that generation (nil:
-// none, it moved on without one).
-func bindHandle(ctx context.Context, tx pgx.Tx, in *intent, h handle) (bound bool, held *string, err error) {
-	// Both UPDATEs in one round trip: the second's outcome is read from
-	// its rows, and only a lost move needs another look.
-	b := &pgx.Batch{}
+// queueBind queues on b (sent in a transaction) h's record on intent in
+// and, if the task is still submitting in.Generation, on the task
+// (moveBind), which sets *bound when b's results are read.
+func queueBind(b *pgx.Batch, in *intent, h handle, bound *bool) {
 	sql, args := intentBind.statement(in.Key, `, backend_id = $4, status_url = $5, cancel_url = $6, deadline = $7`,
 		h.BackendID, h.StatusURL, h.CancelURL, h.Deadline)
 	b.Queue(sql, args...)
@@ -374,12 +368,23 @@ func bindHandle(ctx context.Context, tx pgx.Tx, in *intent, h handle) (bound boo
 	b.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {
-				if err := rows.Scan(&bound); err != nil {
+				if err := rows.Scan(bound); err != nil {
 					return err
 				}
 			}
 			return rows.Err()
 		})
+}
+
+// bindHandle records h on intent in and, if the task is still submitting
+// in.Generation, on the task (moveBind). It reports whether the task took
+// it, and otherwise which request the task holds at that generation (nil:
+// none, it moved on without one).
+func bindHandle(ctx context.Context, tx pgx.Tx, in *intent, h handle) (bound bool, held *string, err error) {
+	// Both UPDATEs in one round trip: the second's outcome is read from
+	// its rows, and only a lost move needs another look.
+	b := &pgx.Batch{}
+	queueBind(b, in, h, &bound)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil || bound {
 		return bound, nil, err
 	}

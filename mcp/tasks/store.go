@@ -285,8 +285,24 @@ func (s *Store) KeepUntilTx(ctx context.Context, tx pgx.Tx, id string, until tim
 // none), so a caller that returns it needs no second read. greatest()
 // ignores NULL, hence the CASE that keeps an unlimited TTL unlimited.
 func (s *Store) KeepTx(ctx context.Context, tx pgx.Tx, id string, until time.Time) (*Task, error) {
-	t, err := scan(tx.QueryRow(ctx, `UPDATE pep.tasks SET ttl_ms = CASE WHEN ttl_ms IS NULL THEN NULL ELSE greatest(ttl_ms, `+ttlUntil("$2")+`) END
-		WHERE id = $1 RETURNING `+columns, id, until))
+	t, err := scan(tx.QueryRow(ctx, keepSQL, id, until))
+	return keptTask(id, t, err)
+}
+
+// QueueKeep is KeepTx queued on b (sent in a transaction): the task as it
+// is then goes to *into (nil if there is none) when b's results are read.
+func (s *Store) QueueKeep(b *pgx.Batch, id string, until time.Time, into **Task) {
+	b.Queue(keepSQL, id, until).QueryRow(func(row pgx.Row) error {
+		t, err := scan(row)
+		*into, err = keptTask(id, t, err)
+		return err
+	})
+}
+
+var keepSQL = `UPDATE pep.tasks SET ttl_ms = CASE WHEN ttl_ms IS NULL THEN NULL ELSE greatest(ttl_ms, ` + ttlUntil("$2") + `) END
+		WHERE id = $1 RETURNING ` + columns
+
+func keptTask(id string, t *Task, err error) (*Task, error) {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return nil, nil // as KeepUntilTx: nothing to keep
