@@ -1,6 +1,8 @@
 package callbacks
 
 import (
+	"sync"
+
 	"github.com/omcp/arap/internal/telemetry"
 	"go.opentelemetry.io/otel/trace"
 
@@ -93,6 +95,20 @@ type Service struct {
 	cfg     Config
 	box     *seal.Box
 	clients *clients.Store
+	mu      sync.Mutex
+	able    map[string]ableClient // by client id: clients seen able to receive callbacks
+}
+
+// ableClient is a client CheckCallback read, with a live webhook secret,
+// remembered until exp: a PEP subscribes every request it submits, and the
+// two reads were a fifth of the statements of a gated call's submission. A
+// client changes only by its revocation, which a token authenticated just
+// before may outlive as long (clients.CacheTTL); a client whose last secret
+// expires may be accepted that long after, and its callbacks then fail to
+// sign, as they would had it expired a moment later.
+type ableClient struct {
+	c   *clients.Client
+	exp time.Time
 }
 
 // NewService checks cfg and returns a Service.
@@ -122,7 +138,7 @@ func NewService(cfg Config) (*Service, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{cfg: cfg, box: box, clients: clients.NewStore(cfg.DB)}, nil
+	return &Service{cfg: cfg, box: box, clients: clients.NewStore(cfg.DB), able: map[string]ableClient{}}, nil
 }
 
 // DeliveryIDPrefix starts every delivery id.
@@ -145,22 +161,47 @@ func (s *Service) CheckCallback(ctx context.Context, clientID string, cb *authze
 			return refuse("callback.events: %q is not one of %s", e, strings.Join(Events, ", "))
 		}
 	}
-	c, err := s.clients.Get(ctx, clientID)
+	c, secret, err := s.callbackClient(ctx, clientID)
 	if err != nil {
 		return err
 	}
 	if err := CheckEndpoint(ctx, s.cfg.Resolver, c, cb.Endpoint); err != nil {
 		return refuse("%v", err)
 	}
-	var n int
-	if err := s.cfg.DB.QueryRow(ctx, `SELECT count(*) FROM arap.webhook_secrets WHERE client_id = $1 AND (expires_at IS NULL OR expires_at > $2)`,
-		clientID, s.cfg.Now()).Scan(&n); err != nil {
-		return err
-	}
-	if n == 0 {
+	if !secret {
 		return refuse("client %q has no webhook secret, and callbacks are never sent unsigned; an operator can create one (arapctl clients secret rotate)", c.Name)
 	}
 	return nil
+}
+
+// callbackClient reads client id and whether it has a live webhook secret,
+// from memory when it was seen with one lately (ableClient).
+func (s *Service) callbackClient(ctx context.Context, id string) (*clients.Client, bool, error) {
+	now := s.cfg.Now()
+	s.mu.Lock()
+	a, ok := s.able[id]
+	s.mu.Unlock()
+	if ok && now.Before(a.exp) {
+		return a.c, true, nil
+	}
+	c, err := s.clients.Get(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	var n int
+	if err := s.cfg.DB.QueryRow(ctx, `SELECT count(*) FROM arap.webhook_secrets WHERE client_id = $1 AND (expires_at IS NULL OR expires_at > $2)`,
+		id, now).Scan(&n); err != nil {
+		return nil, false, err
+	}
+	if n > 0 {
+		s.mu.Lock()
+		if len(s.able) > 10000 {
+			clear(s.able)
+		}
+		s.able[id] = ableClient{c: c, exp: now.Add(clients.CacheTTL)}
+		s.mu.Unlock()
+	}
+	return c, n > 0, nil
 }
 
 // DeliverArgs is the job that delivers one callback.

@@ -105,9 +105,9 @@ var (
 	ErrNameTaken       = errors.New("clients: name already in use")
 )
 
-// cacheTTL bounds how long a revoked token may still be accepted by a replica
-// that authenticated it just before.
-const cacheTTL = 5 * time.Second
+// CacheTTL bounds how long a revoked token may still be accepted by a
+// replica that authenticated it just before.
+const CacheTTL = 5 * time.Second
 
 // Store reads and writes clients.
 type Store struct {
@@ -263,7 +263,7 @@ func (s *Store) Authenticate(ctx context.Context, token string) (*Client, error)
 	if len(s.cache) > 10000 {
 		clear(s.cache)
 	}
-	s.cache[hash] = cached{c: c, exp: now.Add(cacheTTL)}
+	s.cache[hash] = cached{c: c, exp: now.Add(CacheTTL)}
 	s.mu.Unlock()
 	return c, nil
 }
