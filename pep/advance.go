@@ -27,16 +27,17 @@ import (
 // request (a callback about an earlier generation's request is ignored).
 // The callback only wakes the task: Advance re-reads the status endpoint
 // before acting. At most cap(g.advance) wake-ups run at once; past that, and
-// once the gate has stopped, the look sweep gets to the task instead. The
-// error is only that of the check.
+// once the gate has stopped, the task's look is brought forward instead,
+// for the next round of any replica's sweep. The error is only that of the
+// check, or of bringing the look forward.
 func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 	if current, err := isPending(ctx, g.cfg.DB, id, backendID); err != nil || !current {
 		return err
 	}
 	select {
 	case g.advance <- struct{}{}:
-	default: // busy: the look sweep will get to it
-		return nil
+	default: // busy
+		return lookSoon(ctx, g.cfg.DB, id, g.now())
 	}
 	// The advance runs after the callback is answered, under the gate's
 	// context, but within the callback's trace.
@@ -50,8 +51,9 @@ func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 			g.cfg.Log.WarnContext(ctx, "advance after callback failed; the task's next look retries", "task_id", id, "error", err)
 		}
 	})
-	if !started {
+	if !started { // stopping
 		<-g.advance
+		return lookSoon(ctx, g.cfg.DB, id, g.now())
 	}
 	return nil
 }

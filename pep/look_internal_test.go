@@ -215,3 +215,24 @@ func TestOlderTrackingJobHandsOver(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.Equal(t, 1, f.backend.read("arq_"+ids[0]))
 }
+
+// TestBusyWakeBringsTheLookForward: a callback that finds every wake-up
+// slot taken leaves the task to the sweep's next round, not to its safety
+// poll.
+func TestBusyWakeBringsTheLookForward(t *testing.T) {
+	ctx := context.Background()
+	f := newLookFixture(t)
+	g := f.replica()
+	id := f.pending("tsk_busy", 1)[0]
+	_, err := f.db.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = now() + interval '30 seconds' WHERE task_id = $1`, id)
+	require.NoError(t, err)
+	for len(g.advance) < cap(g.advance) {
+		g.advance <- struct{}{}
+	}
+	require.NoError(t, g.Wake(ctx, id, "arq_"+id))
+	require.WithinDuration(t, time.Now(), *f.lookAt(id), 5*time.Second, "the look is due now")
+	n, err := g.LookDue(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, f.backend.read("arq_"+id))
+}
