@@ -62,30 +62,58 @@ const actorPEP = "pep"
 
 // audit appends an event to task id's chain within tx, at time at.
 func (g *Gate) audit(ctx context.Context, tx pgx.Tx, id, kind, actor string, at time.Time, data map[string]any) error {
+	var h auditHead
+	if err := scanAuditHead(tx.QueryRow(ctx, auditHeadSQL, id), &h); err != nil {
+		return fmt.Errorf("pep: audit %s: read head: %w", kind, err)
+	}
+	return g.appendAudit(ctx, tx, h, id, kind, actor, at, data)
+}
+
+// auditHead is a chain's last seq and hash as read, locked, before an
+// append (zero: the chain has no event yet).
+type auditHead struct {
+	seq  int64
+	hash []byte
+}
+
+// auditHeadSQL reads chain $1's head and locks it for the append.
+const auditHeadSQL = `SELECT seq, hash FROM pep.audit_heads WHERE chain = $1 FOR UPDATE`
+
+func scanAuditHead(row pgx.Row, h *auditHead) error {
+	err := row.Scan(&h.seq, &h.hash)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	return err
+}
+
+// queueAuditHead queues on b (sent in a transaction) the read of chain id's
+// head into h, locked for an append later in the transaction.
+func queueAuditHead(b *pgx.Batch, id string, h *auditHead) {
+	b.Queue(auditHeadSQL, id).QueryRow(func(row pgx.Row) error { return scanAuditHead(row, h) })
+}
+
+// appendAudit appends the event to chain id after head h, read (and
+// locked) earlier in q's transaction.
+func (g *Gate) appendAudit(ctx context.Context, q querier, h auditHead, id, kind, actor string, at time.Time, data map[string]any) error {
 	raw, err := json.Marshal(data)
 	if err != nil {
 		return fmt.Errorf("pep: audit %s: encode: %w", kind, err)
 	}
 	at = at.UTC().Truncate(time.Microsecond)
-	var seq int64
-	var prev []byte
-	err = tx.QueryRow(ctx, `SELECT seq, hash FROM pep.audit_heads WHERE chain = $1 FOR UPDATE`, id).Scan(&seq, &prev)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("pep: audit %s: read head: %w", kind, err)
-	}
-	seq++
-	h, err := chain.Hash(prev, auditFields(id, seq, at, kind, actor, raw))
+	seq := h.seq + 1
+	hash, err := chain.Hash(h.hash, auditFields(id, seq, at, kind, actor, raw))
 	if err != nil {
 		return err
 	}
 	// The event and the head in one statement; the head moves only from
-	// the seq read above, so a concurrent append fails this transaction
-	// rather than fork the chain.
-	tag, err := tx.Exec(ctx, `WITH e AS (INSERT INTO pep.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash)
+	// the seq read, so a concurrent append fails this transaction rather
+	// than fork the chain.
+	tag, err := q.Exec(ctx, `WITH e AS (INSERT INTO pep.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8))
 		INSERT INTO pep.audit_heads (chain, seq, hash) VALUES ($1, $2, $8)
 		ON CONFLICT (chain) DO UPDATE SET seq = excluded.seq, hash = excluded.hash WHERE pep.audit_heads.seq = excluded.seq - 1`,
-		id, seq, at, kind, actor, raw, prev, h)
+		id, seq, at, kind, actor, raw, h.hash, hash)
 	if err != nil {
 		return fmt.Errorf("pep: audit %s: %w", kind, err)
 	}

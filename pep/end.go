@@ -3,6 +3,7 @@ package pep
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,27 +106,38 @@ func (g *Gate) finish(ctx context.Context, a *approvalTask, m move, res *sdk.Cal
 	if err != nil {
 		return err
 	}
+	sum, err := resultDigest(raw)
+	if err != nil {
+		return err
+	}
+	// The end, the task's completion and the audit chain's head in one
+	// pipeline with its BEGIN; then the ending's audit event, and COMMIT. A
+	// task that moved on meanwhile (the end changed nothing) rolls it all
+	// back, whether its completion queued behind the end succeeded or was
+	// refused as a conflict (the task had ended), which is no error of this
+	// call.
 	var ended bool
-	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		var backendID *string
-		var err error
-		if ended, backendID, err = endTx(ctx, tx, a, m, disposition); err != nil || !ended {
-			return err
-		}
-		t, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, KeepUntil: g.retained()})
-		if err != nil {
-			return err
-		}
-		sum, err := resultDigest(raw)
-		if err != nil {
-			return err
+	var backendID *string
+	var t *tasks.Task
+	var head auditHead
+	b := &pgx.Batch{}
+	queueEnd(b, a, m, disposition, &ended, &backendID)
+	g.tasks.QueueTransition(b, a.TaskID, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, KeepUntil: g.retained()}, &t)
+	queueAuditHead(b, a.TaskID, &head)
+	_, err = inTx(ctx, g.cfg.DB, b, func(q querier) (bool, error) {
+		if !ended {
+			return false, nil // not this call's to end: the completion is rolled back
 		}
 		data := map[string]any{"generation": a.Generation, "backend_request_id": backendID, "disposition": disposition, "result_digest": sum}
 		for k, v := range extra {
 			data[k] = v
 		}
-		return g.audit(ctx, tx, a.TaskID, kind, actorPEP, *t.TerminalAt, data)
+		return true, g.appendAudit(ctx, q, head, a.TaskID, kind, actorPEP, *t.TerminalAt, data)
 	})
+	var conflict *tasks.ConflictError
+	if !ended && errors.As(err, &conflict) {
+		err = nil
+	}
 	g.counted(ended, err, disposition)
 	return err
 }

@@ -9,6 +9,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/omcp/arap/internal/fault"
+	"github.com/omcp/arap/mcp/tasks"
 )
 
 // Executing an approved call, at most once: the claim, the run, and its
@@ -46,17 +47,22 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	// The run ends early enough that its outcome is written before the
 	// deadline: past it, a claim without a record is reaped outcome-unknown.
 	runDeadline := start.Add(g.cfg.ExecTimeout - recordReserve(g.cfg.ExecTimeout))
+	// The claim, the TTL to cover the run and the audit chain's head in one
+	// pipeline with its BEGIN; then the claim's audit event, and COMMIT. A
+	// lost claim rolls it all back.
 	claimed := false
-	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		var backendID *string
-		var err error
-		if claimed, backendID, err = claimTx(ctx, tx, a, now, execDeadline); err != nil || !claimed {
-			return err
+	var backendID *string
+	var kept *tasks.Task
+	var head auditHead
+	batch := &pgx.Batch{}
+	queueClaim(batch, a, now, execDeadline, &claimed, &backendID)
+	g.tasks.QueueKeep(batch, a.TaskID, execDeadline.Add(g.cfg.ResultRetention), &kept)
+	queueAuditHead(batch, a.TaskID, &head)
+	_, err = inTx(ctx, g.cfg.DB, batch, func(q querier) (bool, error) {
+		if !claimed {
+			return false, nil
 		}
-		if err := g.tasks.KeepUntilTx(ctx, tx, a.TaskID, execDeadline.Add(g.cfg.ResultRetention)); err != nil {
-			return err
-		}
-		return g.audit(ctx, tx, a.TaskID, AuditClaimed, actorPEP, now, map[string]any{
+		return true, g.appendAudit(ctx, q, head, a.TaskID, AuditClaimed, actorPEP, now, map[string]any{
 			"generation": a.Generation, "tool": a.Tool, "args_digest": a.ArgsDigest, "principal": a.Principal,
 			"backend_request_id": backendID, "approval_id": approvalID, "approved_until": approvedUntil.UTC().Format(time.RFC3339Nano),
 			"exec_deadline": execDeadline.UTC().Format(time.RFC3339Nano), "tool_digest": tool.Digest, "upstream": tool.Upstream, "upstream_tool": tool.UpstreamTool})

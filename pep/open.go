@@ -169,10 +169,10 @@ func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup st
 		TraceParent: telemetry.TraceParent(ctx),
 		Intent:      newIntent{Key: key, Generation: 1, SubmitURL: submitURL, BodySealed: g.box.Seal(body, key)}})
 	over := ""
-	_, err = inTx(ctx, g.cfg.DB, batch, func() bool {
+	_, err = inTx(ctx, g.cfg.DB, batch, keepIf(func() bool {
 		over = g.overLimit(o.recent, o.count)
 		return over == ""
-	})
+	}))
 	if err == nil && over != "" {
 		err = &limitError{msg: over}
 	}
@@ -278,7 +278,7 @@ func (g *Gate) bindTask(ctx context.Context, in *intent, tr authzen.TaskResponse
 	b := &pgx.Batch{}
 	queueBind(b, in, h, &bound)
 	g.tasks.QueueKeep(b, in.TaskID, deadline.Add(g.cfg.ResultRetention), &t)
-	won, err := inTx(ctx, g.cfg.DB, b, func() bool { return bound })
+	won, err := inTx(ctx, g.cfg.DB, b, keepIf(func() bool { return bound }))
 	if err == nil && !won {
 		t = nil
 		err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {

@@ -10,12 +10,13 @@ import (
 )
 
 // inTx runs b's statements in one transaction whose BEGIN is sent with
-// them, as one pipeline (one round trip), and then commits it if keep
-// (called once b's results have been read; nil: always) says so, or rolls
-// it back: two round trips for what pgx.BeginFunc does in two more. It
-// reports whether the transaction was committed. A statement that fails
+// them, as one pipeline (one round trip); then, once b's results have been
+// read, then (nil: commit at once) runs on the transaction what must follow
+// them and says whether to commit, or to roll back. It reports whether the
+// transaction was committed: two round trips for what pgx.BeginFunc does in
+// two more (and one for each statement then runs). A statement that fails
 // rolls the transaction back and is the error.
-func inTx(ctx context.Context, db *pgxpool.Pool, b *pgx.Batch, keep func() bool) (bool, error) {
+func inTx(ctx context.Context, db *pgxpool.Pool, b *pgx.Batch, then func(q querier) (bool, error)) (bool, error) {
 	c, err := db.Acquire(ctx)
 	if err != nil {
 		return false, err
@@ -25,7 +26,11 @@ func inTx(ctx context.Context, db *pgxpool.Pool, b *pgx.Batch, keep func() bool)
 	full.Queue("BEGIN")
 	full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
 	err = c.SendBatch(ctx, full).Close()
-	if err != nil || keep != nil && !keep() {
+	keep := err == nil
+	if keep && then != nil {
+		keep, err = then(c)
+	}
+	if !keep || err != nil {
 		if c.Conn().PgConn().TxStatus() != 'I' {
 			if _, rerr := c.Exec(ctx, "ROLLBACK"); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("rollback: %w", rerr))
@@ -38,4 +43,10 @@ func inTx(ctx context.Context, db *pgxpool.Pool, b *pgx.Batch, keep func() bool)
 		err = errors.New("commit: the transaction was rolled back")
 	}
 	return err == nil, err
+}
+
+// keepIf is an inTx then that commits when cond says so, once b's results
+// are in.
+func keepIf(cond func() bool) func(querier) (bool, error) {
+	return func(querier) (bool, error) { return cond(), nil }
 }

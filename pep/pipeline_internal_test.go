@@ -41,7 +41,7 @@ func TestInTx(t *testing.T) {
 	conns := db.Stat().NewConnsCount()
 
 	b, seen := insert(1, 2)
-	ok, err := inTx(ctx, db, b, func() bool { return *seen < 2 })
+	ok, err := inTx(ctx, db, b, keepIf(func() bool { return *seen < 2 }))
 	require.NoError(t, err)
 	require.False(t, ok)
 	require.Zero(t, rows(), "keep saw its writes and refused them: rolled back")
@@ -53,7 +53,7 @@ func TestInTx(t *testing.T) {
 	require.Zero(t, rows(), "a failing statement rolls back the ones before it")
 
 	b, seen = insert(1, 2)
-	ok, err = inTx(ctx, db, b, func() bool { return *seen == 2 })
+	ok, err = inTx(ctx, db, b, keepIf(func() bool { return *seen == 2 }))
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, 2, rows())

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -105,3 +106,38 @@ func TestGateRoundTrips(t *testing.T) {
 // returns the task) as one pipeline, then COMMIT. (The dedup and limit
 // precheck runs only before a call is asked for input.)
 const gateRoundTrips = 5
+
+// TestApprovalRoundTrips counts the front-end's PostgreSQL round trips and
+// commits from an approval to the task's completion: the look (the task
+// read), the claim (committed before the tool runs), the tool's own write
+// (the demo ledger's) and the outcome. The budget is the count as built.
+func TestApprovalRoundTrips(t *testing.T) {
+	r := &roundTrips{}
+	p := newPEP(t, pepOptions{tracer: r})
+	const calls = 5
+	var ids []string
+	for i := range calls {
+		id := p.transfer(t, 50400+i)
+		p.approve(t, p.request(t, id), time.Time{})
+		ids = append(ids, id)
+	}
+	p.advance(t, p.transfer(t, 50499)) // warm-up: the statements' preparation
+	r.reset()
+	for _, id := range ids {
+		p.advance(t, id)
+		require.Equal(t, 1, p.ledger(t, id))
+	}
+	trips, commits, statements := r.reset()
+	t.Logf("per approved task: %.1f round trips, %.1f commits; statements:\n%s", float64(trips)/calls, float64(commits)/calls,
+		strings.Join(statements[:len(statements)/calls], "\n"))
+	require.Equal(t, 2*calls, commits, "the claim and the outcome (the tool's write commits by itself)")
+	require.LessOrEqual(t, trips, approvalRoundTrips*calls, "round trips per approved task")
+}
+
+// approvalRoundTrips is the budget per approved task: the task's read; the
+// claim's transaction (BEGIN, the claim, the TTL and the audit head as one
+// pipeline; the claim's audit event; COMMIT); the demo tool's ledger row;
+// the outcome's transaction (BEGIN, the end, the completion and the audit
+// head; its audit event; COMMIT); and the test's own ledger count. Each
+// transaction took six before it was pipelined.
+const approvalRoundTrips = 9

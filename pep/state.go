@@ -435,19 +435,43 @@ func moveDeadline(ctx context.Context, tx pgx.Tx, id string, gen int, expiresAt 
 	return deadline, err
 }
 
-// claimTx takes the execution claim of a (moveClaim at a's generation)
+// queueClaim takes the execution claim of a (moveClaim at a's generation)
 // while its caller still has a live token, in the claim's own statement,
 // and schedules the task's next look at the execution deadline (which
 // reaps the claim if its run was never recorded). It reports whether this
 // call won, and the request it was approved in.
-func claimTx(ctx context.Context, tx pgx.Tx, a *approvalTask, at, execDeadline time.Time) (bool, *string, error) {
-	var backendID *string
-	err := moveClaim.apply(ctx, tx, a.TaskID, `, claimed_at = $5, exec_deadline = $6, look_at = $6, updated_at = $5`,
-		` AND generation = $4 AND `+callerLive("t.principal"), ` RETURNING backend_id`, a.Generation, at, execDeadline).Scan(&backendID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil, nil // lost to cancel, expiry or another runner, or the caller is gone
-	}
-	return err == nil, backendID, err
+//
+// It is queued on b (sent in a transaction): *claimed and *backendID are set
+// when b's results are read (claimed false: lost to cancel, expiry or
+// another runner, or the caller is gone).
+func queueClaim(b *pgx.Batch, a *approvalTask, at, execDeadline time.Time, claimed *bool, backendID **string) {
+	sql, args := moveClaim.statement(a.TaskID, `, claimed_at = $5, exec_deadline = $6, look_at = $6, updated_at = $5`,
+		` AND generation = $4 AND `+callerLive("t.principal"), ` RETURNING backend_id`, a.Generation, at, execDeadline)
+	b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			*claimed = true
+			if err := rows.Scan(backendID); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+}
+
+// queueEnd is endTx queued on b (sent in a transaction): *ended and
+// *backendID are set when b's results are read.
+func queueEnd(b *pgx.Batch, a *approvalTask, m move, disposition string, ended *bool, backendID **string) {
+	sql, args := m.statement(a.TaskID, `, disposition = nullif($5, ''), updated_at = now()`, ` AND generation = $4`, ` RETURNING backend_id`,
+		a.Generation, disposition)
+	b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			*ended = true
+			if err := rows.Scan(backendID); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
 }
 
 // endTx ends a by m (from the phase and at the generation it was read at),

@@ -25,6 +25,9 @@ type ConflictError struct {
 }
 
 func (e *ConflictError) Error() string {
+	if e.Current == "" { // not read (QueueTransition)
+		return fmt.Sprintf("tasks: task %s cannot become %s from its status", e.ID, e.To)
+	}
 	return fmt.Sprintf("tasks: task %s is %s and cannot become %s", e.ID, e.Current, e.To)
 }
 
@@ -226,6 +229,43 @@ type Change struct {
 // the task as it now is. A change the state machine does not allow from
 // the current state changes nothing and returns a *ConflictError.
 func (s *Store) TransitionTx(ctx context.Context, tx pgx.Tx, id string, c Change) (*Task, error) {
+	sql, args := s.transition(id, c)
+	t, err := scan(tx.QueryRow(ctx, sql, args...))
+	if errors.Is(err, ErrNotFound) {
+		cur, gerr := s.Get(ctx, tx, id)
+		if gerr != nil {
+			return nil, gerr
+		}
+		return nil, &ConflictError{ID: id, Current: cur.Status, To: c.To}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tasks: transition %s to %s: %w", id, c.To, err)
+	}
+	return t, nil
+}
+
+// QueueTransition is TransitionTx queued on b (sent in a transaction): the
+// task as it then is goes to *into when b's results are read. A change
+// the state machine does not allow is a *ConflictError that does not say
+// the current status.
+func (s *Store) QueueTransition(b *pgx.Batch, id string, c Change, into **Task) {
+	sql, args := s.transition(id, c)
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		t, err := scan(row)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return &ConflictError{ID: id, To: c.To}
+		case err != nil:
+			return fmt.Errorf("tasks: transition %s to %s: %w", id, c.To, err)
+		}
+		*into = t
+		return nil
+	})
+}
+
+// transition is the one conditional UPDATE of TransitionTx, announced on
+// Channel.
+func (s *Store) transition(id string, c Change) (string, []any) {
 	var from []string
 	for _, st := range AllStatuses {
 		if CanTransition(st, c.To) && (c.From == nil || slices.Contains(c.From, st)) {
@@ -245,26 +285,15 @@ func (s *Store) TransitionTx(ctx context.Context, tx pgx.Tx, id string, c Change
 	if c.To.Terminal() {
 		terminal, meta = &now, nil
 	}
-	t, err := scan(tx.QueryRow(ctx, `WITH t AS (UPDATE pep.tasks SET status = $2, status_message = $3,
+	return `WITH t AS (UPDATE pep.tasks SET status = $2, status_message = $3,
 			input_requests = $4, answered_keys = answered_keys || $5::text[], result = $6, error = $7, meta = $8,
 			updated_at = $9, terminal_at = $10,
-			ttl_ms = CASE WHEN $11::timestamptz IS NULL OR ttl_ms IS NULL THEN ttl_ms ELSE greatest(ttl_ms, `+ttlUntil("$11")+`) END
+			ttl_ms = CASE WHEN $11::timestamptz IS NULL OR ttl_ms IS NULL THEN ttl_ms ELSE greatest(ttl_ms, ` + ttlUntil("$11") + `) END
 		WHERE id = $1 AND status = ANY($12)
-		RETURNING `+columns+`)
+		RETURNING ` + columns + `)
 		SELECT t.* FROM t, pg_notify($13, t.id) n`,
-		id, c.To, c.StatusMessage, nilMap(c.InputRequests), orEmpty(c.Answered), nilRaw(c.Result), c.Error, nilMap(meta),
-		now, terminal, keep, from, Channel))
-	if errors.Is(err, ErrNotFound) {
-		cur, gerr := s.Get(ctx, tx, id)
-		if gerr != nil {
-			return nil, gerr
-		}
-		return nil, &ConflictError{ID: id, Current: cur.Status, To: c.To}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("tasks: transition %s to %s: %w", id, c.To, err)
-	}
-	return t, nil
+		[]any{id, c.To, c.StatusMessage, nilMap(c.InputRequests), orEmpty(c.Answered), nilRaw(c.Result), c.Error, nilMap(meta),
+			now, terminal, keep, from, Channel}
 }
 
 func orEmpty(s []string) []string {
