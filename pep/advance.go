@@ -45,7 +45,7 @@ func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 	started := g.spawn(func(ctx context.Context) {
 		defer func() { <-g.advance }()
 		ctx = trace.ContextWithSpanContext(ctx, callback)
-		ctx, cancel := context.WithTimeout(ctx, g.cfg.ExecTimeout+30*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, g.LookLease())
 		defer cancel()
 		if _, err := g.Advance(ctx, id); err != nil && g.bg.life.Err() == nil {
 			g.cfg.Log.WarnContext(ctx, "advance after callback failed; the task's next look retries", "task_id", id, "error", err)

@@ -20,11 +20,13 @@ import (
 // than once could wait minutes past its decision; and the job's insert was
 // the costliest statement of a gated call's binding (docs/performance.md).
 
-// LookLease is how long a look taken by the sweep holds its task: another
-// replica may take the task once it has passed. A look that outlives it is
-// given up (its context ends); a run it claimed goes on, and its claim is
-// looked at, and reaped if never recorded, at the execution deadline.
-const LookLease = 30 * time.Second
+// LookLease is how long a look taken by the sweep holds its task, and may
+// take: a callback's wake-up's budget, room for a status read and a
+// re-evaluation (30 s) beside the execution (ExecTimeout). Another replica
+// may take the task once it has passed. A look that outlives it is given
+// up (its context ends); a run it claimed goes on, and its claim is looked
+// at, and reaped if never recorded, at the execution deadline.
+func (g *Gate) LookLease() time.Duration { return g.cfg.ExecTimeout + 30*time.Second }
 
 // lookEvery is how often each replica's sweep takes due tasks; lookWorkers
 // bounds the looks one replica runs at once.
@@ -43,7 +45,7 @@ func (g *Gate) lookLoop(ctx context.Context) {
 		room := cap(slots) - len(slots) // only this loop fills slots
 		taken := 0
 		if room > 0 {
-			ids, err := takeLooks(ctx, g.cfg.DB, g.now(), g.now().Add(LookLease), room)
+			ids, err := takeLooks(ctx, g.cfg.DB, g.now(), g.now().Add(g.LookLease()), room)
 			if err != nil && ctx.Err() == nil {
 				g.cfg.Log.WarnContext(ctx, "look sweep failed", "error", err)
 			}
@@ -71,7 +73,7 @@ func (g *Gate) lookLoop(ctx context.Context) {
 // once every look has returned. The error is the sweep's; the looks' are
 // logged (each is looked at again when its lease ends).
 func (g *Gate) LookDue(ctx context.Context) (int, error) {
-	ids, err := takeLooks(ctx, g.cfg.DB, g.now(), g.now().Add(LookLease), lookWorkers)
+	ids, err := takeLooks(ctx, g.cfg.DB, g.now(), g.now().Add(g.LookLease()), lookWorkers)
 	var wg sync.WaitGroup
 	for _, id := range ids {
 		wg.Go(func() { g.look(ctx, id) })
@@ -82,7 +84,7 @@ func (g *Gate) LookDue(ctx context.Context) (int, error) {
 
 // look advances task id once, within its lease.
 func (g *Gate) look(ctx context.Context, id string) {
-	ctx, cancel := context.WithTimeout(ctx, LookLease)
+	ctx, cancel := context.WithTimeout(ctx, g.LookLease())
 	defer cancel()
 	if _, err := g.Advance(ctx, id); err != nil && g.bg.life.Err() == nil {
 		g.cfg.Log.WarnContext(ctx, "look failed; the task is looked at again when its lease ends", "task_id", id, "error", err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,12 +15,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/migrations"
 )
 
 // undecided is a backend whose every request is pending; it counts the
@@ -107,14 +110,14 @@ func TestLookLeaseOutlivesItsReplica(t *testing.T) {
 	ids := f.pending("tsk_lease", 3)
 
 	// The replica that dies takes the looks and never makes them.
-	taken, err := takeLooks(ctx, dead.cfg.DB, dead.now(), dead.now().Add(LookLease), lookWorkers)
+	taken, err := takeLooks(ctx, dead.cfg.DB, dead.now(), dead.now().Add(dead.LookLease()), lookWorkers)
 	require.NoError(t, err)
 	require.ElementsMatch(t, ids, taken)
 	n, err := alive.LookDue(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "leased looks are not taken again within the lease")
 
-	f.offset.Store(int64(LookLease + time.Second))
+	f.offset.Store(int64(alive.LookLease() + time.Second))
 	n, err = alive.LookDue(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 3, n, "once the lease has passed, another replica looks")
@@ -235,4 +238,74 @@ func TestBusyWakeBringsTheLookForward(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, 1, f.backend.read("arq_"+id))
+}
+
+// TestLookInFlightKeepsASoonerLook: a look that read the task before a
+// callback brought its look forward (every wake-up slot taken) does not
+// push it back when it ends; nor does a look that read it before another
+// replica scheduled a sooner one. Untouched, its own schedule stands.
+func TestLookInFlightKeepsASoonerLook(t *testing.T) {
+	ctx := context.Background()
+	f := newLookFixture(t)
+	g := f.replica()
+	id := f.pending("tsk_inflight", 1)[0]
+	for len(g.advance) < cap(g.advance) {
+		g.advance <- struct{}{}
+	}
+
+	taken, err := takeLooks(ctx, f.db, g.now(), g.now().Add(g.LookLease()), lookWorkers)
+	require.NoError(t, err)
+	require.Equal(t, []string{id}, taken)
+	read, err := getApproval(ctx, f.db, id) // the look reads the task: pending
+	require.NoError(t, err)
+	require.NoError(t, g.Wake(ctx, id, "arq_"+id)) // approved meanwhile; no slot free
+	require.NoError(t, scheduleLook(ctx, f.db, read, g.now().Add(SafetyPoll)))
+	require.WithinDuration(t, time.Now(), *f.lookAt(id), 5*time.Second, "the callback's look stands")
+
+	read, err = getApproval(ctx, f.db, id)
+	require.NoError(t, err)
+	require.NoError(t, scheduleLook(ctx, f.db, read, g.now().Add(SafetyPoll)))
+	require.WithinDuration(t, time.Now().Add(SafetyPoll), *f.lookAt(id), 5*time.Second, "untouched, the look's own schedule stands")
+}
+
+// TestRollbackSQL: deploy/rollback/pep-0008.sql gives each task that waits
+// or runs one tracking job, which River works (here the handover worker,
+// as an older version's would be), and a second run adds none.
+func TestRollbackSQL(t *testing.T) {
+	ctx := context.Background()
+	f := newLookFixture(t)
+	g := f.replica()
+	ids := f.pending("tsk_back", 3)
+	_, err := f.db.Exec(ctx, `UPDATE pep.approval_tasks SET phase = 'done' WHERE task_id = $1`, ids[2])
+	require.NoError(t, err)
+	_, err = f.db.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = now() + interval '1 hour' WHERE task_id = ANY($1)`, ids)
+	require.NoError(t, err)
+	sql, err := os.ReadFile("../deploy/rollback/pep-0008.sql")
+	require.NoError(t, err)
+	for range 2 {
+		_, err = f.db.Exec(ctx, string(sql))
+		require.NoError(t, err)
+	}
+	jobs := func(id string) int {
+		var n int
+		require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM pep_river.river_job WHERE kind = 'pep.track' AND args->>'task_id' = $1`, id).Scan(&n))
+		return n
+	}
+	require.Equal(t, []int{1, 1, 0}, []int{jobs(ids[0]), jobs(ids[1]), jobs(ids[2])}, "one job per live task, however often it runs")
+
+	workers := river.NewWorkers()
+	g.AddWorkers(workers)
+	client, err := river.NewClient(riverpgxv5.New(f.db), &river.Config{Schema: migrations.PEPRiverSchema, Workers: workers,
+		Queues: map[string]river.QueueConfig{Queue: {MaxWorkers: 2}}, FetchPollInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() { _ = client.Stop(context.Background()) })
+	require.Eventually(t, func() bool {
+		var done int
+		_ = f.db.QueryRow(ctx, `SELECT count(*) FROM pep_river.river_job WHERE kind = 'pep.track' AND state = 'completed'`).Scan(&done)
+		return done == 2
+	}, 30*time.Second, 50*time.Millisecond, "River works the jobs")
+	for _, id := range ids[:2] {
+		require.WithinDuration(t, time.Now(), *f.lookAt(id), 30*time.Second, "the job reached its task")
+	}
 }

@@ -24,7 +24,7 @@ func TestTheSweepRunsAnApprovedTask(t *testing.T) {
 	require.WithinDuration(t, time.Now().Add(2*time.Second), lookAt, 2*time.Second, "the first look comes at the poll interval")
 
 	p.approve(t, p.request(t, id), time.Time{})
-	p.offset.Store(int64(pep.LookLease)) // every look now due
+	p.offset.Store(int64(p.gate.LookLease())) // every look now due
 	n, err := p.gate.LookDue(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)

@@ -188,16 +188,19 @@ type approvalTask struct {
 	// TraceParent is the trace context of the tools/call that opened the
 	// task (migrations/pep 0007); nil when it was not traced.
 	TraceParent *string
+	// LookAt is when the task is next looked at (migrations/pep 0008);
+	// nil when nothing is scheduled.
+	LookAt *time.Time
 }
 
 const approvalColumns = `task_id, tool, args_sealed, args_digest, principal, phase, generation, backend_id, status_url, cancel_url,
-	deadline, chained, input_schema, claimed_at, exec_deadline, created_at, tool_digest, upstream, upstream_tool, trace_parent`
+	deadline, chained, input_schema, claimed_at, exec_deadline, created_at, tool_digest, upstream, upstream_tool, trace_parent, look_at`
 
 func scanApproval(row pgx.Row) (*approvalTask, error) {
 	var a approvalTask
 	err := row.Scan(&a.TaskID, &a.Tool, &a.ArgsSealed, &a.ArgsDigest, &a.Principal, &a.Phase, &a.Generation, &a.BackendID,
 		&a.StatusURL, &a.CancelURL, &a.Deadline, &a.Chained, &a.InputSchema, &a.ClaimedAt, &a.ExecDL, &a.CreatedAt,
-		&a.ToolDigest, &a.Upstream, &a.UpstreamTool, &a.TraceParent)
+		&a.ToolDigest, &a.Upstream, &a.UpstreamTool, &a.TraceParent, &a.LookAt)
 	return &a, err
 }
 
@@ -581,13 +584,14 @@ func takeLooks(ctx context.Context, q querier, now, until time.Time, n int) ([]s
 }
 
 // scheduleLook sets a's next look at at, if a is still in the phase and at
-// the generation it was read in: a look that acted on what it read says
-// when to look again, while a task that moved meanwhile keeps what its move
-// set (a claim's execution deadline, a new request's first look) or needs
-// none (it ended, or waits for input).
+// the generation it was read in, and nobody scheduled another look since it
+// was read; if somebody did (a callback bringing the look forward, another
+// replica's look or lease), the sooner of the two stands. A task that moved
+// meanwhile keeps what its move set (a claim's execution deadline, a new
+// request's first look) or needs none (it ended, or waits for input).
 func scheduleLook(ctx context.Context, q querier, a *approvalTask, at time.Time) error {
-	_, err := q.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = $4 WHERE task_id = $1 AND phase = $2 AND generation = $3`,
-		a.TaskID, string(a.Phase), a.Generation, at)
+	_, err := q.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = CASE WHEN look_at IS NOT DISTINCT FROM $4 THEN $5 ELSE least(look_at, $5) END
+		WHERE task_id = $1 AND phase = $2 AND generation = $3`, a.TaskID, string(a.Phase), a.Generation, a.LookAt, at)
 	return err
 }
 

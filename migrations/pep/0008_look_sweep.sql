@@ -8,9 +8,9 @@
 -- Rollback: an added nullable column and a partial index; older binaries
 -- never read look_at, and the tracking jobs they enqueue are taken by this
 -- version (it brings the task's look forward and finishes the job). Tasks
--- bound by this version have no tracking job: after a rollback they advance
--- on their callbacks alone, and their claims are reaped by the older
--- binaries' reconciler.
+-- bound by this version have no tracking job, which is all older binaries
+-- look at a task through: run deploy/rollback/pep-0008.sql once after
+-- rolling back, or those tasks advance on their callbacks alone.
 -- compatible-with: 0007
 ALTER TABLE pep.approval_tasks ADD COLUMN look_at timestamptz;
 CREATE INDEX approval_tasks_look ON pep.approval_tasks (look_at) WHERE phase IN ('pending', 'claimed');
