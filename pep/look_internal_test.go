@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -308,4 +309,21 @@ func TestRollbackSQL(t *testing.T) {
 	for _, id := range ids[:2] {
 		require.WithinDuration(t, time.Now(), *f.lookAt(id), 30*time.Second, "the job reached its task")
 	}
+}
+
+// TestCallerCheckUsesItsIndex: the claim's check that its caller is live
+// reads one index entry, not every caller (migrations/pep 0009).
+func TestCallerCheckUsesItsIndex(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.New(t)
+	_, err := db.Exec(ctx, `INSERT INTO pep.callers (token_hash, name, subject_type, subject_id, actor_id, created_at)
+		SELECT sha256(n::text::bytea), 'c' || n, 'user', 'u' || n, 'agent:a', now() FROM generate_series(1, 2000) n`)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `ANALYZE pep.callers`)
+	require.NoError(t, err)
+	rows, err := db.Query(ctx, `EXPLAIN SELECT `+callerLive("$1::text"), "user:u7|agent:a")
+	require.NoError(t, err)
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Contains(t, strings.Join(plan, "\n"), "callers_live_key", "the plan: %s", strings.Join(plan, "\n"))
 }
