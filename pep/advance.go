@@ -14,6 +14,7 @@ import (
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/mcp/tasks"
+	"github.com/omcp/arap/webhook"
 )
 
 // Advancing an open approval task: read the backend's status endpoint
@@ -26,22 +27,33 @@ import (
 // about its request backendID, if the task is still waiting on that
 // request (a callback about an earlier generation's request is ignored).
 // The callback only wakes the task: Advance re-reads the status endpoint
-// before acting. At most cap(g.advance) wake-ups run at once; past that, and
-// once the gate has stopped, the task's look is brought forward instead,
-// for the next round of any replica's sweep. The error is only that of the
-// check, or of bringing the look forward.
+// before acting. The advance starts once the callback has been answered and
+// marked handled (webhook.AfterHandled), so a crash while it runs leaves
+// the backend nothing to deliver again. At most cap(g.advance) wake-ups run
+// at once; past that, and once the gate has stopped, the task's look is
+// brought forward instead, for the next round of any replica's sweep. The
+// error is only that of the check.
 func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 	if current, err := isPending(ctx, g.cfg.DB, id, backendID); err != nil || !current {
 		return err
 	}
+	callback := trace.SpanContextFromContext(ctx)
+	start := func() { g.wake(id, callback) }
+	if !webhook.AfterHandled(ctx, start) {
+		start()
+	}
+	return nil
+}
+
+// wake starts Advance of task id under the gate's context, within the
+// callback's trace, or brings its look forward.
+func (g *Gate) wake(id string, callback trace.SpanContext) {
 	select {
 	case g.advance <- struct{}{}:
 	default: // busy
-		return lookSoon(ctx, g.cfg.DB, id, g.now())
+		g.lookNow(id)
+		return
 	}
-	// The advance runs after the callback is answered, under the gate's
-	// context, but within the callback's trace.
-	callback := trace.SpanContextFromContext(ctx)
 	started := g.spawn(func(ctx context.Context) {
 		defer func() { <-g.advance }()
 		ctx = trace.ContextWithSpanContext(ctx, callback)
@@ -53,9 +65,18 @@ func (g *Gate) Wake(ctx context.Context, id, backendID string) error {
 	})
 	if !started { // stopping
 		<-g.advance
-		return lookSoon(ctx, g.cfg.DB, id, g.now())
+		g.lookNow(id)
 	}
-	return nil
+}
+
+// lookNow brings task id's look forward to now; if that fails, the look
+// already scheduled stands.
+func (g *Gate) lookNow(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := lookSoon(ctx, g.cfg.DB, id, g.now()); err != nil {
+		g.cfg.Log.WarnContext(ctx, "a woken task's look could not be brought forward; its next look stands", "task_id", id, "error", err)
+	}
 }
 
 // Advance moves approval task id forward: it reads the backend's status

@@ -755,12 +755,22 @@ func TestSubscriptionAfterReconnect(t *testing.T) {
 			s.restart()
 			waitReady(t, r, "svc")
 			require.Eventually(t, func() bool { return s.subs.Load() == 2 }, 10*time.Second, 10*time.Millisecond, "subscribed again on the new session")
-			require.NoError(t, s.srv.ResourceUpdated(context.Background(), &mcp.ResourceUpdatedNotificationParams{URI: "doc://a"}))
-			select {
-			case <-updates:
-			case <-time.After(10 * time.Second):
-				t.Fatal("no update after the reconnect")
-			}
+			// The upstream counts the new subscription when it is asked, a
+			// moment before the stream that carries its updates to us may be
+			// open (stateless: a subscriptions/listen stream): an update sent
+			// in between reaches nobody, on a loaded machine seen to. So the
+			// upstream sends updates until one arrives.
+			require.Eventually(t, func() bool {
+				if s.srv.ResourceUpdated(context.Background(), &mcp.ResourceUpdatedNotificationParams{URI: "doc://a"}) != nil {
+					return false
+				}
+				select {
+				case <-updates:
+					return true
+				case <-time.After(250 * time.Millisecond):
+					return false
+				}
+			}, 30*time.Second, 10*time.Millisecond, "no update after the reconnect")
 		})
 	}
 }

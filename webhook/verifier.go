@@ -141,13 +141,35 @@ func (v *Verifier) Release(ctx context.Context, id string) error {
 	return nil
 }
 
+// afterKey is the context key of the work a handler leaves for after its
+// answer (AfterHandled).
+type afterKey struct{}
+
+type afterList struct{ fs []func() }
+
+// AfterHandled has f run once the message being handled in ctx has been
+// marked handled and its 2xx answer sent, and not at all if it is not
+// handled: so the work a message starts in the background cannot die with
+// its receiver before the sender has its answer, leaving the message
+// claimed, unanswered and refused as "being handled" until the claim
+// expires. It reports false outside Middleware (f is then the caller's to
+// run). f runs on the request's goroutine and must not block.
+func AfterHandled(ctx context.Context, f func()) bool {
+	l, ok := ctx.Value(afterKey{}).(*afterList)
+	if ok {
+		l.fs = append(l.fs, f)
+	}
+	return ok
+}
+
 // Middleware verifies each request and claims its webhook-id before next
 // sees it: 401 for a bad signature or timestamp, 200 without calling next
 // for a copy of a message already handled (the sender lost our answer),
 // 409 for a copy of one being handled right now, 503 when the replay store
 // cannot answer (the sender retries). The claim is released when next does
 // not answer 2xx (or panics), so the retry gets through, and marked done
-// when it does. next reads the body as usual.
+// when it does; then the answer is sent and what next left for after it
+// (AfterHandled) runs. next reads the body as usual.
 func (v *Verifier) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, v.MaxBody))
@@ -180,6 +202,8 @@ func (v *Verifier) Middleware(next http.Handler) http.Handler {
 				_ = v.Release(context.WithoutCancel(r.Context()), id)
 			}
 		}()
+		after := &afterList{}
+		r = r.WithContext(context.WithValue(r.Context(), afterKey{}, after))
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		rec := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(rec, r)
@@ -188,6 +212,10 @@ func (v *Verifier) Middleware(next http.Handler) http.Handler {
 			// Best effort: unmarked, a copy is answered 409 until the claim
 			// expires, as before.
 			_ = v.Replay.Done(context.WithoutCancel(r.Context()), id)
+			_ = http.NewResponseController(w).Flush()
+			for _, f := range after.fs {
+				f()
+			}
 		}
 	})
 }

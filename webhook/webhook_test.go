@@ -2,6 +2,7 @@ package webhook_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -206,4 +207,55 @@ func TestVerifierReleasesWhenHandlerPanics(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, signed(t, secret, "msg_p", now.Add(time.Second), `{}`))
 	require.Equal(t, http.StatusNoContent, rec.Code)
+}
+
+// TestAfterHandledRunsOnceAnswered: what a handler leaves for after its
+// answer runs once the message is marked handled and the answer has reached
+// the sender, and not at all when the handler refuses the message.
+func TestAfterHandledRunsOnceAnswered(t *testing.T) {
+	secret := webhook.NewSecret()
+	v, err := webhook.NewVerifier(secret)
+	require.NoError(t, err)
+	answered := make(chan struct{})
+	ran := make(chan string, 2)
+	code := http.StatusNoContent
+	srv := httptest.NewServer(v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(webhook.HeaderID)
+		require.True(t, webhook.AfterHandled(r.Context(), func() {
+			select { // the sender has the answer before this runs
+			case <-answered:
+				handled, err := v.Replay.Handled(context.Background(), id)
+				if err != nil || !handled {
+					ran <- "not marked handled"
+					return
+				}
+				ran <- "after the answer"
+			case <-time.After(10 * time.Second):
+				ran <- "before the answer"
+			}
+		}))
+		w.WriteHeader(code)
+	})))
+	defer srv.Close()
+	key, err := webhook.ParseSecret(secret)
+	require.NoError(t, err)
+	send := func(id string) int {
+		req, _ := http.NewRequest("POST", srv.URL, strings.NewReader(`{}`))
+		ts := time.Now().Unix()
+		req.Header.Set(webhook.HeaderID, id)
+		req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(ts, 10))
+		req.Header.Set(webhook.HeaderSignature, webhook.Sign(key, id, ts, []byte(`{}`)))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusNoContent, send("msg_after"))
+	close(answered)
+	require.Equal(t, "after the answer", <-ran)
+
+	code = http.StatusInternalServerError
+	require.Equal(t, http.StatusInternalServerError, send("msg_refused"))
+	require.Empty(t, ran, "nothing ran for a refused message (it would have before the answer was sent)")
+	require.False(t, webhook.AfterHandled(context.Background(), func() {}), "outside the middleware")
 }
