@@ -282,6 +282,16 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		}
 		return ask, nil
 	}
+	if brokenBuild && broken(violateTerminalReopened) {
+		// The latest task for the call is returned, ended or not (liveTaskSQL).
+		d, err := digest(tool.Name, args)
+		if err != nil {
+			return nil, err
+		}
+		if t, err := g.existing(ctx, dedupKey(p, tool.Name, d)); t != nil || err != nil {
+			return created(t), err
+		}
+	}
 	t, err := g.open(ctx, tool, binding{Tool: tool.Name, Args: args, Principal: p}, decision, hint, extra)
 	var le *limitError
 	if errors.As(err, &le) {
