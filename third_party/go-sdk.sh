@@ -14,7 +14,7 @@ if [ "${1:-}" = --test ]; then
 	trap 'chmod -R u+w "$t"; rm -rf "$t"' EXIT
 	cp -R "$src/." "$t"
 	chmod -R u+w "$t"
-	(cd "$t" && patch -s -p1 <"$here/go-sdk.patch" && go test ./internal/json/ ./jsonrpc/ ./mcp/)
+	(cd "$t" && patch -s -p1 <"$here/go-sdk.patch" && go test ./internal/json/ ./jsonrpc/ ./mcp/ && go test -run - -fuzz FuzzEquivalent -fuzztime 30s ./internal/json/)
 fi
 
 rm -rf "$here/go-sdk"
