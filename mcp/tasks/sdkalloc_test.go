@@ -14,9 +14,8 @@ import (
 
 // TestSDKDecodesWithoutReadBuffers holds the go-sdk patch of
 // third_party/README.md: the SDK decodes a request five or six times, and
-// unpatched each decode allocated a 32 KB read buffer (310 KB per
-// tools/call here; patched, 14 KB). Bytes allocated are counted, not
-// timed, so a loaded machine does not move the figure.
+// unpatched each decode allocated a 32 KB read buffer. Bytes allocated are
+// counted, not timed, so a loaded machine does not move the figure.
 func TestSDKDecodesWithoutReadBuffers(t *testing.T) {
 	call := sdkToolsCall(t)
 	call()
@@ -34,8 +33,8 @@ func TestSDKDecodesWithoutReadBuffers(t *testing.T) {
 }
 
 // BenchmarkSDKToolsCall is the SDK's share of a tools/call in arapd mcp's
-// server: 217-302 µs and 310 KB unpatched, 50-55 µs and 14 KB patched
-// (2026-12-02, -benchtime 3000x -count 3; the GC of the garbage included).
+// server, with the garbage collection of what it allocates (figures in
+// docs/performance.md).
 func BenchmarkSDKToolsCall(b *testing.B) {
 	call := sdkToolsCall(b)
 	b.ReportAllocs()
