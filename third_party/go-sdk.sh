@@ -1,6 +1,7 @@
 #!/bin/sh
 # Re-creates third_party/go-sdk: the go-sdk release below, its non-test
 # sources, with go-sdk.patch applied (third_party/README.md says why).
+# git apply (not patch, which a minimal machine may lack) applies it.
 # --test first runs the release's own tests against the patched sources and
 # fuzzes the patched decoding against the released one; --check does that
 # and then only compares the result with the committed copy.
@@ -17,7 +18,7 @@ if [ "${1:-}" = --test ] || [ "${1:-}" = --check ]; then
 	mkdir "$t/full"
 	cp -R "$src/." "$t/full"
 	chmod -R u+w "$t/full"
-	(cd "$t/full" && patch -s -p1 <"$here/go-sdk.patch" &&
+	(cd "$t/full" && git apply "$here/go-sdk.patch" &&
 		go test ./internal/json/ ./jsonrpc/ ./mcp/ &&
 		go test -run - -fuzz FuzzEquivalent -fuzztime 30s ./internal/json/)
 fi
@@ -28,7 +29,7 @@ mkdir "$t/copy"
 	! -path './internal/oauthtest/*' ! -path './scripts/*' ! -path './design/*' ! -path './docs/*' |
 	tar cf - -T -) | (cd "$t/copy" && tar xf -)
 chmod -R u+w "$t/copy"
-(cd "$t/copy" && patch -s -p1 <"$here/go-sdk.patch")
+(cd "$t/copy" && git apply "$here/go-sdk.patch")
 
 if [ "${1:-}" = --check ]; then
 	diff -r "$t/copy" "$here/go-sdk" || { echo "third_party/go-sdk is not go-sdk $version with go-sdk.patch: run third_party/go-sdk.sh" >&2; exit 1; }
