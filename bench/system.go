@@ -209,7 +209,7 @@ func Provision(ctx context.Context, bin string, env []string, db *pgxpool.Pool, 
 }
 
 // The upstream of the allowed-call overhead: the go-sdk's conformance
-// everything-server (built from the module cache), whose simplest tool the
+// everything-server (built from third_party/go-sdk), whose simplest tool the
 // dev policy plus upstreamRule allows.
 const (
 	everythingServer  = "everything-server"

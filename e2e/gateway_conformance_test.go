@@ -82,8 +82,8 @@ func (o scenarioOutcome) verdict() string {
 var failedCheck = regexp.MustCompile(`\[([a-z0-9-]+)\] FAILURE`)
 
 // TestGatewayConformance runs the official MCP conformance suite against the
-// go-sdk's own conformance everything-server (v1.8.0, built from the module
-// cache) directly, and against `arapd mcp --conformance-fixtures
+// go-sdk's own conformance everything-server (v1.8.0, built from
+// third_party/go-sdk) directly, and against `arapd mcp --conformance-fixtures
 // --upstreams` in front of it (its resources, prompts and completions passed
 // through, each decided by an allow-all policy; its tools left out, the
 // fixtures' tools being the suite's), in the same test, and compares them

@@ -1,20 +1,28 @@
 #!/bin/sh
 # Re-creates third_party/go-sdk: the go-sdk release below, its non-test
-# sources, with go-sdk.patch applied (third_party/README.md says why).
-# git apply (not patch, which a minimal machine may lack) applies it.
-# --test first runs the release's own tests against the patched sources and
-# fuzzes the patched decoding against the released one; --check does that
-# and then only compares the result with the committed copy.
+# sources, with go-sdk.patch applied (third_party/README.md says why) by
+# git apply (patch is not on every machine).
+#   (no argument)  re-create the copy
+#   --test         first run the release's tests on the patched sources and
+#                  fuzz the patched decoding against the released one
+#   --check        --test, then compare with the committed copy (.ci/run)
 set -eu
 version=v1.8.0
-here=$(cd "$(dirname "$0")" && pwd)
-src=$(cd /tmp && go mod download -json "github.com/modelcontextprotocol/go-sdk@$version" |
-	sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-[ -d "$src" ] || { echo "go-sdk $version not downloaded" >&2; exit 1; }
+sum=h1:KIvahhYqwtbeniWVPs3TcXEA7b8jEtwfBpOTAI+Urx4= # go.sum's line before the replace
+mode=${1:-}
+case $mode in "" | --test | --check) ;; *) echo "usage: $0 [--test | --check]" >&2; exit 2 ;; esac
+here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)
 t=$(mktemp -d)
 trap 'chmod -R u+w "$t"; rm -rf "$t"' EXIT
+trap 'exit 1' INT TERM
 
-if [ "${1:-}" = --test ] || [ "${1:-}" = --check ]; then
+info=$(cd "$t" && go mod download -json "github.com/modelcontextprotocol/go-sdk@$version")
+src=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+got=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p')
+[ -d "$src" ] || { echo "go-sdk $version was not downloaded" >&2; exit 1; }
+[ "$got" = "$sum" ] || { echo "go-sdk $version: sum $got, want $sum" >&2; exit 1; }
+
+if [ -n "$mode" ]; then
 	mkdir "$t/full"
 	cp -R "$src/." "$t/full"
 	chmod -R u+w "$t/full"
@@ -31,7 +39,7 @@ mkdir "$t/copy"
 chmod -R u+w "$t/copy"
 (cd "$t/copy" && git apply "$here/go-sdk.patch")
 
-if [ "${1:-}" = --check ]; then
+if [ "$mode" = --check ]; then
 	diff -r "$t/copy" "$here/go-sdk" || { echo "third_party/go-sdk is not go-sdk $version with go-sdk.patch: run third_party/go-sdk.sh" >&2; exit 1; }
 	echo "third_party/go-sdk is go-sdk $version with go-sdk.patch"
 	exit 0

@@ -7,6 +7,7 @@
 package json
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 
@@ -41,8 +42,13 @@ func Unmarshal(data []byte, v any) error {
 		return err
 	}
 	// Parse rather than a Decoder on the bytes: a Decoder allocates a 32 KB
-	// read buffer for every value. Like Decode, the first value is decoded
-	// and what follows it is not looked at.
+	// read buffer for every value. As with Decode, the first value is
+	// decoded, what follows it is not looked at, and no value there is
+	// io.EOF. A number at the top level is now read whole: the Decoder cut
+	// "01" to 0 and a number at its 32 KB buffer's edge.
+	if len(bytes.TrimLeft(data, " \t\r\n")) == 0 {
+		return io.EOF
+	}
 	_, err := json.Parse(data, v, json.DontMatchCaseInsensitiveStructFields)
 	return err
 }
