@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // MaxBody bounds a request body read by the wrapper.
@@ -163,35 +165,20 @@ func parse(body []byte) ([]message, bool, *parseError) {
 
 // inspect walks body token by token: it must be exactly one JSON value, no
 // object in it may repeat a member name, and the objects the wrapper reads
-// may hold no case variant of the names it reads.
+// may hold no case variant of the names it reads. jsontext reads the
+// tokens (encoding/json's Token allocated for each); duplicate names and
+// invalid UTF-8 are left to the checks below, which read names as
+// encoding/json does.
 func inspect(body []byte) *parseError {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
+	dec := jsontext.NewDecoder(bytes.NewReader(body), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
 	type frame struct {
-		object   bool
-		path     string // "-" once off the read path
-		keys     map[string]struct{}
-		key      string // the member whose value comes next
-		wantsKey bool
+		object bool
+		path   string   // "-" once off the read path
+		keys   []string // the object's member names so far
 	}
-	var stack []*frame
-	child := func(parent *frame) string {
-		switch {
-		case parent == nil:
-			return "" // the message, or a batch of them
-		case !parent.object && len(stack) == 1:
-			return "" // an element of a batch is a message
-		case !parent.object:
-			return "-"
-		case parent.path == "":
-			return parent.key
-		case parent.path == "params":
-			return "params." + parent.key
-		}
-		return "-"
-	}
+	var stack []frame
 	for {
-		tok, err := dec.Token()
+		tok, err := dec.ReadToken()
 		if err == io.EOF {
 			if len(stack) == 0 {
 				return &parseError{code: CodeParseError, msg: "empty request body"}
@@ -201,55 +188,57 @@ func inspect(body []byte) *parseError {
 		if err != nil {
 			return &parseError{code: CodeParseError, msg: "malformed JSON: " + err.Error()}
 		}
-		var top *frame
-		if len(stack) > 0 {
-			top = stack[len(stack)-1]
-		}
-		if top != nil && top.object && top.wantsKey {
-			if d, ok := tok.(json.Delim); ok && d == '}' {
-				stack = stack[:len(stack)-1]
-			} else {
-				key := tok.(string)
-				if _, dup := top.keys[key]; dup {
+		// In an object, every other token is a member name.
+		if n := len(stack); n > 0 && stack[n-1].object && tok.Kind() == '"' && isName(dec) {
+			top := &stack[n-1]
+			key := tok.String()
+			for _, k := range top.keys {
+				if k == key {
 					return &parseError{code: CodeInvalidRequest, msg: "duplicate member " + quote(key) + " in a JSON object"}
 				}
-				for _, name := range readNames[top.path] {
-					if key != name && strings.EqualFold(key, name) {
-						return &parseError{code: CodeInvalidRequest, msg: "member " + quote(key) + " is a case variant of " + strconv.Quote(name)}
-					}
-				}
-				top.keys[key] = struct{}{}
-				top.key, top.wantsKey = key, false
-				continue
 			}
-		} else if d, ok := tok.(json.Delim); ok {
-			switch d {
-			case '{', '[':
-				f := &frame{object: d == '{', path: child(top), wantsKey: d == '{'}
-				if f.object {
-					f.keys = map[string]struct{}{}
+			for _, name := range readNames[top.path] {
+				if key != name && strings.EqualFold(key, name) {
+					return &parseError{code: CodeInvalidRequest, msg: "member " + quote(key) + " is a case variant of " + strconv.Quote(name)}
 				}
-				stack = append(stack, f)
-				continue
-			case ']':
-				stack = stack[:len(stack)-1]
 			}
-		} else if top != nil && top.object {
-			top.wantsKey = true // a scalar value ends the member
+			top.keys = append(top.keys, key)
 			continue
 		}
-		// A value (object, array or scalar) has just ended.
+		switch tok.Kind() {
+		case '{', '[':
+			path := "-"
+			switch n := len(stack); {
+			case n == 0:
+				path = "" // the message, or a batch of them
+			case !stack[n-1].object && n == 1:
+				path = "" // an element of a batch is a message
+			case stack[n-1].object && stack[n-1].path == "":
+				path = stack[n-1].keys[len(stack[n-1].keys)-1]
+			case stack[n-1].object && stack[n-1].path == "params":
+				path = "params." + stack[n-1].keys[len(stack[n-1].keys)-1]
+			}
+			stack = append(stack, frame{object: tok.Kind() == '{', path: path})
+			continue
+		case '}', ']':
+			stack = stack[:len(stack)-1]
+		}
 		if len(stack) > 0 {
-			if p := stack[len(stack)-1]; p.object {
-				p.wantsKey = true
-			}
 			continue
 		}
-		if _, err := dec.Token(); err != io.EOF {
+		// The top-level value has ended: nothing may follow it.
+		if _, err := dec.ReadToken(); err != io.EOF {
 			return &parseError{code: CodeParseError, msg: "malformed JSON: data after the request"}
 		}
 		return nil
 	}
+}
+
+// isName reports whether the string token just read is a member name: in
+// an object, names are the odd tokens.
+func isName(dec *jsontext.Decoder) bool {
+	_, n := dec.StackIndex(dec.StackDepth())
+	return n%2 == 1
 }
 
 // quote quotes a member name from a request for an error message, bounded.
