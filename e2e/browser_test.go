@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -103,9 +104,7 @@ func signIn(t *testing.T, ctx context.Context, base, user string) {
 		// loaded, the login page is still there, so wait for that.
 		chromedp.WaitVisible(chromedp.CSS("form.who")),
 	)
-	h1, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("h1")))
-	require.NoError(t, err)
-	require.Equal(t, "Pending requests", h1, "signed in as %s", user)
+	require.Equal(t, "Pending requests", textOf(t, ctx, "h1"), "signed in as %s", user)
 }
 
 func signOut(t *testing.T, ctx context.Context) {
@@ -181,7 +180,20 @@ func checkPage(t *testing.T, ctx context.Context, name string) {
 
 func pageText(t *testing.T, ctx context.Context) string {
 	t.Helper()
-	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("main")))
+	return textOf(t, ctx, "main")
+}
+
+// textOf returns the visible text of the first element css matches, read in
+// one evaluation in the page: the pages refresh their main section by
+// replacing its nodes, and a query followed by a read can fall on either
+// side of a refresh (-32000, no node with given id found; seen on a loaded
+// machine).
+func textOf(t *testing.T, ctx context.Context, css string) string {
+	t.Helper()
+	do(t, ctx, "find "+css, chromedp.WaitVisible(chromedp.CSS(css)))
+	sel, err := json.Marshal(css)
+	require.NoError(t, err)
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(e => e ? e.innerText : "")(document.querySelector(`+string(sel)+`))`))
 	require.NoError(t, err)
 	return s
 }
@@ -320,9 +332,7 @@ func TestBrowserApproval(t *testing.T) {
 		}),
 		chromedp.WaitVisible(`//pre[contains(., "CSRF")]`),
 	)
-	refused, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("body")))
-	require.NoError(t, err)
-	require.Contains(t, refused, "missing or wrong CSRF token")
+	require.Contains(t, textOf(t, ctx, "body"), "missing or wrong CSRF token")
 
 	// `arapctl mcp wait` resumes the task from its state file and waits.
 	wait := startArapctl(t, alice, "mcp", "wait")
