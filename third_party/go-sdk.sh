@@ -16,7 +16,9 @@ t=$(mktemp -d)
 trap 'chmod -R u+w "$t"; rm -rf "$t"' EXIT
 trap 'exit 1' INT TERM
 
-info=$(cd "$t" && go mod download -json "github.com/modelcontextprotocol/go-sdk@$version")
+# The sum pinned above is the check (go.sum no longer holds it), so the
+# download does not need the checksum database to be reachable.
+info=$(cd "$t" && GONOSUMDB=github.com/modelcontextprotocol/go-sdk go mod download -json "github.com/modelcontextprotocol/go-sdk@$version")
 src=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 got=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p')
 [ -d "$src" ] || { echo "go-sdk $version was not downloaded" >&2; exit 1; }
