@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -171,11 +172,6 @@ func parse(body []byte) ([]message, bool, *parseError) {
 // encoding/json does.
 func inspect(body []byte) *parseError {
 	dec := jsontext.NewDecoder(bytes.NewReader(body), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
-	type frame struct {
-		object bool
-		path   string   // "-" once off the read path
-		keys   []string // the object's member names so far
-	}
 	var stack []frame
 	for {
 		tok, err := dec.ReadToken()
@@ -192,17 +188,15 @@ func inspect(body []byte) *parseError {
 		if n := len(stack); n > 0 && stack[n-1].object && tok.Kind() == '"' && isName(dec) {
 			top := &stack[n-1]
 			key := tok.String()
-			for _, k := range top.keys {
-				if k == key {
-					return &parseError{code: CodeInvalidRequest, msg: "duplicate member " + quote(key) + " in a JSON object"}
-				}
+			if top.has(key) {
+				return &parseError{code: CodeInvalidRequest, msg: "duplicate member " + quote(key) + " in a JSON object"}
 			}
 			for _, name := range readNames[top.path] {
 				if key != name && strings.EqualFold(key, name) {
 					return &parseError{code: CodeInvalidRequest, msg: "member " + quote(key) + " is a case variant of " + strconv.Quote(name)}
 				}
 			}
-			top.keys = append(top.keys, key)
+			top.add(key)
 			continue
 		}
 		switch tok.Kind() {
@@ -214,9 +208,9 @@ func inspect(body []byte) *parseError {
 			case !stack[n-1].object && n == 1:
 				path = "" // an element of a batch is a message
 			case stack[n-1].object && stack[n-1].path == "":
-				path = stack[n-1].keys[len(stack[n-1].keys)-1]
+				path = stack[n-1].last
 			case stack[n-1].object && stack[n-1].path == "params":
-				path = "params." + stack[n-1].keys[len(stack[n-1].keys)-1]
+				path = "params." + stack[n-1].last
 			}
 			stack = append(stack, frame{object: tok.Kind() == '{', path: path})
 			continue
@@ -231,6 +225,42 @@ func inspect(body []byte) *parseError {
 			return &parseError{code: CodeParseError, msg: "malformed JSON: data after the request"}
 		}
 		return nil
+	}
+}
+
+// frame is an object or array inspect is in.
+type frame struct {
+	object bool
+	path   string              // "-" once off the read path
+	last   string              // the member whose value comes next
+	few    []string            // the object's member names so far, while few
+	many   map[string]struct{} // then all of them: scanning a list is quadratic
+}
+
+// has reports whether the object already has a member named key.
+func (f *frame) has(key string) bool {
+	if f.many != nil {
+		_, ok := f.many[key]
+		return ok
+	}
+	return slices.Contains(f.few, key)
+}
+
+// add records member key, which comes next.
+func (f *frame) add(key string) {
+	f.last = key
+	switch {
+	case f.many != nil:
+		f.many[key] = struct{}{}
+	case len(f.few) < 16:
+		f.few = append(f.few, key)
+	default:
+		f.many = make(map[string]struct{}, 2*len(f.few))
+		for _, k := range f.few {
+			f.many[k] = struct{}{}
+		}
+		f.many[key] = struct{}{}
+		f.few = nil
 	}
 }
 

@@ -129,6 +129,39 @@ func FuzzInspectAgrees(f *testing.F) {
 	})
 }
 
+// TestInspectManyMembers: past the first few, an object's member names are
+// kept in a map (a list scanned per name is quadratic in a 1 MB body), and
+// a duplicate is found on either side of the switch.
+func TestInspectManyMembers(t *testing.T) {
+	object := func(n int, extra ...string) []byte {
+		var b strings.Builder
+		b.WriteString(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{`)
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(`"m` + strconv.Itoa(i) + `":0`)
+		}
+		for _, e := range extra {
+			b.WriteString(`,"` + e + `":0`)
+		}
+		b.WriteString(`}}}`)
+		return []byte(b.String())
+	}
+	if err := inspect(object(60000)); err != nil {
+		t.Fatalf("60,000 distinct members refused: %s", err.msg)
+	}
+	for _, c := range []struct {
+		n   int
+		dup string
+	}{{5, "m3"}, {16, "m3"}, {17, "m3"}, {17, "m16"}, {200, "m3"}, {200, "m150"}} {
+		err := inspect(object(c.n, c.dup))
+		if err == nil || err.code != CodeInvalidRequest || !strings.Contains(err.msg, "duplicate member") {
+			t.Fatalf("%d members and %s again: %v", c.n, c.dup, err)
+		}
+	}
+}
+
 func BenchmarkInspect(b *testing.B) {
 	body := []byte(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"up_test_simple_text","arguments":{"to":"acct-1","amount":50000,"memo":"rent for december"},"_meta":{"io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}},"progressToken":"p1"}}}`)
 	b.Run("jsontext", func(b *testing.B) {
