@@ -24,12 +24,19 @@ got=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p')
 [ -d "$src" ] || { echo "go-sdk $version was not downloaded" >&2; exit 1; }
 [ "$got" = "$sum" ] || { echo "go-sdk $version: sum $got, want $sum" >&2; exit 1; }
 
+# The release's tests that fail on the release itself, unpatched, when the
+# machine is busy: they are skipped, since they say nothing of the patch.
+#   TestStreamableStateful_DiscoverDoesNotLeakSession counts the server's
+#   sessions without waiting for the server to drop a closed one (unpatched
+#   v1.8.0, -count=200: 1 failure idle, 10 with both cores busy).
+flaky='^TestStreamableStateful_DiscoverDoesNotLeakSession$'
+
 if [ -n "$mode" ]; then
 	mkdir "$t/full"
 	cp -R "$src/." "$t/full"
 	chmod -R u+w "$t/full"
 	(cd "$t/full" && git apply "$here/go-sdk.patch" &&
-		go test ./internal/json/ ./jsonrpc/ ./mcp/ &&
+		go test -skip "$flaky" ./internal/json/ ./jsonrpc/ ./mcp/ &&
 		go test -run - -fuzz FuzzEquivalent -fuzztime 30s ./internal/json/)
 fi
 
