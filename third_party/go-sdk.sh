@@ -29,7 +29,10 @@ got=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p')
 #   TestStreamableStateful_DiscoverDoesNotLeakSession counts the server's
 #   sessions without waiting for the server to drop a closed one (unpatched
 #   v1.8.0, -count=200: 1 failure idle, 10 with both cores busy).
-flaky='^TestStreamableStateful_DiscoverDoesNotLeakSession$'
+#   TestStdioContextCancellation gives a child process 5 s to exit after
+#   SIGINT and sends it no message, so the decoding is not on its path
+#   (failed once in 8 runs of the package with both cores busy).
+flaky='^(TestStreamableStateful_DiscoverDoesNotLeakSession|TestStdioContextCancellation)$'
 
 if [ -n "$mode" ]; then
 	mkdir "$t/full"
