@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -66,22 +67,36 @@ func (e *limitError) Error() string { return e.msg }
 // principals whose hashes collide only wait for each other.
 const lockLimits = 0x70657031 // "pep1"
 
+// limits bound one caller's approval requests: opened in the last minute,
+// and live. Approval fatigue is a known bypass, so requests per caller are
+// bounded in rate and in number outstanding.
+type limits struct{ perMinute, pending int }
+
+func (g *Gate) limits() limits {
+	if brokenBuild && broken(violateLimitsOff) {
+		return limits{math.MaxInt32, math.MaxInt32}
+	}
+	return limits{g.cfg.SubmitsPerMinute, g.cfg.MaxPending}
+}
+
 // overLimit says which limit recent openings in the last minute and pending
-// live tasks reach ("" for none). Approval fatigue is a known bypass, so
-// requests per caller are bounded in rate and in number outstanding. Only
-// counts taken under the principal's limit lock (lockOpenings, in insert)
-// bind: two counts read outside it may both see room for one more.
+// live tasks reach ("" for none), as the check under the principal's limit
+// lock does (queueLimitCheck, in insert), which alone binds: two counts
+// read outside it may both see room for one more.
 func (g *Gate) overLimit(recent, pending int) string {
+	l := g.limits()
 	switch {
-	case brokenBuild && broken(violateLimitsOff):
-		return ""
-	case recent >= g.cfg.SubmitsPerMinute:
-		return msgRate
-	case pending >= g.cfg.MaxPending:
-		return msgOutstanding
+	case recent >= l.perMinute:
+		return limitMessages[refusedRate]
+	case pending >= l.pending:
+		return limitMessages[refusedOutstanding]
 	}
 	return ""
 }
+
+// limitMessages are the refusals of queueLimitCheck, as a caller reads
+// them.
+var limitMessages = map[string]string{refusedRate: msgRate, refusedOutstanding: msgOutstanding}
 
 // duplicateCall reports whether err is the refusal of a second live task
 // for the same call (the unique dedup index of the approval tasks).
@@ -153,12 +168,12 @@ func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup st
 	p, now := b.Principal, g.now()
 	ttl := tasks.TTLUntil(now, hint.ExpiresAt.Add(g.cfg.ResultRetention)) // provisional: extended when bound
 	submitURL := g.submitURL(hint)
-	// One pipeline with its BEGIN: the lock, the counts it guards and the
-	// writes they may allow, then COMMIT or, over a limit, ROLLBACK. A live
-	// task for the same call fails the insert (the unique dedup index).
-	var o openings
+	// One pipeline, one implicit transaction: the lock, the writes, and
+	// the limits' check the lock guards. A live task for the same call
+	// fails the insert (the unique dedup index), and a limit reached fails
+	// the check: either way nothing is written.
 	batch := &pgx.Batch{}
-	queueLockOpenings(batch, p.Key(), now.Add(-time.Minute), &o)
+	queueLimitLock(batch, p.Key())
 	g.tasks.QueueCreate(batch, &tasks.Task{
 		ID: taskID, Principal: p.Key(), Kind: KindApproval, Status: tasks.Working,
 		StatusMessage: "Waiting for approval: " + describe(hint) + brokenStatusArgs(b.Args), Meta: pendingMeta(), CreatedAt: now,
@@ -168,19 +183,15 @@ func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup st
 		Principal: p.Key(), Dedup: dedup, At: now, ToolDigest: tool.Digest, Upstream: tool.Upstream, UpstreamTool: tool.UpstreamTool,
 		TraceParent: telemetry.TraceParent(ctx),
 		Intent:      newIntent{Key: key, Generation: 1, SubmitURL: submitURL, BodySealed: g.box.Seal(body, key)}})
-	over := ""
-	_, err = inTx(ctx, g.cfg.DB, batch, keepIf(func() bool {
-		over = g.overLimit(o.recent, o.count)
-		return over == ""
-	}))
-	if err == nil && over != "" {
-		err = &limitError{msg: over}
+	queueLimitCheck(batch, p.Key(), now.Add(-time.Minute), g.limits())
+	err = g.cfg.DB.SendBatch(ctx, batch).Close()
+	if msg, over := limitMessages[refusalOf(err)]; over {
+		return opened{}, &limitError{msg: msg}
 	}
-	var le *limitError
 	switch {
 	case err == nil:
 		return opened{intent: &intent{Key: key, TaskID: taskID, SubmitURL: submitURL, State: intentOpen, Generation: 1, Body: body}}, nil
-	case errors.As(err, &le), duplicateCall(err):
+	case duplicateCall(err):
 		return opened{}, err
 	}
 	return opened{}, fmt.Errorf("pep: record intent: %w", err)
@@ -268,18 +279,18 @@ func (g *Gate) bindTask(ctx context.Context, in *intent, tr authzen.TaskResponse
 	}
 	h := handle{BackendID: tr.Task.ID, StatusURL: tr.Task.StatusEndpoint, CancelURL: cancelURL,
 		Deadline: deadline, WindowEnd: windowEnd, FirstLook: first}
-	// The usual case in one pipeline with its BEGIN, then COMMIT: the
-	// handle on intent and task, and the TTL raised to cover the deadline.
-	// A bind lost to another binder or to the task's end is rolled back
-	// (the TTL of a task that is not this request's stays as it was) and
-	// its handle recorded on the intent alone below.
+	// The usual case in one pipeline, one implicit transaction: the handle
+	// on intent and task, and the TTL raised to cover the deadline. A bind
+	// lost to another binder or to the task's end fails it (the TTL of a
+	// task that is not this request's stays as it was), and its handle is
+	// recorded on the intent alone below.
 	var t *tasks.Task
-	bound := false
 	b := &pgx.Batch{}
-	queueBind(b, in, h, &bound)
+	queueBindOrRefuse(b, in, h)
 	g.tasks.QueueKeep(b, in.TaskID, deadline.Add(g.cfg.ResultRetention), &t)
-	won, err := inTx(ctx, g.cfg.DB, b, keepIf(func() bool { return bound }))
-	if err == nil && !won {
+	err := g.cfg.DB.SendBatch(ctx, b).Close()
+	bound := err == nil
+	if refusalOf(err) == refusedHandle {
 		t = nil
 		err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
 			won, held, err := bindHandle(ctx, tx, in, h)

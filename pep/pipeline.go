@@ -44,9 +44,3 @@ func inTx(ctx context.Context, db *pgxpool.Pool, b *pgx.Batch, then func(q queri
 	}
 	return err == nil, err
 }
-
-// keepIf is an inTx then that commits when cond says so, once b's results
-// are in.
-func keepIf(cond func() bool) func(querier) (bool, error) {
-	return func(querier) (bool, error) { return cond(), nil }
-}

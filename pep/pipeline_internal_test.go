@@ -39,6 +39,9 @@ func TestInTx(t *testing.T) {
 		return b, &seen
 	}
 	conns := db.Stat().NewConnsCount()
+	keepIf := func(cond func() bool) func(querier) (bool, error) {
+		return func(querier) (bool, error) { return cond(), nil }
+	}
 
 	b, seen := insert(1, 2)
 	ok, err := inTx(ctx, db, b, keepIf(func() bool { return *seen < 2 }))

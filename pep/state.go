@@ -251,15 +251,42 @@ type openings struct {
 	recent, count int
 }
 
-// queueLockOpenings queues on b (sent in a transaction) principal's limit
-// lock (lockLimits), held for the rest of the transaction, and the read of
-// its openings since since into o. The lock is its own statement: the
-// server runs a pipeline's statements in order, so the read after it takes
-// a snapshot once every earlier holder has committed. (A live task for the
-// same call is found by the unique dedup index, when the task is inserted.)
-func queueLockOpenings(b *pgx.Batch, principal string, since time.Time, o *openings) {
+// queueLimitLock queues on b (sent as one transaction) principal's limit
+// lock (lockLimits), held for the rest of the transaction. It is its own
+// statement: the server runs a pipeline's statements in order, so the
+// limits' check after it (queueLimitCheck) takes a snapshot once every
+// earlier holder has committed.
+func queueLimitLock(b *pgx.Batch, principal string) {
 	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockLimits, principal)
-	b.Queue(countOpeningsSQL, principal, since).QueryRow(func(r pgx.Row) error { return r.Scan(&o.recent, &o.count) })
+}
+
+// queueLimitCheck queues on b, after principal's limit lock and the
+// insert of its new approval task, the check of its openings since since
+// (the new one among them) against l: over a limit, it fails the
+// transaction with the limit's refusal (refusedRate, refusedOutstanding).
+// After the insert, so that a live task for the same call, which the
+// insert finds (the unique dedup index), is found whatever the limits.
+func queueLimitCheck(b *pgx.Batch, principal string, since time.Time, l limits) {
+	b.Queue(`SELECT CASE WHEN c.recent > $3 THEN pep.refuse($4) WHEN c.live > $5 THEN pep.refuse($6) END
+		FROM (`+countOpeningsSQL+`) c (recent, live)`, principal, since, l.perMinute, refusedRate, l.pending, refusedOutstanding)
+}
+
+// Reasons of pep.refuse (migrations/pep/0010), which fails a transaction
+// from within: the per-caller limits, and a handle the task did not take.
+const (
+	refusedRate        = "rate"
+	refusedOutstanding = "outstanding"
+	refusedHandle      = "handle-not-taken"
+)
+
+// refusalOf is the reason pep.refuse failed err's transaction with ("" if
+// it did not).
+func refusalOf(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "P0001" {
+		return pgErr.Message
+	}
+	return ""
 }
 
 // liveTask returns the live task holding dedup key and its phase ("" if
@@ -362,12 +389,7 @@ type handle struct {
 // and, if the task is still submitting in.Generation, on the task
 // (moveBind), which sets *bound when b's results are read.
 func queueBind(b *pgx.Batch, in *intent, h handle, bound *bool) {
-	sql, args := intentBind.statement(in.Key, `, backend_id = $4, status_url = $5, cancel_url = $6, deadline = $7`,
-		h.BackendID, h.StatusURL, h.CancelURL, h.Deadline)
-	b.Queue(sql, args...)
-	sql, args = moveBind.statement(in.TaskID, `, backend_id = $5, status_url = $6, cancel_url = $7, deadline = $8, window_end = $9,
-		look_at = $10, updated_at = now()`,
-		` AND generation = $4`, ` RETURNING true`, in.Generation, h.BackendID, h.StatusURL, h.CancelURL, h.Deadline, h.WindowEnd, h.FirstLook)
+	sql, args := queueBindMove(b, in, h)
 	b.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {
@@ -377,6 +399,26 @@ func queueBind(b *pgx.Batch, in *intent, h handle, bound *bool) {
 			}
 			return rows.Err()
 		})
+}
+
+// queueBindOrRefuse is queueBind for a batch sent as one transaction
+// that holds nothing but the bind and what follows from it: a task that
+// does not take the handle fails the transaction (refusedHandle).
+func queueBindOrRefuse(b *pgx.Batch, in *intent, h handle) {
+	sql, args := queueBindMove(b, in, h)
+	b.Queue(`WITH moved AS (`+sql+`) SELECT EXISTS (SELECT FROM moved) OR pep.refuse($11)`, append(args, refusedHandle)...)
+}
+
+// queueBindMove queues on b h's record on intent in, and returns the move
+// that records it on the task if the task is still submitting
+// in.Generation (returning true).
+func queueBindMove(b *pgx.Batch, in *intent, h handle) (string, []any) {
+	sql, args := intentBind.statement(in.Key, `, backend_id = $4, status_url = $5, cancel_url = $6, deadline = $7`,
+		h.BackendID, h.StatusURL, h.CancelURL, h.Deadline)
+	b.Queue(sql, args...)
+	return moveBind.statement(in.TaskID, `, backend_id = $5, status_url = $6, cancel_url = $7, deadline = $8, window_end = $9,
+		look_at = $10, updated_at = now()`,
+		` AND generation = $4`, ` RETURNING true`, in.Generation, h.BackendID, h.StatusURL, h.CancelURL, h.Deadline, h.WindowEnd, h.FirstLook)
 }
 
 // bindHandle records h on intent in and, if the task is still submitting
