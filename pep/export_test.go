@@ -48,3 +48,6 @@ func (g *Gate) CallerMemory() (live bool, listens, remembered int) {
 	defer c.mu.Unlock()
 	return c.live, c.listens, len(c.m)
 }
+
+// LockLimits is the class of the principals' limit locks.
+const LockLimits = lockLimits

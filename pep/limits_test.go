@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -133,6 +134,48 @@ func TestLimitsHoldUnderConcurrency(t *testing.T) {
 		require.Equal(t, map[string]int{"task": 15, "limited": 85}, counts)
 		require.Equal(t, 15, s.pendingRequests(t), "requests at the backend")
 	})
+}
+
+// TestLimitCheckWaitsForAnOpeningInFlight: the limits are counted under
+// the principal's limit lock, so a call made while another opening of the
+// same principal is in flight (its task inserted, not yet committed) waits
+// for it and counts it: at one live task at most, it is refused.
+func TestLimitCheckWaitsForAnOpeningInFlight(t *testing.T) {
+	t.Parallel()
+	s := gatedServer(t, 1, 1000)
+	ctx := context.Background()
+	tx, err := s.pep.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	const principal = "user:alice|agent:demo"
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, pep.LockLimits, principal)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO pep.tasks (id, principal, kind, status, created_at, updated_at, poll_interval_ms)
+		VALUES ('tsk_in_flight', $1, $2, 'working', now(), now(), 1000)`, principal, pep.KindApproval)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO pep.approval_tasks (task_id, tool, args_sealed, args_digest, principal, dedup_key, phase, generation, created_at, updated_at)
+		VALUES ('tsk_in_flight', 'wire_transfer', '\x00', 'd', $1, 'in-flight', 'submitting', 1, now(), now())`, principal)
+	require.NoError(t, err)
+
+	// The opening in flight commits once the call waits for its lock (or
+	// after 30 s without a waiter).
+	waited, committed := make(chan bool, 1), make(chan error, 1)
+	go func() {
+		ok := false
+		for deadline := time.Now().Add(30 * time.Second); !ok && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) { // polling
+			var n int
+			if err := s.pep.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+				break
+			}
+			ok = n > 0
+		}
+		waited <- ok
+		committed <- tx.Commit(ctx)
+	}()
+	r := s.transfer(t, 26000)
+	require.True(t, <-waited, "the call waited for the opening in flight")
+	require.NoError(t, <-committed)
+	require.Equal(t, "limited", outcome(r), "the opening in flight counted: %v", r)
 }
 
 // TestDedupBeforeLimits: at the cap, a repeat of a pending call returns
