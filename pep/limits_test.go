@@ -164,7 +164,8 @@ func TestLimitCheckWaitsForAnOpeningInFlight(t *testing.T) {
 		ok := false
 		for deadline := time.Now().Add(30 * time.Second); !ok && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) { // polling
 			var n int
-			if err := s.pep.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+			if err := s.pep.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+				WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted`).Scan(&n); err != nil {
 				break
 			}
 			ok = n > 0
