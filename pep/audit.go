@@ -94,8 +94,25 @@ func queueAuditHead(b *pgx.Batch, id string, h *auditHead) {
 }
 
 // appendAudit appends the event to chain id after head h, read (and
-// locked) earlier in q's transaction.
-func (g *Gate) appendAudit(ctx context.Context, q querier, h auditHead, id, kind, actor string, at time.Time, data map[string]any) error {
+// locked) earlier in tx.
+func (g *Gate) appendAudit(ctx context.Context, tx pgx.Tx, h auditHead, id, kind, actor string, at time.Time, data map[string]any) error {
+	b := &pgx.Batch{}
+	if err := queueAppendAudit(b, h, id, kind, actor, at, data); err != nil {
+		return err
+	}
+	err := tx.SendBatch(ctx, b).Close()
+	if err != nil && refusalOf(err) != refusedChainMoved {
+		return fmt.Errorf("pep: audit %s: %w", kind, err)
+	}
+	return movedChain(kind, id, err)
+}
+
+// queueAppendAudit queues on b (sent in a transaction) the event's append
+// to chain id after head h, read (and locked) earlier in the transaction.
+// The event and the head are one statement; the head moves only from the
+// seq read, so a concurrent append fails the transaction
+// (refusedChainMoved) rather than fork the chain.
+func queueAppendAudit(b *pgx.Batch, h auditHead, id, kind, actor string, at time.Time, data map[string]any) error {
 	raw, err := json.Marshal(data)
 	if err != nil {
 		return fmt.Errorf("pep: audit %s: encode: %w", kind, err)
@@ -106,21 +123,23 @@ func (g *Gate) appendAudit(ctx context.Context, q querier, h auditHead, id, kind
 	if err != nil {
 		return err
 	}
-	// The event and the head in one statement; the head moves only from
-	// the seq read, so a concurrent append fails this transaction rather
-	// than fork the chain.
-	tag, err := q.Exec(ctx, `WITH e AS (INSERT INTO pep.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8))
-		INSERT INTO pep.audit_heads (chain, seq, hash) VALUES ($1, $2, $8)
-		ON CONFLICT (chain) DO UPDATE SET seq = excluded.seq, hash = excluded.hash WHERE pep.audit_heads.seq = excluded.seq - 1`,
-		id, seq, at, kind, actor, raw, h.hash, hash)
-	if err != nil {
-		return fmt.Errorf("pep: audit %s: %w", kind, err)
-	}
-	if tag.RowsAffected() != 1 {
+	b.Queue(`WITH e AS (INSERT INTO pep.audit_events (chain, seq, at, kind, actor, data, prev_hash, hash)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)),
+		head AS (INSERT INTO pep.audit_heads (chain, seq, hash) VALUES ($1, $2, $8)
+			ON CONFLICT (chain) DO UPDATE SET seq = excluded.seq, hash = excluded.hash WHERE pep.audit_heads.seq = excluded.seq - 1
+			RETURNING true)
+		SELECT EXISTS (SELECT FROM head) OR pep.refuse($9)`,
+		id, seq, at, kind, actor, raw, h.hash, hash, refusedChainMoved)
+	return nil
+}
+
+// movedChain names the refusal of an append of kind to chain id whose
+// head moved (refusedChainMoved), and passes any other error on.
+func movedChain(kind, id string, err error) error {
+	if refusalOf(err) == refusedChainMoved {
 		return fmt.Errorf("pep: audit %s: chain %s moved during the append", kind, id)
 	}
-	return nil
+	return err
 }
 
 // auditFields are every stored field of an event but its hashes: what the

@@ -111,7 +111,7 @@ func (g *Gate) finish(ctx context.Context, a *approvalTask, m move, res *sdk.Cal
 		return err
 	}
 	// The end, the task's completion and the audit chain's head in one
-	// pipeline with its BEGIN; then the ending's audit event, and COMMIT. A
+	// pipeline with its BEGIN; then the ending's audit event with the COMMIT. A
 	// task that moved on meanwhile (the end changed nothing) rolls it all
 	// back, whether its completion queued behind the end succeeded or was
 	// refused as a conflict (the task had ended), which is no error of this
@@ -124,7 +124,7 @@ func (g *Gate) finish(ctx context.Context, a *approvalTask, m move, res *sdk.Cal
 	queueEnd(b, a, m, disposition, &ended, &backendID)
 	g.tasks.QueueTransition(b, a.TaskID, tasks.Change{To: tasks.Completed, StatusMessage: msg, Result: raw, KeepUntil: g.retained()}, &t)
 	queueAuditHead(b, a.TaskID, &head)
-	_, err = inTx(ctx, g.cfg.DB, b, func(q querier) (bool, error) {
+	_, err = inTx(ctx, g.cfg.DB, b, func(next *pgx.Batch) (bool, error) {
 		if !ended {
 			return false, nil // not this call's to end: the completion is rolled back
 		}
@@ -132,8 +132,9 @@ func (g *Gate) finish(ctx context.Context, a *approvalTask, m move, res *sdk.Cal
 		for k, v := range extra {
 			data[k] = v
 		}
-		return true, g.appendAudit(ctx, q, head, a.TaskID, kind, actorPEP, *t.TerminalAt, data)
+		return true, queueAppendAudit(next, head, a.TaskID, kind, actorPEP, *t.TerminalAt, data)
 	})
+	err = movedChain(kind, a.TaskID, err)
 	var conflict *tasks.ConflictError
 	if !ended && errors.As(err, &conflict) {
 		err = nil

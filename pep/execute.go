@@ -48,7 +48,7 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	// deadline: past it, a claim without a record is reaped outcome-unknown.
 	runDeadline := start.Add(g.cfg.ExecTimeout - recordReserve(g.cfg.ExecTimeout))
 	// The claim, the TTL to cover the run and the audit chain's head in one
-	// pipeline with its BEGIN; then the claim's audit event, and COMMIT. A
+	// pipeline with its BEGIN; then the claim's audit event with the COMMIT. A
 	// lost claim rolls it all back.
 	claimed := false
 	var backendID *string
@@ -58,16 +58,16 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 	queueClaim(batch, a, now, execDeadline, &claimed, &backendID)
 	g.tasks.QueueKeep(batch, a.TaskID, execDeadline.Add(g.cfg.ResultRetention), &kept)
 	queueAuditHead(batch, a.TaskID, &head)
-	_, err = inTx(ctx, g.cfg.DB, batch, func(q querier) (bool, error) {
+	_, err = inTx(ctx, g.cfg.DB, batch, func(next *pgx.Batch) (bool, error) {
 		if !claimed {
 			return false, nil
 		}
-		return true, g.appendAudit(ctx, q, head, a.TaskID, AuditClaimed, actorPEP, now, map[string]any{
+		return true, queueAppendAudit(next, head, a.TaskID, AuditClaimed, actorPEP, now, map[string]any{
 			"generation": a.Generation, "tool": a.Tool, "args_digest": a.ArgsDigest, "principal": a.Principal,
 			"backend_request_id": backendID, "approval_id": approvalID, "approved_until": approvedUntil.UTC().Format(time.RFC3339Nano),
 			"exec_deadline": execDeadline.UTC().Format(time.RFC3339Nano), "tool_digest": tool.Digest, "upstream": tool.Upstream, "upstream_tool": tool.UpstreamTool})
 	})
-	if err != nil {
+	if err = movedChain(AuditClaimed, a.TaskID, err); err != nil {
 		return err
 	}
 	if !claimed {

@@ -6,17 +6,18 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // inTx runs b's statements in one transaction whose BEGIN is sent with
 // them, as one pipeline (one round trip); then, once b's results have been
-// read, then (nil: commit at once) runs on the transaction what must follow
-// them and says whether to commit, or to roll back. It reports whether the
-// transaction was committed: two round trips for what pgx.BeginFunc does in
-// two more (and one for each statement then runs). A statement that fails
-// rolls the transaction back and is the error.
-func inTx(ctx context.Context, db *pgxpool.Pool, b *pgx.Batch, then func(q querier) (bool, error)) (bool, error) {
+// read, then (nil: nothing) says whether to commit or to roll back, and
+// queues on its batch what must follow, which is sent with the COMMIT as a
+// second pipeline. It reports whether the transaction was committed: two
+// round trips, for what pgx.BeginFunc does in at least four. A statement
+// that fails rolls the transaction back and is the error.
+func inTx(ctx context.Context, db *pgxpool.Pool, b *pgx.Batch, then func(next *pgx.Batch) (bool, error)) (bool, error) {
 	c, err := db.Acquire(ctx)
 	if err != nil {
 		return false, err
@@ -26,9 +27,19 @@ func inTx(ctx context.Context, db *pgxpool.Pool, b *pgx.Batch, then func(q queri
 	full.Queue("BEGIN")
 	full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
 	err = c.SendBatch(ctx, full).Close()
-	keep := err == nil
+	keep, next := err == nil, &pgx.Batch{}
 	if keep && then != nil {
-		keep, err = then(c)
+		keep, err = then(next)
+	}
+	if keep && err == nil {
+		committed := false
+		next.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+			committed = tag.String() == "COMMIT"
+			return nil
+		})
+		if err = c.SendBatch(ctx, next).Close(); err == nil && !committed {
+			err = errors.New("commit: the transaction was rolled back")
+		}
 	}
 	if !keep || err != nil {
 		if c.Conn().PgConn().TxStatus() != 'I' {
@@ -38,9 +49,5 @@ func inTx(ctx context.Context, db *pgxpool.Pool, b *pgx.Batch, then func(q queri
 		}
 		return false, err
 	}
-	tag, err := c.Exec(ctx, "COMMIT")
-	if err == nil && tag.String() != "COMMIT" {
-		err = errors.New("commit: the transaction was rolled back")
-	}
-	return err == nil, err
+	return true, nil
 }

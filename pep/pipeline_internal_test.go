@@ -11,9 +11,10 @@ import (
 	"github.com/omcp/arap/internal/dbtest"
 )
 
-// TestInTx: the pipelined transaction commits what keep allows, and
-// nothing that keep refuses or a failing statement aborts; its connection
-// goes back to the pool out of any transaction.
+// TestInTx: the pipelined transaction commits what then allows, with what
+// it queued, and nothing that then refuses or a failing statement aborts,
+// in either pipeline; its connection goes back to the pool out of any
+// transaction.
 func TestInTx(t *testing.T) {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
@@ -39,15 +40,20 @@ func TestInTx(t *testing.T) {
 		return b, &seen
 	}
 	conns := db.Stat().NewConnsCount()
-	keepIf := func(cond func() bool) func(querier) (bool, error) {
-		return func(querier) (bool, error) { return cond(), nil }
+	keepIf := func(cond func() bool, then ...int) func(*pgx.Batch) (bool, error) {
+		return func(next *pgx.Batch) (bool, error) {
+			for _, n := range then {
+				next.Queue(`INSERT INTO pipelined VALUES ($1)`, n)
+			}
+			return cond(), nil
+		}
 	}
 
 	b, seen := insert(1, 2)
-	ok, err := inTx(ctx, db, b, keepIf(func() bool { return *seen < 2 }))
+	ok, err := inTx(ctx, db, b, keepIf(func() bool { return *seen < 2 }, 3))
 	require.NoError(t, err)
 	require.False(t, ok)
-	require.Zero(t, rows(), "keep saw its writes and refused them: rolled back")
+	require.Zero(t, rows(), "keep saw its writes and refused them: rolled back, and what it queued never sent")
 
 	b, _ = insert(1, 1)
 	ok, err = inTx(ctx, db, b, nil)
@@ -56,9 +62,15 @@ func TestInTx(t *testing.T) {
 	require.Zero(t, rows(), "a failing statement rolls back the ones before it")
 
 	b, seen = insert(1, 2)
-	ok, err = inTx(ctx, db, b, keepIf(func() bool { return *seen == 2 }))
+	ok, err = inTx(ctx, db, b, keepIf(func() bool { return *seen == 2 }, 3, 1))
+	require.ErrorContains(t, err, "23505")
+	require.False(t, ok)
+	require.Zero(t, rows(), "a failing statement sent with the COMMIT rolls back the whole")
+
+	b, seen = insert(1, 2)
+	ok, err = inTx(ctx, db, b, keepIf(func() bool { return *seen == 2 }, 3))
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.Equal(t, 2, rows())
+	require.Equal(t, 3, rows(), "committed with what then queued")
 	require.Equal(t, conns, db.Stat().NewConnsCount(), "one connection served every transaction: none was left in one")
 }

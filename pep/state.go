@@ -272,11 +272,13 @@ func queueLimitCheck(b *pgx.Batch, principal string, since time.Time, l limits) 
 }
 
 // Reasons of pep.refuse (migrations/pep/0010), which fails a transaction
-// from within: the per-caller limits, and a handle the task did not take.
+// from within: the per-caller limits, a handle the task did not take, and
+// an audit chain whose head moved under an append.
 const (
 	refusedRate        = "rate"
 	refusedOutstanding = "outstanding"
 	refusedHandle      = "handle-not-taken"
+	refusedChainMoved  = "audit-chain-moved"
 )
 
 // refusalOf is the reason pep.refuse failed err's transaction with ("" if
