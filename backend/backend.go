@@ -45,6 +45,13 @@ import (
 	"github.com/omcp/arap/webui"
 )
 
+// fetchCooldown is River's one setting for two things: the least time
+// between the workers' fetches of a queue, and between a client's
+// notifications of new jobs in a queue. A job inserted within it of the last
+// notified one waits for the next poll (FetchPollInterval), so both clients
+// below take it (docs/performance.md, "approve-to-complete").
+const fetchCooldown = 10 * time.Millisecond
+
 // Config configures the backend.
 type Config struct {
 	// Addr is the listen address, e.g. "127.0.0.1:8480" (":0" picks a port).
@@ -189,8 +196,10 @@ func (b *Backend) build(ctx context.Context) error {
 		return err
 	}
 	// Jobs are inserted through a client without workers, so the services can
-	// be built before the worker client that needs them.
-	inserter, err := b.host.River(&river.Config{Schema: migrations.RiverSchema})
+	// be built before the worker client that needs them. Its FetchCooldown is
+	// also how often it may notify the workers of an insert: at River's
+	// default (100 ms) most callback deliveries waited for the next poll.
+	inserter, err := b.host.River(&river.Config{Schema: migrations.RiverSchema, FetchCooldown: fetchCooldown})
 	if err != nil {
 		return fmt.Errorf("backend: %w", err)
 	}
@@ -277,7 +286,7 @@ func (b *Backend) build(ctx context.Context) error {
 		// approve-to-complete latency; River's default 1 s poll is too slow
 		// for that (docs/performance.md, "approve-to-complete").
 		FetchPollInterval: 50 * time.Millisecond,
-		FetchCooldown:     10 * time.Millisecond,
+		FetchCooldown:     fetchCooldown,
 		// A job whose worker died (kill -9) is retried after this.
 		RescueStuckJobsAfter: 2 * cfg.JobTimeout,
 	})
