@@ -200,16 +200,14 @@ func (s *Service) DispatchPending(ctx context.Context) (int, error) {
 			// The request's notify section comes wrapped, so that a rule
 			// without one ({"n": null}) differs from a purged request (NULL),
 			// whose event the fan-out settles.
-			rows, err := tx.Query(ctx, `UPDATE arap.notification_events e SET dispatched_at = $2
-				WHERE id IN (SELECT id FROM arap.notification_events WHERE dispatched_at IS NULL
-					ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-				RETURNING id, (SELECT jsonb_build_object('n', r.approval_policy->'notify') FROM arap.requests r WHERE r.id = e.request_id)`,
-				DispatchBatch, s.cfg.Now())
+			rows, err := tx.Query(ctx, `SELECT e.id, (SELECT jsonb_build_object('n', r.approval_policy->'notify') FROM arap.requests r WHERE r.id = e.request_id)
+				FROM arap.notification_events e WHERE e.dispatched_at IS NULL
+				ORDER BY e.created_at LIMIT $1 FOR UPDATE OF e SKIP LOCKED`, DispatchBatch)
 			if err != nil {
 				return err
 			}
+			var ids, quiet []string
 			var jobs []river.InsertManyParams
-			var quiet []string
 			for rows.Next() {
 				var id string
 				var raw []byte
@@ -217,7 +215,7 @@ func (s *Service) DispatchPending(ctx context.Context) (int, error) {
 					rows.Close()
 					return err
 				}
-				n++
+				ids = append(ids, id)
 				// An event whose section does not decode gets its fan-out
 				// job, which fails alone, rather than stopping the batch.
 				var np struct {
@@ -234,11 +232,18 @@ func (s *Service) DispatchPending(ctx context.Context) (int, error) {
 			if err := rows.Err(); err != nil {
 				return err
 			}
-			if len(quiet) > 0 {
-				if _, err := tx.Exec(ctx, `UPDATE arap.notification_events SET fanned_out_at = $2 WHERE id = ANY($1) AND fanned_out_at IS NULL`,
-					quiet, s.cfg.Now()); err != nil {
-					return err
-				}
+			n = len(ids)
+			if n == 0 {
+				return nil
+			}
+			// One UPDATE of each event, which settles at once those nobody
+			// can be told of: each UPDATE of an event writes a new row version
+			// and its index entries.
+			now := s.cfg.Now()
+			if _, err := tx.Exec(ctx, `UPDATE arap.notification_events SET dispatched_at = $2,
+				fanned_out_at = CASE WHEN id = ANY($3) AND fanned_out_at IS NULL THEN $2 ELSE fanned_out_at END
+				WHERE id = ANY($1)`, ids, now, quiet); err != nil {
+				return err
 			}
 			if len(jobs) > 0 {
 				_, err = s.cfg.Jobs.InsertManyTx(ctx, tx, jobs)

@@ -147,11 +147,16 @@ func (m intentMove) apply(ctx context.Context, q querier, key, set string, args 
 	return err
 }
 
-// statement is the UPDATE apply runs, with its arguments.
+// statement is the UPDATE apply runs, with its arguments. A move to a
+// settled state (bound, failed) drops the sealed submission body: only open
+// and abandoned intents are ever submitted, so it is never read again.
 func (m intentMove) statement(key, set string, args ...any) (string, []any) {
 	from := make([]string, len(m.from))
 	for i, s := range m.from {
 		from[i] = string(s)
+	}
+	if len(intentTransitions[m.to]) == 0 {
+		set += `, body_sealed = NULL`
 	}
 	return `UPDATE pep.intents SET state = $2, updated_at = now()` + set + ` WHERE key = $1 AND state = ANY($3)`,
 		append([]any{key, string(m.to), from}, args...)

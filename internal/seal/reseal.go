@@ -125,8 +125,9 @@ func walk(ctx context.Context, db DB, c Column, fn func(key, ad string, v []byte
 		k, ad string
 		v     []byte
 	}
-	q := fmt.Sprintf(`SELECT %s, %s, %s FROM %s WHERE %s > $1 ORDER BY %s LIMIT %d`,
-		ident(c.Key), ident(c.AD), ident(c.Value), c.table(), ident(c.Key), ident(c.Key), batch)
+	// A NULL value holds nothing sealed (an ended intent's dropped body).
+	q := fmt.Sprintf(`SELECT %s, %s, %s FROM %s WHERE %s > $1 AND %s IS NOT NULL ORDER BY %s LIMIT %d`,
+		ident(c.Key), ident(c.AD), ident(c.Value), c.table(), ident(c.Key), ident(c.Value), ident(c.Key), batch)
 	last := ""
 	for {
 		rows, err := db.Query(ctx, q, last)

@@ -109,3 +109,27 @@ func TestResealAndCheck(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, seal.Count{Column: col, Rows: 450, Resealed: 1, Current: 448, Stale: 1}, counts[0])
 }
+
+// TestNullValuesHoldNothing: a NULL value (an ended intent's dropped
+// submission body) has nothing sealed in it, so neither the re-seal nor the
+// check counts it; counted, it would be a stale value no key opens, and
+// `keys reseal --check` would never let a previous key go.
+func TestNullValuesHoldNothing(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.New(t)
+	old, _ := seal.New(oldKey)
+	rotated, _ := seal.New(newKey, oldKey)
+	onlyNew, _ := seal.New(newKey)
+	secrets(t, db, old, 3)
+	_, err := db.Exec(ctx, `ALTER TABLE public.secrets ALTER COLUMN v DROP NOT NULL`)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `UPDATE public.secrets SET v = NULL WHERE id = 'row-0001'`)
+	require.NoError(t, err)
+
+	counts, err := seal.Reseal(ctx, db, rotated, []seal.Column{col})
+	require.NoError(t, err)
+	require.Equal(t, seal.Count{Column: col, Rows: 2, Resealed: 2}, counts[0])
+	counts, err = seal.Check(ctx, db, onlyNew, []seal.Column{col})
+	require.NoError(t, err)
+	require.Equal(t, seal.Count{Column: col, Rows: 2, Current: 2}, counts[0])
+}
