@@ -42,6 +42,12 @@ func TestSubmitCreatesPendingRequestWithAudit(t *testing.T) {
 	require.Equal(t, "Treasury approval", h.Task.Display["title"])
 	require.Nil(t, h.Result)
 
+	// The verified binding_token is not kept (nothing reads it, and it
+	// made every request row too large to stay inline).
+	var kept bool
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT denial ? 'binding_token' FROM arap.requests WHERE id = $1`, r.ID).Scan(&kept))
+	require.False(t, kept, "the request keeps no binding_token")
+
 	events, err := audit.Chain(ctx, f.db, r.ID)
 	require.NoError(t, err)
 	require.Len(t, events, 1)
