@@ -248,6 +248,38 @@ func (s *System) mcpClient(token string) *tasks.Client {
 	return c.(*tasks.Client)
 }
 
+// ListTools has every caller's client list the tools, as an agent does once
+// before its first call (tasks.Client.CallTool), concurrency at a time, so
+// that no measured call carries a tools/list: with 2,000 callers a run of
+// the gate made a first call for most of them.
+func (s *System) ListTools(ctx context.Context, concurrency int) error {
+	next := make(chan string)
+	errs := make(chan error, concurrency)
+	for range concurrency {
+		go func() {
+			var first error
+			for token := range next {
+				if _, _, err := s.mcpClient(token).ListTools(ctx); err != nil && first == nil {
+					first = err
+				}
+			}
+			errs <- first
+		}()
+	}
+	for _, token := range s.Callers {
+		next <- token
+	}
+	close(next)
+	var err error
+	for range concurrency {
+		err = cmp.Or(err, <-errs)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: tools/list: %w", err)
+	}
+	return nil
+}
+
 // Gate is an MCP tools/call that gets a requestable denial and answers
 // with a CreateTaskResult: the whole PEP path (evaluate, intent, submit,
 // bind, task). Calls rotate over the callers, whose live tasks are bounded.

@@ -55,6 +55,8 @@ type Report struct {
 	// DB is PostgreSQL's profile of each measurement, by its name (with
 	// Config.Statements).
 	DB map[string]*DBProfile `json:"db,omitempty"`
+	// CPU is where each measurement's CPU time went, by its name.
+	CPU map[string]*CPU `json:"cpu"`
 }
 
 // Run measures the baselines and then each op against s.
@@ -65,7 +67,7 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 	if c.LatencyConcurrency == 0 {
 		c.LatencyConcurrency = 4
 	}
-	r := &Report{Config: c, Baselines: map[string]Stats{}, PeakRSS: map[string]int64{}, DB: map[string]*DBProfile{}}
+	r := &Report{Config: c, Baselines: map[string]Stats{}, PeakRSS: map[string]int64{}, DB: map[string]*DBProfile{}, CPU: map[string]*CPU{}}
 	measure := func(name string, conc int, op Op) Stats {
 		fmt.Fprintf(c.Log, "measuring %s (%d workers, %s)\n", name, conc, c.Duration)
 		run(ctx, conc, c.Warmup, op) // apart, so that a profile covers the measured calls only
@@ -74,7 +76,9 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 		if c.Statements > 0 {
 			mark, err = s.markDB(ctx)
 		}
+		cpu := s.cpu()
 		st := Measure(ctx, name, conc, 0, c.Duration, op)
+		r.CPU[name] = s.cpu().since(cpu, st.N)
 		fmt.Fprintln(c.Log, "  "+st.String())
 		if c.Statements > 0 && err == nil {
 			r.DB[name], err = s.profileDB(ctx, mark, st.N, c.Statements)
@@ -113,6 +117,12 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 	}
 	var subs submitted
 	var next atomic.Int64
+	if slices.Contains(c.Ops, "gate") || slices.Contains(c.Ops, "approve-to-complete") {
+		fmt.Fprintf(c.Log, "listing the tools for %d callers\n", len(s.Callers))
+		if err := s.ListTools(ctx, c.Concurrency); err != nil {
+			return nil, err
+		}
+	}
 	for _, op := range AllOps {
 		if !slices.Contains(c.Ops, op) {
 			continue
@@ -160,7 +170,7 @@ func Run(ctx context.Context, s *System, c Config) (*Report, error) {
 		case "gateway-allowed":
 			// The same tool, directly and through the gateway, at the
 			// latency and the throughput concurrency.
-			direct := measure("baseline: upstream tool, direct", c.LatencyConcurrency, s.Upstream(false, &next))
+			direct := measure("baseline: upstream tool, direct (latency)", c.LatencyConcurrency, s.Upstream(false, &next))
 			via := measure(op+" (latency)", c.LatencyConcurrency, s.Upstream(true, &next))
 			r.Baselines["upstream-latency"] = direct
 			added := via.P50 - direct.P50
@@ -211,6 +221,21 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "peak RSS %s: %.0f MB\n", name, float64(r.PeakRSS[name])/(1<<20))
 	}
 	fmt.Fprintf(w, "RSS under 150 MB: %s; status read with %d rows in arap.requests\n", yes(r.RSSMet), r.StatusRows)
+	fmt.Fprintf(w, "CPU per successful call, ms (user and system, from /proc):\n  %-36s", "")
+	for _, p := range cpuParts {
+		fmt.Fprintf(w, " %8s", p)
+	}
+	fmt.Fprintf(w, " %8s %6s\n", "total", "busy")
+	for _, name := range []string{"http", "insert", "upstream-latency", "upstream"} {
+		if b, ok := r.Baselines[name]; ok && r.CPU[b.Name] != nil {
+			r.CPU[b.Name].print(w, b.Name)
+		}
+	}
+	for _, row := range r.Rows {
+		if c := r.CPU[row.Name]; c != nil {
+			c.print(w, row.Name)
+		}
+	}
 	for _, name := range []string{"http", "insert"} {
 		if b, ok := r.Baselines[name]; ok && r.DB[b.Name] != nil {
 			r.DB[b.Name].print(w, b.Name)

@@ -267,6 +267,10 @@ func (c *Cluster) ConnString(db string) string {
 	return fmt.Sprintf("postgres://postgres@/%s?host=%s&port=%d&sslmode=disable", db, c.socketDir, c.port)
 }
 
+// Pid is the server's (the postmaster's) process id; its backends are its
+// children.
+func (c *Cluster) Pid() int { return c.cmd.Process.Pid }
+
 // DataDir is the cluster's data directory.
 func (c *Cluster) DataDir() string { return c.dataDir }
 
