@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/callbacks"
@@ -215,16 +216,18 @@ func TestMasterKeyRotationUnderLoad(t *testing.T) {
 	require.NoError(t, err)
 	var key string
 	var v []byte
-	require.NoError(t, s.pool.QueryRow(ctx, `SELECT key, body_sealed FROM pep.intents LIMIT 1`).Scan(&key, &v))
+	// (A task's arguments: every intent here is bound, and a bound intent
+	// keeps no body.)
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT task_id, args_sealed FROM pep.approval_tasks LIMIT 1`).Scan(&key, &v))
 	plain, err := onlyNewPep.Open(v, key)
 	require.NoError(t, err)
-	_, err = s.pool.Exec(ctx, `UPDATE pep.intents SET body_sealed = $1 WHERE key = $2`, old.Seal(plain, key), key)
+	_, err = s.pool.Exec(ctx, `UPDATE pep.approval_tasks SET args_sealed = $1 WHERE task_id = $2`, old.Seal(plain, key), key)
 	require.NoError(t, err)
 	cmd := osexec.Command(filepath.Join(binDir, "arapctl"), "keys", "reseal", "--pep", "--check")
 	cmd.Env = append(os.Environ(), newEnv...)
 	b, err := cmd.CombinedOutput()
 	require.Error(t, err, "%s", b)
-	require.Contains(t, string(b), "pep.intents.body_sealed")
+	require.Contains(t, string(b), "pep.approval_tasks.args_sealed")
 	require.Contains(t, string(b), "1 not under key "+onlyNewPep.CurrentID())
 }
 
@@ -293,7 +296,7 @@ func toLegacy(t *testing.T, s *stack, master []byte, c seal.Column, key string) 
 	require.NoError(t, err)
 	var k, ad string
 	var v []byte
-	q := fmt.Sprintf(`SELECT %s, %s, %s FROM %s.%s WHERE $1 = '' OR %s = $1 ORDER BY 1 LIMIT 1`, c.Key, c.AD, c.Value, c.Schema, c.Table, c.Key)
+	q := fmt.Sprintf(`SELECT %s, %s, %s FROM %s.%s WHERE ($1 = '' OR %s = $1) AND %s IS NOT NULL ORDER BY 1 LIMIT 1`, c.Key, c.AD, c.Value, c.Schema, c.Table, c.Key, c.Value)
 	require.NoError(t, s.pool.QueryRow(ctx, q, key).Scan(&k, &ad, &v))
 	plain, err := box.Open(v, ad)
 	require.NoError(t, err)
@@ -309,22 +312,23 @@ func toLegacy(t *testing.T, s *stack, master []byte, c seal.Column, key string) 
 }
 
 // opensAll opens every value of cols with box and returns how many there
-// were.
+// were (a NULL holds nothing sealed: a settled intent's dropped body).
 func opensAll(t *testing.T, s *stack, box *seal.Box, cols []seal.Column) int {
 	t.Helper()
 	n := 0
 	for _, c := range cols {
-		rows, err := s.pool.Query(context.Background(), fmt.Sprintf(`SELECT %s, %s FROM %s.%s`, c.AD, c.Value, c.Schema, c.Table))
+		rows, err := s.pool.Query(context.Background(), fmt.Sprintf(`SELECT %s, %s FROM %s.%s WHERE %s IS NOT NULL`, c.AD, c.Value, c.Schema, c.Table, c.Value))
 		require.NoError(t, err)
-		for rows.Next() {
-			var ad string
-			var v []byte
-			require.NoError(t, rows.Scan(&ad, &v))
-			_, err := box.Open(v, ad)
-			require.NoError(t, err, "%s of %s opens under the new key alone", c, ad)
+		values, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2][]byte, error) {
+			var v [2][]byte
+			return v, r.Scan(&v[0], &v[1])
+		})
+		require.NoError(t, err) // rows are closed before any check can stop the test
+		for _, v := range values {
+			_, err := box.Open(v[1], string(v[0]))
+			require.NoError(t, err, "%s of %s opens under the new key alone", c, v[0])
 			n++
 		}
-		require.NoError(t, rows.Err())
 	}
 	return n
 }

@@ -76,14 +76,15 @@ func recipients(ms []mailsink.Message) []string {
 	return out
 }
 
-// secrets are what no message may carry: the request's binding token,
-// evaluation id and, once approved, its approval id and state.
+// secrets are what no message may carry: the request's evaluation id and,
+// once approved, its approval id and state. (Its binding token is not
+// stored; requireNoSecrets looks for any token the backend signs.)
 func secrets(t *testing.T, pool *pgxpool.Pool, id string) []string {
-	var evalID, token, approvalID, state string
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT evaluation_id, denial->>'binding_token',
+	var evalID, approvalID, state string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT evaluation_id,
 		coalesce(result->'approval'->>'id', ''), coalesce(result->'approval'->>'state', '') FROM arap.requests WHERE id = $1`, id).
-		Scan(&evalID, &token, &approvalID, &state))
-	out := []string{evalID, token}
+		Scan(&evalID, &approvalID, &state))
+	out := []string{evalID}
 	for _, s := range []string{approvalID, state} {
 		if s != "" {
 			out = append(out, s)
@@ -99,6 +100,9 @@ func requireNoSecrets(t *testing.T, pool *pgxpool.Pool, id string, ms []mailsink
 			require.NotContains(t, string(m.Raw), s, "a message carries a secret of the request")
 			require.NotContains(t, m.Text+m.HTML+m.Subject, s)
 		}
+		// The start of every JWS the backend signs, {"alg":"ES256",
+		// (binding tokens, approval states).
+		require.NotContains(t, m.Text+m.HTML+m.Subject, "eyJhbGciOiJFUzI1NiIs", "a message carries a signed token")
 	}
 }
 

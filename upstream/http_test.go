@@ -707,9 +707,12 @@ func TestCallsReuseConnections(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	// Two per caller at most: the SDK finishes reading a call's event stream
-	// (and so frees its connection) just after it has handed the result on.
-	require.LessOrEqual(t, s.dialled.Load()-before, int32(2*workers), "connections dialled for %d calls from %d goroutines", workers*calls, workers)
+	// A few per caller at most: the SDK finishes reading a call's event
+	// stream (and so frees its connection) just after it has handed the
+	// result on, so a caller's next call may dial while that one drains,
+	// more often on a busy machine (17 for 8 callers seen). Without reuse it
+	// is one a call, or most calls past net/http's two idle per host.
+	require.LessOrEqual(t, s.dialled.Load()-before, int32(4*workers), "connections dialled for %d calls from %d goroutines", workers*calls, workers)
 }
 
 // TestSubscriptionAfterReconnect: a resource subscription is made again on
