@@ -1,14 +1,17 @@
 // Package attributes owns deployment-wide facts that policy conditions read
 // as `attributes.<key>`: a risk level, a change freeze, an incident flag.
-// The PDP re-reads them at every evaluation (through a cache at most a second
-// old), so a change takes effect without a policy reload, and automated
-// resolvers of pending requests run again when one changes.
+// The PDP re-reads them at every evaluation, through a cache that a change
+// empties in every replica that listens (Start) and that is at most a second
+// old otherwise, so a change takes effect without a policy reload, and
+// automated resolvers of pending requests run again when one changes.
 package attributes
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"sync"
 	"time"
@@ -17,17 +20,36 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/internal/pglisten"
 )
 
-// maxAge bounds how stale a replica's view of the attributes may be.
+// maxAge bounds how stale a replica's view of the attributes may be when a
+// change's notification is not heard (the listener down, a change written
+// in SQL by hand).
 const maxAge = time.Second
+
+// Channel is the notification a change sends in its transaction; a
+// listening Store empties its cache when it hears one.
+const Channel = "arap_attributes"
 
 // Store reads and writes attributes.
 type Store struct {
-	db       *pgxpool.Pool
-	mu       sync.Mutex
+	db *pgxpool.Pool
+	// MaxAge, if set, replaces maxAge (tests that must see a notification
+	// work without the cache's expiry).
+	MaxAge time.Duration
+	// Log, if set, hears that the listener cannot listen.
+	Log  *slog.Logger
+	load sync.Mutex // one reload at a time
+	mu   sync.Mutex
+	// gen advances whenever the cache is emptied: a reload that began
+	// before a change committed, and ends after its notification was
+	// heard, must not keep what it read.
+	gen      uint64
 	snapshot map[string]any
 	loaded   time.Time
+	stop     context.CancelFunc
+	done     chan struct{}
 }
 
 // NewStore returns a Store on db.
@@ -37,11 +59,17 @@ var keyRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
 
 // Snapshot returns every attribute. The map must not be modified.
 func (s *Store) Snapshot(ctx context.Context) (map[string]any, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.snapshot != nil && time.Since(s.loaded) < maxAge {
-		return s.snapshot, nil
+	if snap := s.cached(); snap != nil {
+		return snap, nil
 	}
+	s.load.Lock()
+	defer s.load.Unlock()
+	if snap := s.cached(); snap != nil { // another caller reloaded it meanwhile
+		return snap, nil
+	}
+	s.mu.Lock()
+	gen := s.gen
+	s.mu.Unlock()
 	rows, err := s.db.Query(ctx, `SELECT key, value FROM arap.attributes`)
 	if err != nil {
 		return nil, fmt.Errorf("attributes: load: %w", err)
@@ -59,8 +87,30 @@ func (s *Store) Snapshot(ctx context.Context) (map[string]any, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	s.snapshot, s.loaded = snap, time.Now()
+	s.mu.Lock()
+	if gen == s.gen {
+		s.snapshot, s.loaded = snap, time.Now()
+	}
+	s.mu.Unlock()
 	return snap, nil
+}
+
+// cached is the cache, or nil when it is empty or too old.
+func (s *Store) cached() map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.snapshot != nil && time.Since(s.loaded) < cmp.Or(s.MaxAge, maxAge) {
+		return s.snapshot
+	}
+	return nil
+}
+
+// forget empties the cache.
+func (s *Store) forget() {
+	s.mu.Lock()
+	s.snapshot = nil
+	s.gen++
+	s.mu.Unlock()
 }
 
 // Set stores key = value (any JSON value; nil deletes it). then runs in the
@@ -87,6 +137,10 @@ func (s *Store) Set(ctx context.Context, key string, value any, by string, then 
 			Data: map[string]any{"key": key, "value": json.RawMessage(raw)}}); err != nil {
 			return err
 		}
+		// Heard by every listening replica if, and once, this commits.
+		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, Channel, key); err != nil {
+			return fmt.Errorf("attributes: announce %s: %w", key, err)
+		}
 		if then != nil {
 			return then(ctx, tx)
 		}
@@ -95,8 +149,31 @@ func (s *Store) Set(ctx context.Context, key string, value any, by string, then 
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.snapshot = nil
-	s.mu.Unlock()
+	s.forget()
 	return nil
+}
+
+// Start listens on Channel until Stop, emptying the cache at every change
+// another process (arapctl, another replica) makes, and once the LISTEN
+// holds after a loss; meanwhile the cache keeps its one-second bound (a
+// host.Service).
+func (s *Store) Start(context.Context) error {
+	ctx, stop := context.WithCancel(context.Background())
+	s.stop, s.done = stop, make(chan struct{})
+	l := pglisten.Listener{DB: s.db, Channel: Channel, Name: "arap-attributes-listener",
+		What: "attribute changes (each replica's view up to a second old meanwhile)", Log: s.Log,
+		Live: func(bool) { s.forget() }, Heard: func(string) { s.forget() }}
+	go func() {
+		defer close(s.done)
+		l.Run(ctx, nil)
+	}()
+	return nil
+}
+
+// Stop ends the listener.
+func (s *Store) Stop() {
+	if s.stop != nil {
+		s.stop()
+		<-s.done
+	}
 }

@@ -3,6 +3,7 @@ package attributes_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -48,4 +49,47 @@ func TestSetSnapshotAndHook(t *testing.T) {
 	events, err := audit.Chain(ctx, db, audit.SystemChain)
 	require.NoError(t, err)
 	require.Len(t, events, 2)
+}
+
+// A listening replica empties its cache at another's change, long before
+// its cache would expire, and again after its listening connection is lost.
+func TestAListeningReplicaHearsAChange(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.New(t)
+	listener := attributes.NewStore(db)
+	listener.MaxAge = time.Hour
+	require.NoError(t, listener.Start(ctx))
+	t.Cleanup(listener.Stop)
+	writer := attributes.NewStore(db)
+
+	listenerPid := func() (pid int) {
+		err := db.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+			WHERE application_name = 'arap-attributes-listener' AND datname = current_database()
+			AND wait_event = 'ClientRead'`).Scan(&pid)
+		require.NoError(t, err)
+		return pid
+	}
+	sees := func(want any) func() bool {
+		return func() bool {
+			snap, err := listener.Snapshot(ctx)
+			require.NoError(t, err)
+			return snap["change_freeze"] == want
+		}
+	}
+	var first int
+	require.Eventually(t, func() bool { first = listenerPid(); return first != 0 }, 10*time.Second, 10*time.Millisecond)
+	snap, err := listener.Snapshot(ctx)
+	require.NoError(t, err)
+	require.NotContains(t, snap, "change_freeze")
+
+	require.NoError(t, writer.Set(ctx, "change_freeze", true, "op", nil))
+	require.Eventually(t, sees(true), 10*time.Second, 10*time.Millisecond, "the change was not heard")
+
+	_, err = db.Exec(ctx, `SELECT pg_terminate_backend($1)`, first)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { pid := listenerPid(); return pid != 0 && pid != first }, 10*time.Second, 10*time.Millisecond,
+		"the listener did not reconnect")
+	require.Eventually(t, sees(true), 10*time.Second, 10*time.Millisecond) // cached again
+	require.NoError(t, writer.Set(ctx, "change_freeze", false, "op", nil))
+	require.Eventually(t, sees(false), 10*time.Second, 10*time.Millisecond, "the change after reconnecting was not heard")
 }

@@ -182,6 +182,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	requestsURL := public + authzen.PathRequests
 	b.attrs = attributes.NewStore(pool)
+	b.attrs.Log = cfg.Log
 	b.people = directory.NewStore(pool)
 	if b.engine, err = evaluation.New(evaluation.Options{
 		PolicyFile: cfg.PolicyFile, Keys: b.keys, Issuer: public, RequestsURL: requestsURL,
@@ -337,7 +338,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	b.host.Mount(host.Parts{
 		Handler: h, Metrics: b.metrics, Workers: jobs, Reload: func() { _ = b.Reload() },
-		Services: []host.Service{&notify.Dispatcher{Service: b.notify}},
+		Services: []host.Service{&notify.Dispatcher{Service: b.notify}, b.attrs},
 		Started: func() []any {
 			// The master key's id (which says nothing about the key) shows
 			// which key each replica seals under during a rotation.

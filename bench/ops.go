@@ -253,6 +253,7 @@ func (s *System) mcpClient(token string) *tasks.Client {
 // that no measured call carries a tools/list: with 2,000 callers a run of
 // the gate made a first call for most of them.
 func (s *System) ListTools(ctx context.Context, concurrency int) error {
+	concurrency = max(concurrency, 1)
 	next := make(chan string)
 	errs := make(chan error, concurrency)
 	for range concurrency {

@@ -2,12 +2,11 @@ package pep
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/omcp/arap/internal/pglisten"
 )
 
 // The memory of authenticated callers (Callers), and the listener that
@@ -31,7 +30,7 @@ import (
 //
 // The lag is then PostgreSQL's delivery of a notification to an idle
 // connection. A connection lost without a word (no RST) is found by a ping
-// after callerPingEvery of silence. Entries also expire after
+// after pglisten.PingEvery of silence. Entries also expire after
 // callerCacheTTL whatever is heard, which bounds a revocation written by
 // hand in SQL without the notification.
 
@@ -41,9 +40,6 @@ const (
 	// callerCacheMax bounds the tokens remembered; past it the memory is
 	// emptied and refills from the busiest callers.
 	callerCacheMax = 10000
-	// callerPingEvery is how long the listener waits in silence before it
-	// checks its connection.
-	callerPingEvery = 5 * time.Second
 )
 
 type callerCache struct {
@@ -131,74 +127,11 @@ func (c *Callers) Listen(ctx context.Context, log *slog.Logger) {
 	if c.cache == nil {
 		return
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	backoff := 250 * time.Millisecond
-	for ctx.Err() == nil {
-		conn, err := c.listenConn(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Warn("caller revocations: cannot listen; authenticating every request from the database", "error", err)
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 30*time.Second)
-			continue
-		}
-		backoff = 250 * time.Millisecond
-		c.cache.setLive(true)
-		err = c.hear(ctx, conn)
-		c.cache.setLive(false)
-		_ = conn.Close(context.WithoutCancel(ctx))
-		if ctx.Err() == nil {
-			log.Warn("caller revocations: listening connection lost; reconnecting", "error", err)
-		}
-	}
-}
-
-// listenConn opens a connection of its own (outside the pool) and LISTENs.
-func (c *Callers) listenConn(ctx context.Context) (*pgx.Conn, error) {
-	cc := c.DB.Config().ConnConfig.Copy()
-	cc.RuntimeParams["application_name"] = CallersListener
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{CallersChannel}.Sanitize()); err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return conn, nil
+	l := pglisten.Listener{DB: c.DB, Channel: CallersChannel, Name: CallersListener,
+		What: "caller revocations (authenticating from the database meanwhile)", Log: log,
+		Live: c.cache.setLive, Heard: func(string) { c.cache.forget() }}
+	l.Run(ctx, nil)
 }
 
 // CallersListener is the application_name of the listening connection.
 const CallersListener = "arap-callers-listener"
-
-// hear empties the memory at every notification, and pings the connection
-// after callerPingEvery of silence, until the connection fails or ctx ends.
-func (c *Callers) hear(ctx context.Context, conn *pgx.Conn) error {
-	for {
-		wait, cancel := context.WithTimeout(ctx, callerPingEvery)
-		_, err := conn.WaitForNotification(wait)
-		cancel()
-		switch {
-		case err == nil:
-			c.cache.forget()
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case errors.Is(err, context.DeadlineExceeded):
-			// Silence: a timed-out wait leaves the connection usable.
-			ping, cancel := context.WithTimeout(ctx, callerPingEvery)
-			err := conn.Ping(ping)
-			cancel()
-			if err != nil {
-				return err
-			}
-		default:
-			return err
-		}
-	}
-}

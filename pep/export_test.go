@@ -51,3 +51,7 @@ func (g *Gate) CallerMemory() (live bool, listens, remembered int) {
 
 // LockLimits is the class of the principals' limit locks.
 const LockLimits = lockLimits
+
+// SubmitAndBind is what a runner that wrote intent key does next, however
+// late (another binder may have bound it meanwhile).
+func (g *Gate) SubmitAndBind(ctx context.Context, key string) error { return g.submitAndBind(ctx, key) }

@@ -45,6 +45,15 @@ func TestSettledIntentsDropTheirBody(t *testing.T) {
 	require.Equal(t, "bound", state)
 	require.False(t, kept, "a bound intent keeps no body")
 
+	// A runner that wrote it and is only now submitting finds it ended:
+	// nothing to send, no error.
+	var key string
+	require.NoError(t, p.db.QueryRow(ctx, `SELECT key FROM pep.intents WHERE task_id = $1`, id).Scan(&key))
+	sent := held.Swap(-1)
+	require.NoError(t, p.gate.SubmitAndBind(ctx, key), "a late binder finds the intent ended")
+	require.Equal(t, int32(-1), held.Load(), "an ended intent is not submitted again")
+	held.Store(sent)
+
 	refuse.Store(true)
 	_, err := p.alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-refused", "amount": 30002}, nil)
 	require.ErrorContains(t, err, "could not be submitted")

@@ -92,6 +92,9 @@ func (g *Gate) Reconcile(ctx context.Context) error {
 			continue
 		}
 		in, err := g.loadIntent(ctx, o.key)
+		if errors.Is(err, errIntentEnded) {
+			continue // its binder was only slow
+		}
 		if err != nil {
 			g.cfg.Log.ErrorContext(ctx, "reconcile: intent unreadable", "error", err)
 			continue

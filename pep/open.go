@@ -201,6 +201,9 @@ func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup st
 // binds the handle to its task.
 func (g *Gate) submitAndBind(ctx context.Context, key string) error {
 	in, err := g.loadIntent(ctx, key)
+	if errors.Is(err, errIntentEnded) {
+		return nil // bound or settled by another (the reconciler)
+	}
 	if err != nil {
 		return err
 	}
@@ -227,11 +230,18 @@ func (g *Gate) submitAndBindIntent(ctx context.Context, in *intent) (*tasks.Task
 	return g.bindTask(ctx, in, tr)
 }
 
+// errIntentEnded is loadIntent's answer for an intent that has ended
+// (bound or failed): its body is dropped and nothing is left to submit.
+var errIntentEnded = errors.New("pep: intent ended")
+
 // loadIntent reads intent key and opens its body.
 func (g *Gate) loadIntent(ctx context.Context, key string) (*intent, error) {
 	in, sealed, err := getIntent(ctx, g.cfg.DB, key)
 	if err != nil {
 		return nil, err
+	}
+	if sealed == nil {
+		return nil, errIntentEnded
 	}
 	if in.Body, err = g.box.Open(sealed, key); err != nil {
 		return nil, err

@@ -84,6 +84,10 @@ func Reseal(ctx context.Context, db DB, b *Box, cols []Column) ([]Count, error) 
 				if err != nil {
 					return err
 				}
+				if v == nil { // its value dropped meanwhile: nothing sealed left
+					n.Rows--
+					return nil
+				}
 			}
 			return fmt.Errorf("%s: a row keeps changing under the re-seal", c)
 		})

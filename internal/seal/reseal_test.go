@@ -133,3 +133,22 @@ func TestNullValuesHoldNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, seal.Count{Column: col, Rows: 2, Current: 2}, counts[0])
 }
+
+// A value dropped between the re-seal's read and its UPDATE (an intent
+// ending meanwhile) is no longer a row to count, not a stale one.
+func TestValueDroppedDuringReseal(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.New(t)
+	old, _ := seal.New(oldKey)
+	rotated, _ := seal.New(newKey, oldKey)
+	secrets(t, db, old, 1)
+	_, err := db.Exec(ctx, `ALTER TABLE public.secrets ALTER COLUMN v DROP NOT NULL`)
+	require.NoError(t, err)
+	race := &raceDB{Pool: db, write: func() {
+		_, err := db.Exec(ctx, `UPDATE public.secrets SET v = NULL WHERE id = 'row-0000'`)
+		require.NoError(t, err)
+	}}
+	counts, err := seal.Reseal(ctx, race, rotated, []seal.Column{col})
+	require.NoError(t, err)
+	require.Equal(t, seal.Count{Column: col}, counts[0])
+}

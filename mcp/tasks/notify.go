@@ -7,8 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omcp/arap/internal/pglisten"
 )
 
 // Channel is the PostgreSQL notification channel on which the Store
@@ -81,13 +82,24 @@ func NewNotifier(db *pgxpool.Pool, cfg ListenConfig) *Notifier {
 // connection cannot be made; later losses are reconnected, and every
 // stream re-reads its tasks once the connection is back.
 func (n *Notifier) Start(ctx context.Context) error {
-	conn, err := n.connect(ctx)
+	l := &pglisten.Listener{DB: n.db, Channel: Channel, Name: "arap-tasks-notifier",
+		What: "task notifications (streams resync meanwhile)", Log: n.cfg.Log,
+		Live: func(live bool) {
+			if live { // whatever changed while nobody listened is re-read
+				n.wakeAll()
+			}
+		},
+		Heard: n.wake}
+	conn, err := l.Dial(ctx)
 	if err != nil {
 		return err
 	}
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.cancel, n.done = cancel, make(chan struct{})
-	go n.loop(loopCtx, conn)
+	go func() {
+		defer close(n.done)
+		l.Run(loopCtx, conn)
+	}()
 	return nil
 }
 
@@ -105,54 +117,6 @@ func (n *Notifier) Stop() {
 			<-n.done
 		}
 	})
-}
-
-func (n *Notifier) connect(ctx context.Context) (*pgx.Conn, error) {
-	cc := n.db.Config().ConnConfig.Copy()
-	cc.RuntimeParams["application_name"] = "arap-tasks-notifier"
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{Channel}.Sanitize()); err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return conn, nil
-}
-
-func (n *Notifier) loop(ctx context.Context, conn *pgx.Conn) {
-	defer close(n.done)
-	backoff := 250 * time.Millisecond
-	for {
-		for conn == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			var err error
-			if conn, err = n.connect(ctx); err != nil {
-				n.cfg.Log.Warn("task notifications: reconnect failed", "error", err)
-				backoff = min(2*backoff, 30*time.Second)
-				continue
-			}
-			backoff = 250 * time.Millisecond
-			// Whatever changed while nobody listened is re-read.
-			n.wakeAll()
-		}
-		msg, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			_ = conn.Close(context.Background())
-			conn = nil
-			if ctx.Err() != nil {
-				return
-			}
-			n.cfg.Log.Warn("task notifications: connection lost; reconnecting", "error", err)
-			continue
-		}
-		n.wake(msg.Payload)
-	}
 }
 
 // wake marks task id changed for every stream subscribed to it.

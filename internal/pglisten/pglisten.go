@@ -1,0 +1,134 @@
+// Package pglisten holds a PostgreSQL LISTEN on a connection of its own
+// (outside the pool, which would hand a listening connection to others):
+// it reconnects after a loss and pings after a silence, so that a
+// connection dead without a word (a half-open TCP connection, a
+// terminated backend) is found and replaced. Its users keep caches that a
+// notification empties, and treat the time without a listening
+// connection as time in which anything may have changed.
+package pglisten
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PingEvery is how long a listener waits in silence before it checks its
+// connection.
+const PingEvery = 5 * time.Second
+
+// Backoff after a failed connection starts here and doubles to maxBackoff.
+const (
+	minBackoff = 250 * time.Millisecond
+	maxBackoff = 30 * time.Second
+)
+
+// Listener is one channel's listener.
+type Listener struct {
+	DB      *pgxpool.Pool
+	Channel string
+	// Name is the connection's application_name (seen in pg_stat_activity).
+	Name string
+	// What names the listener in its warnings ("caller revocations").
+	What string
+	Log  *slog.Logger // nil: no warnings
+	// Live is called with true once LISTEN holds (whatever changed before
+	// is to be read again) and with false when the connection is lost.
+	Live func(live bool)
+	// Heard is called with each notification's payload.
+	Heard func(payload string)
+}
+
+// Dial opens a connection of its own and LISTENs on the channel.
+func (l *Listener) Dial(ctx context.Context) (*pgx.Conn, error) {
+	cc := l.DB.Config().ConnConfig.Copy()
+	cc.RuntimeParams["application_name"] = l.Name
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.Channel}.Sanitize()); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return conn, nil
+}
+
+// Run listens until ctx ends, on conn if it is not nil (a connection Dial
+// made, for a caller that must fail when the first one cannot be made),
+// and on connections of its own after that.
+func (l *Listener) Run(ctx context.Context, conn *pgx.Conn) {
+	backoff := minBackoff
+	for ctx.Err() == nil {
+		if conn == nil {
+			var err error
+			if conn, err = l.Dial(ctx); err != nil {
+				if ctx.Err() == nil {
+					l.warn("cannot listen; retrying", err)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, maxBackoff)
+				continue
+			}
+		}
+		backoff = minBackoff
+		l.live(true)
+		err := l.hear(ctx, conn)
+		l.live(false)
+		_ = conn.Close(context.WithoutCancel(ctx))
+		conn = nil
+		if ctx.Err() == nil {
+			l.warn("listening connection lost; reconnecting", err)
+		}
+	}
+	if conn != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+	}
+}
+
+// hear passes on every notification, and pings the connection after
+// PingEvery of silence, until the connection fails or ctx ends.
+func (l *Listener) hear(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		wait, cancel := context.WithTimeout(ctx, PingEvery)
+		n, err := conn.WaitForNotification(wait)
+		cancel()
+		switch {
+		case err == nil:
+			if l.Heard != nil {
+				l.Heard(n.Payload)
+			}
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded):
+			// Silence: a timed-out wait leaves the connection usable.
+			ping, cancel := context.WithTimeout(ctx, PingEvery)
+			err := conn.Ping(ping)
+			cancel()
+			if err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}
+
+func (l *Listener) live(live bool) {
+	if l.Live != nil {
+		l.Live(live)
+	}
+}
+
+func (l *Listener) warn(msg string, err error) {
+	if l.Log != nil {
+		l.Log.Warn(l.What+": "+msg, "error", err)
+	}
+}
