@@ -63,6 +63,13 @@ func (l *Listener) Dial(ctx context.Context) (*pgx.Conn, error) {
 // and on connections of its own after that.
 func (l *Listener) Run(ctx context.Context, conn *pgx.Conn) {
 	backoff := minBackoff
+	wait := func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
 	for ctx.Err() == nil {
 		if conn == nil {
 			var err error
@@ -70,23 +77,27 @@ func (l *Listener) Run(ctx context.Context, conn *pgx.Conn) {
 				if ctx.Err() == nil {
 					l.warn("cannot listen; retrying", err)
 				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(backoff):
-				}
-				backoff = min(2*backoff, maxBackoff)
+				wait()
 				continue
 			}
 		}
-		backoff = minBackoff
 		l.live(true)
+		since := time.Now()
 		err := l.hear(ctx, conn)
 		l.live(false)
 		_ = conn.Close(context.WithoutCancel(ctx))
 		conn = nil
-		if ctx.Err() == nil {
-			l.warn("listening connection lost; reconnecting", err)
+		if ctx.Err() != nil {
+			break
 		}
+		l.warn("listening connection lost; reconnecting", err)
+		// A connection dropped as soon as it is made (a proxy, a backend
+		// killed over and over) backs off as a failed one does: each new
+		// one makes every user re-read what it keeps.
+		if time.Since(since) >= PingEvery {
+			backoff = minBackoff
+		}
+		wait()
 	}
 	if conn != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
