@@ -27,13 +27,17 @@ func TestSettledIntentsDropTheirBody(t *testing.T) {
 	}
 	var held atomic.Int32 // open intents with their body, seen while a submission is in flight
 	var refuse atomic.Bool
+	var stored atomic.Value // the open bodies as stored, seen then
 	p.onBackend(func(r *http.Request, _ []byte) {
 		if r.URL.Path != authzen.PathRequests {
 			return
 		}
 		var n int32
-		require.NoError(t, p.db.QueryRow(ctx, `SELECT count(*) FROM pep.intents WHERE state = 'intent' AND body_sealed IS NOT NULL`).Scan(&n))
+		var bodies []byte // every open body, as stored
+		require.NoError(t, p.db.QueryRow(ctx, `SELECT count(*), coalesce(string_agg(body_sealed, ''), '') FROM pep.intents
+			WHERE state = 'intent' AND body_sealed IS NOT NULL`).Scan(&n, &bodies))
 		held.Store(n)
+		stored.Store(string(bodies))
 		if refuse.Load() { // a body the backend refuses (400): nothing is created
 			r.Body, r.ContentLength, r.GetBody = io.NopCloser(strings.NewReader(`{}`)), 2, nil
 		}
@@ -41,6 +45,9 @@ func TestSettledIntentsDropTheirBody(t *testing.T) {
 
 	id := p.transfer(t, 30001)
 	require.Equal(t, int32(1), held.Load(), "the intent kept its body while it was submitted")
+	for _, plain := range []string{"acct-30001", "binding_token", "wire_transfer"} {
+		require.NotContains(t, stored.Load(), plain, "a kept body is sealed")
+	}
 	state, kept := intent(id)
 	require.Equal(t, "bound", state)
 	require.False(t, kept, "a bound intent keeps no body")
