@@ -32,6 +32,9 @@ const maxAge = time.Second
 // listening Store empties its cache when it hears one.
 const Channel = "arap_attributes"
 
+// Listener is the application_name of a Store's listening connection.
+const Listener = "arap-attributes-listener"
+
 // Store reads and writes attributes.
 type Store struct {
 	db *pgxpool.Pool
@@ -160,7 +163,7 @@ func (s *Store) Set(ctx context.Context, key string, value any, by string, then 
 func (s *Store) Start(context.Context) error {
 	ctx, stop := context.WithCancel(context.Background())
 	s.stop, s.done = stop, make(chan struct{})
-	l := pglisten.Listener{DB: s.db, Channel: Channel, Name: "arap-attributes-listener",
+	l := pglisten.Listener{DB: s.db, Channel: Channel, Name: Listener,
 		What: "attribute changes (each replica's view up to a second old meanwhile)", Log: s.Log,
 		Live: func(bool) { s.forget() }, Heard: func(string) { s.forget() }}
 	go func() {

@@ -64,8 +64,8 @@ func TestAListeningReplicaHearsAChange(t *testing.T) {
 
 	listenerPid := func() (pid int) {
 		err := db.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
-			WHERE application_name = 'arap-attributes-listener' AND datname = current_database()
-			AND state = 'idle' AND query LIKE 'LISTEN %'`).Scan(&pid) // its LISTEN done
+			WHERE application_name = $1 AND datname = current_database()
+			AND state = 'idle' AND query LIKE 'LISTEN %'`, attributes.Listener).Scan(&pid) // its LISTEN done
 		require.NoError(t, err)
 		return pid
 	}
