@@ -23,9 +23,14 @@ import (
 )
 
 // TestCallbackSurvivesCrashAfterDecision kills the backend (SIGKILL, at the
-// named fault point right after the approval commits, before any delivery
-// can start) and restarts it: the callback, enqueued in the same transaction
-// as the approval, is delivered, signed, once.
+// named fault point right after the approval commits) and restarts it: the
+// callback, enqueued in the same transaction as the approval, is delivered,
+// signed, and accepted once. The dying process's workers may already have
+// taken the job between the commit and the kill (more likely on a busy
+// machine); its attempt is refused, as a receiver that is down would, so
+// that what the survivor does is what is checked, and every attempt
+// carries the same webhook-id, by which a receiver that did accept one
+// recognises the next.
 func TestCallbackSurvivesCrashAfterDecision(t *testing.T) {
 	t.Parallel()
 	dbURL := dbtest.URL(t)
@@ -52,13 +57,20 @@ rules:
 	secret := regexp.MustCompile(`(whsec_\S+)`).FindStringSubmatch(out)[1]
 
 	var mu sync.Mutex
-	var got []*http.Request
+	var got []*http.Request // accepted
 	var bodies [][]byte
+	var ids []string // of every attempt
+	accepting := false
 	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		mu.Lock()
+		defer mu.Unlock()
+		ids = append(ids, r.Header.Get(webhook.HeaderID))
+		if !accepting {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
 		got, bodies = append(got, r), append(bodies, b)
-		mu.Unlock()
 	}))
 	defer rc.Close()
 
@@ -90,9 +102,10 @@ rules:
 	require.Equal(t, "approved", reqStatus, "the approval committed before the crash")
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT status FROM arap.deliveries WHERE request_id = $1`, id).Scan(&delivery))
 	mu.Lock()
-	delivered := len(got)
+	attempted := len(ids)
+	accepting = true
 	mu.Unlock()
-	if delivered == 0 {
+	if attempted == 0 {
 		require.Equal(t, "pending", delivery, "the delivery job survived the crash, waiting")
 	}
 
@@ -115,7 +128,10 @@ rules:
 	}, 3*time.Minute, 100*time.Millisecond) // a rescue can take a minute: the survivor's leadership, River's 30 s rescuer
 	mu.Lock()
 	defer mu.Unlock()
-	require.Len(t, got, 1, "delivered once")
+	require.Len(t, got, 1, "accepted once")
+	for _, wid := range ids {
+		require.Equal(t, got[0].Header.Get(webhook.HeaderID), wid, "every attempt is the same message")
+	}
 	v, err := webhook.NewVerifier(secret)
 	require.NoError(t, err)
 	_, err = v.Verify(got[0].Header, bodies[0])
