@@ -75,6 +75,7 @@ func TestDecisionAPIFlow(t *testing.T) {
 	r = pep.do("POST", "/access/v1/evaluation", reeval)
 	require.Equal(t, 200, r.status)
 	d := r.json(t)
+	allowed := d
 	require.Equal(t, true, d["decision"], "%v", d)
 	require.Equal(t, approval["approved_until"], d["context"].(map[string]any)["approval"].(map[string]any)["approved_until"])
 
@@ -87,14 +88,18 @@ func TestDecisionAPIFlow(t *testing.T) {
 	require.Equal(t, "request", d["context"].(map[string]any)["next_action"])
 	require.NotNil(t, d["context"].(map[string]any)["access_request"])
 
-	// Revoked through the API: the next re-evaluation says so.
+	// The approval was used (the allow above): a revocation now is
+	// refused, saying when and by which evaluation, since the call it
+	// allowed may be running (requests.TestRevocation* for the rest).
 	r = itsm.do("POST", "/v1/approvals/"+approval["id"].(string)+"/revoke", map[string]any{"reason": "wrong beneficiary"})
-	require.Equal(t, 200, r.status, "%s", r.body)
+	require.Equal(t, 409, r.status, "%s", r.body)
+	p := r.json(t)
+	require.Equal(t, authzen.ProblemType(authzen.ProblemApprovalAlreadyUsed), p["type"])
+	require.Equal(t, allowed["context"].(map[string]any)["evaluation_id"], p["evaluation_id"], "%v", p)
+	require.NotEmpty(t, p["used_at"])
 	reeval = wireCall(50000)
 	reeval["context"] = map[string]any{"approval": approval}
-	d = pep.do("POST", "/access/v1/evaluation", reeval).json(t)
-	require.Equal(t, false, d["decision"])
-	require.Equal(t, "approval_expired", d["context"].(map[string]any)["reason"])
+	require.Equal(t, true, pep.do("POST", "/access/v1/evaluation", reeval).json(t)["decision"])
 }
 
 func TestAutomatedResolverRunsAsAJob(t *testing.T) {

@@ -43,6 +43,7 @@ var problems = map[string]struct {
 	authzen.ProblemCallbackRefused:       {http.StatusBadRequest, "Callback endpoint refused"},
 	authzen.ProblemIneligibleApprover:    {http.StatusForbidden, "Not eligible to decide this request"},
 	authzen.ProblemAlreadyDecided:        {http.StatusConflict, "This approver has already decided"},
+	authzen.ProblemApprovalAlreadyUsed:   {http.StatusConflict, "The approval has already been used"},
 	authzen.ProblemChannelNotAllowed:     {http.StatusForbidden, "The rule does not take decisions through this channel"},
 	authzen.ProblemSignatureRequired:     {http.StatusForbidden, "The rule requires a decision signed with the approver's passkey"},
 	authzen.ProblemUnknownPerson:         {http.StatusUnprocessableEntity, "on_behalf_of names no active directory user"},
@@ -59,6 +60,11 @@ func ProblemStatus(code string) int {
 }
 
 func writeProblem(w http.ResponseWriter, r *http.Request, code, detail string, errs []string) {
+	writeProblemWith(w, r, code, detail, errs, nil)
+}
+
+// writeProblemWith is writeProblem with extension members set by extend.
+func writeProblemWith(w http.ResponseWriter, r *http.Request, code, detail string, errs []string, extend func(*authzen.Problem)) {
 	p, ok := problems[code]
 	if !ok {
 		p = problems[authzen.ProblemInternal]
@@ -79,6 +85,9 @@ func writeProblem(w http.ResponseWriter, r *http.Request, code, detail string, e
 	if r != nil {
 		doc.Instance = r.URL.EscapedPath()
 	}
+	if extend != nil {
+		extend(&doc)
+	}
 	w.Header().Set("Content-Type", authzen.ProblemContentType)
 	w.WriteHeader(p.status)
 	_ = json.NewEncoder(w).Encode(doc)
@@ -90,7 +99,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var re *requests.Error
 	if errors.As(err, &re) {
 		if _, ok := problems[re.Code]; ok {
-			writeProblem(w, r, re.Code, re.Detail, re.Errors)
+			writeProblemWith(w, r, re.Code, re.Detail, re.Errors, func(p *authzen.Problem) { p.UsedAt, p.EvaluationID = re.UsedAt, re.UsedBy })
 			return
 		}
 	}

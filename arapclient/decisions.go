@@ -183,7 +183,9 @@ type RevokedApproval struct {
 }
 
 // Revoke revokes an approval: re-evaluations presenting it are denied from
-// now on.
+// now on. An approval a re-evaluation has already used (allowed a call
+// with) is not revoked: the problem is approval_already_used, with when
+// (used_at) and by which evaluation (evaluation_id).
 func (c *Client) Revoke(ctx context.Context, approvalID, reason string) (RevokedApproval, error) {
 	var out RevokedApproval
 	_, err := c.call(ctx, http.MethodPost, c.url("/v1/approvals/"+url.PathEscape(approvalID)+"/revoke"), map[string]string{"reason": reason}, &out)

@@ -112,6 +112,9 @@ const (
 	ProblemCallbackRefused       = "callback_refused"
 	ProblemIneligibleApprover    = "ineligible_approver"
 	ProblemAlreadyDecided        = "already_decided"
+	// ProblemApprovalAlreadyUsed: a revocation of an approval a
+	// re-evaluation has already allowed a call with.
+	ProblemApprovalAlreadyUsed = "approval_already_used"
 	// ProblemChannelNotAllowed: the rule does not take decisions through the
 	// channel this one came by (approval.channels).
 	ProblemChannelNotAllowed = "channel_not_allowed"

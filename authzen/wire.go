@@ -166,6 +166,10 @@ type Problem struct {
 	Instance string `json:"instance,omitempty"`
 	// Errors lists individual violations (schema validation), when any.
 	Errors []string `json:"errors,omitempty"`
+	// UsedAt and EvaluationID say when and by which re-evaluation an
+	// approval was used (approval_already_used).
+	UsedAt       *time.Time `json:"used_at,omitempty"`
+	EvaluationID string     `json:"evaluation_id,omitempty"`
 }
 
 // ProblemContentType is the media type of Problem documents.

@@ -63,15 +63,33 @@ type ApprovalRecord struct {
 	ApprovedAt    time.Time
 	ApprovedUntil time.Time
 	GrantReadyAt  time.Time
+	// UsedAt is when a re-evaluation first allowed a call with the
+	// approval, UsedBy that evaluation's id; nil and "" while unused.
+	UsedAt *time.Time
+	UsedBy string
 }
 
 // Approvals looks up approvals and records their use, for re-evaluation.
 type Approvals interface {
 	// Approval returns the approval with id, or nil if there is none.
 	Approval(ctx context.Context, id string) (*ApprovalRecord, error)
-	// RecordEvaluation notes a re-evaluation that presented the approval.
-	RecordEvaluation(ctx context.Context, a *ApprovalRecord, callerID string, decision bool, reason string) error
+	// RecordEvaluation notes a re-evaluation that presented the approval
+	// and did not allow the call with it.
+	RecordEvaluation(ctx context.Context, a *ApprovalRecord, callerID, evalID string, decision bool, reason string) error
+	// Use records that evaluation evalID allows a call with approval a.
+	// Under the lock a revocation takes, in one transaction, it checks that
+	// the approval is still active and before its approved_until at now,
+	// marks it used (its first use is kept) and records the evaluation; an
+	// approval revoked, superseded or expired since it was read is
+	// ErrApprovalNotLive, and nothing is recorded. Once used, an approval
+	// can no longer be revoked: a revoker is never told "revoked" for an
+	// approval a PEP may be about to run a call with.
+	Use(ctx context.Context, a *ApprovalRecord, callerID, evalID string, now time.Time) error
 }
+
+// ErrApprovalNotLive is Approvals.Use's refusal of an approval that is no
+// longer active, or past its approved_until, when its use is recorded.
+var ErrApprovalNotLive = errors.New("evaluation: the approval is no longer live")
 
 // reevaluate decides a request that presents context.approval (ARAP section
 // 4). The approval is an input to a fresh decision under the current policy
@@ -114,7 +132,7 @@ func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req
 		return out, nil
 	}
 	record := func(o Outcome) (Outcome, error) {
-		if err := e.opts.Approvals.RecordEvaluation(ctx, rec, callerID, o.Decision.Decision, o.Reason); err != nil {
+		if err := e.opts.Approvals.RecordEvaluation(ctx, rec, callerID, evalID, o.Decision.Decision, o.Reason); err != nil {
 			return Outcome{}, err
 		}
 		return o, nil
@@ -174,12 +192,20 @@ func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req
 		out.Decision, out.Reason = d, authzen.ReasonGrantPending
 		return record(out)
 	}
+	// The use, checked and recorded under the approval's lock: a
+	// revocation that committed since the read above wins, one that comes
+	// after finds the approval used and is refused.
+	if err := e.opts.Approvals.Use(ctx, rec, callerID, evalID, now); errors.Is(err, ErrApprovalNotLive) {
+		return reRequest(authzen.ReasonApprovalExpired)
+	} else if err != nil {
+		return Outcome{}, err
+	}
 	out.Effect = EffectAllow
 	out.Decision = authzen.Decision{Decision: true, Context: authzen.Object{
 		authzen.CtxEvaluationID: evalID,
 		authzen.CtxApproval:     map[string]any{"id": rec.ID, "approved_until": rec.ApprovedUntil.UTC().Format(time.RFC3339)},
 	}}
-	return record(out)
+	return out, nil
 }
 
 // verifyApproval checks approval.state and finds the record; problem says

@@ -272,7 +272,10 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 				}
 			}
 		}
-		return time.Time{}, g.execute(ctx, a, b, approval.ID, until)
+		// The evaluation that used the approval goes with the claim: from
+		// it on, the backend refuses to revoke the approval.
+		evalID, _ := d.Context[authzen.CtxEvaluationID].(string)
+		return time.Time{}, g.execute(ctx, a, b, use{approvalID: approval.ID, evaluationID: evalID, until: until})
 	}
 	next, _ := d.Context[authzen.CtxNextAction].(string)
 	reason, _ := d.Context[authzen.CtxReason].(string)
@@ -281,7 +284,7 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 			authzen.ReasonGrantPending: authzen.NextActionRetry}[reason]
 	}
 	if brokenBuild && broken(violateExecuteAfterExpiry) && reason == authzen.ReasonApprovalExpired {
-		return time.Time{}, g.execute(ctx, a, b, approval.ID, g.now().Add(time.Hour))
+		return time.Time{}, g.execute(ctx, a, b, use{approvalID: approval.ID, until: g.now().Add(time.Hour)})
 	}
 	if brokenBuild && broken(violateRetryPastExpiry) && reason == authzen.ReasonApprovalExpired {
 		return g.backoff(a, 0), nil // retried for ever on the expired approval

@@ -30,7 +30,8 @@ import (
 const (
 	// AuditClaimed: the execution claim was taken; the tool runs at most
 	// once, now. Data: generation, tool, args_digest, principal,
-	// backend_request_id, approval_id, approved_until, exec_deadline,
+	// backend_request_id, approval_id, evaluation_id (the re-evaluation
+	// that used the approval), approved_until, exec_deadline,
 	// tool_digest, upstream, upstream_tool (the definition that runs).
 	AuditClaimed = "execution.claimed"
 	// AuditCompleted: the claimed run's recorded outcome. Data: generation,

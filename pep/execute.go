@@ -26,7 +26,17 @@ import (
 // expires, or a token revoked, while the tool runs does not undo the claim,
 // and the outcome is recorded as it is, even if ctx ends meanwhile (a
 // stopping process records what it ran rather than leave it unknown).
-func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approvalID string, approvedUntil time.Time) error {
+// use is the approval a re-evaluation allowed the call with: its id, the
+// evaluation that used it (recorded at the backend under the approval's
+// lock, after which the approval cannot be revoked), and until when it may
+// be claimed.
+type use struct {
+	approvalID, evaluationID string
+	until                    time.Time
+}
+
+func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, u use) error {
+	approvedUntil := u.until
 	ctx, span := g.span(ctx, "pep.execute", a)
 	defer span.End()
 	start, now := time.Now(), g.now() // start: for the run's deadline, on the real clock
@@ -64,7 +74,7 @@ func (g *Gate) execute(ctx context.Context, a *approvalTask, b binding, approval
 		}
 		return true, queueAppendAudit(next, head, a.TaskID, AuditClaimed, actorPEP, now, map[string]any{
 			"generation": a.Generation, "tool": a.Tool, "args_digest": a.ArgsDigest, "principal": a.Principal,
-			"backend_request_id": backendID, "approval_id": approvalID, "approved_until": approvedUntil.UTC().Format(time.RFC3339Nano),
+			"backend_request_id": backendID, "approval_id": u.approvalID, "evaluation_id": u.evaluationID, "approved_until": approvedUntil.UTC().Format(time.RFC3339Nano),
 			"exec_deadline": execDeadline.UTC().Format(time.RFC3339Nano), "tool_digest": tool.Digest, "upstream": tool.Upstream, "upstream_tool": tool.UpstreamTool})
 	})
 	if err = movedChain(AuditClaimed, a.TaskID, err); err != nil {

@@ -27,7 +27,7 @@ func (g *Gate) ExecuteSnapshot(ctx context.Context, s *Snapshot, approvalID stri
 	if err != nil {
 		return err
 	}
-	return g.execute(ctx, s, b, approvalID, until)
+	return g.execute(ctx, s, b, use{approvalID: approvalID, until: until})
 }
 
 // ReevaluateSnapshot is what a runner holding s does with the approval it

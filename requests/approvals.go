@@ -22,16 +22,21 @@ import (
 type ApprovalStore struct {
 	DB  *pgxpool.Pool
 	Now func() time.Time
+
+	// Test hooks around Use (export_test.go): before its transaction, and
+	// inside it once the approval is locked and marked used.
+	beforeUse, whileUsing func()
 }
 
 var _ evaluation.Approvals = (*ApprovalStore)(nil)
 
-const approvalColumns = `id, request_id, client_id, rule, binding_hash, binding_context_members, actor_hash, status, approved_at, approved_until, grant_ready_at`
+const approvalColumns = `id, request_id, client_id, rule, binding_hash, binding_context_members, actor_hash, status, approved_at, approved_until,
+	grant_ready_at, used_at, coalesce(used_by, '')`
 
 func scanApproval(row pgx.Row) (*evaluation.ApprovalRecord, error) {
 	var a evaluation.ApprovalRecord
 	err := row.Scan(&a.ID, &a.RequestID, &a.ClientID, &a.Rule, &a.BindingHash, &a.BindingContextMembers, &a.ActorHash, &a.Status,
-		&a.ApprovedAt, &a.ApprovedUntil, &a.GrantReadyAt)
+		&a.ApprovedAt, &a.ApprovedUntil, &a.GrantReadyAt, &a.UsedAt, &a.UsedBy)
 	return &a, err
 }
 
@@ -50,18 +55,52 @@ func (s *ApprovalStore) Approval(ctx context.Context, id string) (*evaluation.Ap
 	return a, nil
 }
 
-// RecordEvaluation adds the re-evaluation to the request's audit chain, so
-// the trail runs from denial to request to approval to every use of it.
-func (s *ApprovalStore) RecordEvaluation(ctx context.Context, a *evaluation.ApprovalRecord, callerID string, decision bool, reason string) error {
+// RecordEvaluation adds a re-evaluation that did not use the approval to
+// the request's audit chain, so the trail runs from denial to request to
+// approval to every evaluation that presented it.
+func (s *ApprovalStore) RecordEvaluation(ctx context.Context, a *evaluation.ApprovalRecord, callerID, evalID string, decision bool, reason string) error {
 	return pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
-		return audit.Append(ctx, tx, audit.Event{Chain: a.RequestID, Kind: "approval.evaluated", Actor: "client-id:" + callerID, At: s.Now(),
-			Data: map[string]any{"approval_id": a.ID, "decision": decision, "reason": reason}})
+		return audit.Append(ctx, tx, evaluated(a, callerID, evalID, decision, reason, s.Now()))
+	})
+}
+
+func evaluated(a *evaluation.ApprovalRecord, callerID, evalID string, decision bool, reason string, at time.Time) audit.Event {
+	return audit.Event{Chain: a.RequestID, Kind: "approval.evaluated", Actor: "client-id:" + callerID, At: at,
+		Data: map[string]any{"approval_id": a.ID, "evaluation_id": evalID, "decision": decision, "reason": reason}}
+}
+
+// Use implements evaluation.Approvals: one conditional UPDATE takes the
+// approval's row lock (the lock Revoke and a superseding approval take) and
+// marks the use only if the approval is still active and unexpired at now;
+// the evaluation's audit event commits with it.
+func (s *ApprovalStore) Use(ctx context.Context, a *evaluation.ApprovalRecord, callerID, evalID string, now time.Time) error {
+	if s.beforeUse != nil {
+		s.beforeUse()
+	}
+	return pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE arap.approvals SET used_at = coalesce(used_at, $2), used_by = coalesce(used_by, $3)
+			WHERE id = $1 AND status = 'active' AND approved_until > $2`, a.ID, now, evalID)
+		if err != nil {
+			return fmt.Errorf("requests: use approval %s: %w", a.ID, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return evaluation.ErrApprovalNotLive
+		}
+		if s.whileUsing != nil {
+			s.whileUsing()
+		}
+		return audit.Append(ctx, tx, evaluated(a, callerID, evalID, true, "", s.Now()))
 	})
 }
 
 // Revoke ends approval id (or the approval of request id) before its
-// approved_until; the next re-evaluation that presents it answers
-// approval_expired. Only a voter eligible for the request, or the system, may.
+// approved_until; every re-evaluation that presents it after answers
+// approval_expired. An approval a re-evaluation has already used (allowed a
+// call with) is not revoked: the call may be running, so the answer is
+// approval_already_used, saying when and by which evaluation. Revocation
+// and use take the approval's row lock (ApprovalStore.Use), so one of the
+// two comes first. Only a voter eligible for the request, or the system,
+// may revoke.
 func (s *Service) Revoke(ctx context.Context, v Voter, id, reason string) (*evaluation.ApprovalRecord, error) {
 	var out *evaluation.ApprovalRecord
 	if !randid.Valid(ApprovalIDPrefix, id) && !randid.Valid(RequestIDPrefix, id) {
@@ -89,6 +128,11 @@ func (s *Service) Revoke(ctx context.Context, v Voter, id, reason string) (*eval
 		}
 		if a.Status != evaluation.ApprovalActive {
 			return &Error{Code: authzen.ProblemInvalidTaskState, Detail: fmt.Sprintf("the approval is already %s", a.Status)}
+		}
+		if a.UsedAt != nil {
+			return &Error{Code: authzen.ProblemApprovalAlreadyUsed, UsedAt: a.UsedAt, UsedBy: a.UsedBy,
+				Detail: fmt.Sprintf("approval %s was used at %s by evaluation %s: the call it approved may have run, so it can no longer be revoked",
+					a.ID, a.UsedAt.UTC().Format(time.RFC3339), a.UsedBy)}
 		}
 		now := s.now()
 		if _, err := tx.Exec(ctx, `UPDATE arap.approvals SET status = 'revoked', revoked_at = $2, revoked_by = $3, revoke_reason = $4 WHERE id = $1`,

@@ -3,6 +3,7 @@ package requests
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/omcp/arap/authzen"
 )
@@ -17,6 +18,10 @@ type Error struct {
 	Errors []string
 	// Current is the task's state, for invalid_task_state.
 	Current Status
+	// UsedAt and UsedBy are when and by which evaluation an approval was
+	// used, for approval_already_used.
+	UsedAt *time.Time
+	UsedBy string
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Detail }

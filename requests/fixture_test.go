@@ -49,9 +49,11 @@ type fixture struct {
 	jobs   *river.Client[pgx.Tx]
 	clock  *clock
 	attrs  *attributes.Store
-	pep    requests.Caller
-	other  requests.Caller
-	pepID  string
+	// approvals is the PDP's approval store (hooks: requests.SetUseHooks).
+	approvals *requests.ApprovalStore
+	pep       requests.Caller
+	other     requests.Caller
+	pepID     string
 }
 
 func setup(t testing.TB) *fixture { return setupWith(t, "testdata/policy.yaml") }
@@ -64,9 +66,10 @@ func setupWith(t testing.TB, policy string) *fixture {
 	f.keys, err = signing.Open(ctx, f.db, signing.Options{MasterKey: make([]byte, 32), Now: f.clock.Now})
 	require.NoError(t, err)
 	f.attrs = attributes.NewStore(f.db)
+	f.approvals = &requests.ApprovalStore{DB: f.db, Now: f.clock.Now}
 	f.engine, err = evaluation.New(evaluation.Options{PolicyFile: policy, Keys: f.keys, Issuer: issuer,
 		RequestsURL: requestsURL, Now: f.clock.Now, SchemaURL: func(s string) string { return issuer + "/s/" + s },
-		Attributes: f.attrs, Approvals: &requests.ApprovalStore{DB: f.db, Now: f.clock.Now}})
+		Attributes: f.attrs, Approvals: f.approvals})
 	require.NoError(t, err)
 	f.jobs, err = river.NewClient(riverpgxv5.New(f.db), &river.Config{Schema: migrations.RiverSchema})
 	require.NoError(t, err)

@@ -1,0 +1,130 @@
+package requests_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/requests"
+)
+
+// The chaos run's violation (issue 40): a re-evaluation read the approval
+// active, a revocation committed and was answered 200, and the evaluation
+// then allowed the call, which ran. Use and revocation are serialized on the
+// approval's row: whichever commits first decides, and the other sees it.
+
+// TestRevocationBeforeUseWins: a revocation that commits between the
+// evaluation's read of the approval and the recording of its use makes the
+// evaluation refuse (approval_expired), and nothing is marked used.
+func TestRevocationBeforeUseWins(t *testing.T) {
+	f := setupWith(t, "testdata/resolution.yaml")
+	ctx := context.Background()
+	call, approval := f.approved(bob, "wire_transfer", map[string]any{"to": "acct-7", "amount": 50000})
+	revoked := false
+	requests.SetUseHooks(f.approvals, func() {
+		if revoked {
+			return
+		}
+		revoked = true
+		_, err := f.svc.Revoke(ctx, carol, approval["id"].(string), "changed my mind")
+		require.NoError(t, err, "the revocation comes first and is acknowledged")
+	}, nil)
+	requireDeny(t, f.reevaluate(f.pepID, call, approval), authzen.ReasonApprovalExpired, authzen.NextActionRequest)
+	require.True(t, revoked)
+	requireDeny(t, f.reevaluate(f.pepID, call, approval), authzen.ReasonApprovalExpired, authzen.NextActionRequest)
+
+	rec, err := f.approvals.Approval(ctx, approval["id"].(string))
+	require.NoError(t, err)
+	require.Nil(t, rec.UsedAt, "a refused evaluation marks no use")
+	// The trail says so: revoked, then evaluated false.
+	kinds := chainKinds(t, f, rec.RequestID)
+	require.Equal(t, []string{"approval.revoked", "approval.evaluated", "approval.evaluated"}, kinds[len(kinds)-3:])
+}
+
+// TestRevocationAfterUseIsRefused: once a re-evaluation has allowed a call
+// with the approval, a revocation is answered approval_already_used with
+// when and by which evaluation, never "revoked"; the approval stays usable.
+func TestRevocationAfterUseIsRefused(t *testing.T) {
+	f := setupWith(t, "testdata/resolution.yaml")
+	ctx := context.Background()
+	call, approval := f.approved(bob, "wire_transfer", map[string]any{"to": "acct-8", "amount": 50000})
+	d := f.reevaluate(f.pepID, call, approval)
+	require.True(t, d.Decision, "%+v", d)
+
+	_, err := f.svc.Revoke(ctx, carol, approval["id"].(string), "too late")
+	var re *requests.Error
+	require.True(t, errors.As(err, &re), "%v", err)
+	require.Equal(t, authzen.ProblemApprovalAlreadyUsed, re.Code, "%v", err)
+	require.Equal(t, d.Context[authzen.CtxEvaluationID], re.UsedBy)
+	require.NotNil(t, re.UsedAt)
+	require.Contains(t, re.Detail, re.UsedBy)
+	// By request id too, and by the system.
+	rec, err := f.approvals.Approval(ctx, approval["id"].(string))
+	require.NoError(t, err)
+	_, err = f.svc.Revoke(ctx, requests.Voter{ID: "system"}, rec.RequestID, "")
+	require.Equal(t, authzen.ProblemApprovalAlreadyUsed, requests.ErrorCode(err), "%v", err)
+
+	require.True(t, f.reevaluate(f.pepID, call, approval).Decision, "a used approval is still the same approval")
+	rec2, err := f.approvals.Approval(ctx, approval["id"].(string))
+	require.NoError(t, err)
+	require.Equal(t, evaluationActive, rec2.Status)
+	require.True(t, rec.UsedAt.Equal(*rec2.UsedAt), "the first use is kept")
+	require.Equal(t, re.UsedBy, rec2.UsedBy)
+}
+
+const evaluationActive = "active"
+
+// TestRevocationWaitsForAUseInFlight: a revocation made while an evaluation
+// holds the approval (used, not yet committed) waits for it, then finds it
+// used: it is never acknowledged for an approval being used.
+func TestRevocationWaitsForAUseInFlight(t *testing.T) {
+	f := setupWith(t, "testdata/resolution.yaml")
+	ctx := context.Background()
+	call, approval := f.approved(bob, "wire_transfer", map[string]any{"to": "acct-9", "amount": 50000})
+	revoke := make(chan error, 1)
+	requests.SetUseHooks(f.approvals, nil, func() {
+		go func() {
+			_, err := f.svc.Revoke(ctx, carol, approval["id"].(string), "racing")
+			revoke <- err
+		}()
+		// Until the revocation waits for this transaction's lock, or has
+		// answered without waiting (the violation).
+		for {
+			select {
+			case err := <-revoke:
+				revoke <- err
+				return
+			default:
+			}
+			var waiting int
+			require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
+			if waiting > 0 {
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // polling pg_stat_activity
+		}
+	})
+	require.True(t, f.reevaluate(f.pepID, call, approval).Decision)
+	err := <-revoke
+	require.Equal(t, authzen.ProblemApprovalAlreadyUsed, requests.ErrorCode(err), "a revocation racing a use is refused, never acknowledged: %v", err)
+	rec, err := f.approvals.Approval(ctx, approval["id"].(string))
+	require.NoError(t, err)
+	require.Equal(t, evaluationActive, rec.Status)
+}
+
+func chainKinds(t *testing.T, f *fixture, chain string) []string {
+	t.Helper()
+	events, err := audit.Chain(context.Background(), f.db, chain)
+	require.NoError(t, err)
+	var kinds []string
+	for _, e := range events {
+		kinds = append(kinds, e.Kind)
+	}
+	return kinds
+}
