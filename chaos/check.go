@@ -39,6 +39,7 @@ const (
 	PropClientDisagrees     = "client-disagrees"
 	PropAuditBreak          = "audit-chain-break"
 	PropCallbackMissing     = "callback-not-delivered"
+	PropRevokedAfterUse     = "revoked-after-use" // a revocation acknowledged for an approval a re-evaluation had already used
 )
 
 var terminalTask = map[string]bool{"completed": true, "failed": true, "cancelled": true}
@@ -154,6 +155,12 @@ func Check(h *History) []Violation {
 		}
 	}
 	for _, r := range h.Requests {
+		// Use and revocation are serialized: a used approval is never
+		// revoked (the revoker is told approval_already_used), so a
+		// revocation recorded after a use was acknowledged falsely.
+		if r.RevokedSeq > 0 && r.AllowedSeq > 0 && r.AllowedSeq < r.RevokedSeq {
+			add(PropRevokedAfterUse, r.ID, "its approval was revoked after a re-evaluation had allowed a call with it", nil, nil, []string{r.ID})
+		}
 		if r.Status == "pending" && !live[r.ID] {
 			add(PropRequestUntracked, r.ID, "pending, and no live task waits on it", nil, nil, []string{r.ID})
 		}

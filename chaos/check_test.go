@@ -89,6 +89,9 @@ func TestCheckCatchesEachViolation(t *testing.T) {
 		{"revoked before the re-evaluation allowed, yet ran", func(h *History) {
 			h.Requests[0].RevokedSeq, h.Requests[0].AllowedSeq = 4, 5
 		}, []string{PropExecutedWhenEnded}},
+		{"revoked after the re-evaluation had used the approval", func(h *History) {
+			h.Requests[0].RevokedSeq = 5
+		}, []string{PropRevokedAfterUse}},
 		{"upstream ran without any claim", func(h *History) {
 			h.Tasks[0].ClaimedAt = nil
 			h.Tasks[0].Disposition = pep.DeniedNotExecuted
@@ -162,11 +165,6 @@ func TestCheckAllowsWhatMayHappen(t *testing.T) {
 		h.Calls[0].Disp = pep.OutcomeUnknown
 		require.Empty(t, Check(h))
 		h.Executions = h.Executions[1:]
-		require.Empty(t, Check(h))
-	})
-	t.Run("revoked after the re-evaluation allowed", func(t *testing.T) {
-		h := good()
-		h.Requests[0].RevokedSeq = 5
 		require.Empty(t, Check(h))
 	})
 	t.Run("a retry after the first task ended opens a second task that runs", func(t *testing.T) {
