@@ -254,7 +254,7 @@ func (b *Backend) build(ctx context.Context) error {
 		DB: pool, Jobs: inserter, Keys: b.keys, Policy: b.engine, Issuer: public, RequestsURL: requestsURL,
 		Retention: cfg.RequestRetention, Log: cfg.Log,
 		CheckCallback: b.callbacks.CheckCallback, OnTerminal: b.callbacks.OnTerminal, Events: b.notify,
-		Passkeys: signer,
+		Passkeys: signer, People: b.people,
 	}); err != nil {
 		return err
 	}

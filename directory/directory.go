@@ -141,6 +141,36 @@ func (s *Store) DisableUser(ctx context.Context, name, by string) error {
 	})
 }
 
+// Deciding re-reads user name inside a decision's transaction tx (package
+// requests calls it at every person's vote): their current groups and
+// identities, and whether they may decide at all (active: they exist and
+// are not disabled). The user's row and memberships are locked FOR SHARE
+// until tx ends, so disabling them or removing them from a group waits for
+// a vote in flight, and a vote after such a change sees it: an
+// administrator told "disabled" never sees a vote of theirs recorded after.
+func (s *Store) Deciding(ctx context.Context, tx pgx.Tx, name string) (groups []string, ids []identity.ID, active bool, err error) {
+	var u User
+	b := &pgx.Batch{}
+	b.Queue(`SELECT name, coalesce(email, ''), disabled_at FROM arap.users WHERE name = $1 FOR SHARE`, name).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&u.Name, &u.Email, &u.DisabledAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	b.Queue(`SELECT group_name FROM arap.group_members WHERE user_name = $1 ORDER BY group_name FOR SHARE`, name).Query(func(rows pgx.Rows) error {
+		u.Groups, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, nil, false, fmt.Errorf("directory: %s deciding: %w", name, err)
+	}
+	if u.Name == "" || u.DisabledAt != nil {
+		return nil, nil, false, nil
+	}
+	return u.Groups, u.Identities(), true, nil
+}
+
 // dummyHash makes a sign-in for an unknown user cost what a real one does, so
 // timing does not tell which user names exist.
 var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("no such user, no such password"), bcrypt.DefaultCost)

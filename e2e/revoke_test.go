@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/mcp/tasks"
 )
 
 // TestRevocationRacesAnApprovedTask (issue 40): each task's request is
@@ -71,4 +72,80 @@ func TestRevocationRacesAnApprovedTask(t *testing.T) {
 	}
 	t.Logf("revocations: %v (200: revoked before use; 409: already used)", outcomes)
 	s.nothingMoreRuns(executed)
+}
+
+// ticketFaultPolicy: a request needs a change ticket (asked in-task for a
+// chained request), its denial good for 8 s; the grant takes 10 s, so a
+// revocation made after the approval always lands before the approval is
+// used.
+const ticketFaultPolicy = `version: 1
+rules:
+  - name: ticketed
+    match: {resource_id: wire_transfer}
+    effect: request
+    denial_ttl: 8s
+    approval: {kinds: [itsm], grant_delay: 10s}
+    request_schema:
+      type: object
+      required: [context]
+      properties:
+        context:
+          type: object
+          required: [ticket]
+          properties:
+            ticket: {type: string, pattern: "^CHG[0-9]+$"}
+`
+
+// TestUnansweredInputEndsAfterACrash (issue 41): a task whose approval was
+// revoked asks in-task for what a new request needs, and its front-end is
+// killed as the question commits. Nothing but the task's look waits for
+// the answer, and the look is set in the ask's own UPDATE: a new
+// front-end, with no client ever answering, ends the task at the input's
+// deadline (denied-not-executed, the body saying it expired), and an
+// answer after that changes nothing.
+func TestUnansweredInputEndsAfterACrash(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, stackOptions{policy: ticketFaultPolicy, mcpEnv: []string{"ARAP_FAULT=pep.after-ask"}})
+	ctx := context.Background()
+	alice := s.client(s.alice)
+	r := answer(t, alice, map[string]any{"to": "crash", "amount": 50000}, "CHG1")
+	id := r.Task.TaskID
+	first := s.requestOf(id)
+	require.Equal(t, 200, s.decide(first, "approve"))
+	status, body := postJSON(t, s.api+"/v1/approvals/"+first+"/revoke", s.itsmToken, map[string]any{"reason": "wrong ticket"})
+	require.Equal(t, 200, status, "revoked during the grant's delay, before any use: %v", body)
+	// At the grant, the look re-evaluates, the approval is refused, and the
+	// task asks for a ticket: the process dies as that commits.
+	require.Equal(t, -1, s.mcp.wait(60*time.Second), "killed at pep.after-ask")
+	var phase string
+	var deadline, look time.Time
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT phase, deadline, look_at FROM pep.approval_tasks WHERE task_id = $1`, id).Scan(&phase, &deadline, &look))
+	require.Equal(t, "input", phase)
+	require.Equal(t, deadline, look, "the look that ends the task committed with the question")
+
+	s.mcp = s.startMCP()
+	var d *tasks.Detailed
+	require.Eventually(t, func() bool {
+		got, _, err := alice.Get(ctx, id)
+		if err == nil && got.Status.Terminal() {
+			d = got
+		}
+		return d != nil
+	}, 60*time.Second, 100*time.Millisecond, "the unanswered task never ended")
+	require.Equal(t, "completed", string(d.Status))
+	disp, text := disposition(t, d)
+	require.Equal(t, "denied-not-executed", disp)
+	require.Contains(t, text, "expired")
+	var ended time.Time
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT terminal_at FROM pep.tasks WHERE id = $1`, id).Scan(&ended))
+	require.False(t, ended.Before(deadline), "not before its deadline")
+	var key string
+	for k := range d.InputRequests {
+		key = k
+	}
+	require.NoError(t, alice.Update(ctx, id, map[string]any{key: map[string]any{"action": "accept", "content": map[string]any{"ticket": "CHG2"}}}))
+	d, _, err := alice.Get(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, "completed", string(d.Status), "an answer after the end changes nothing")
+	require.Zero(t, s.ledger(id))
 }

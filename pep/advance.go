@@ -13,6 +13,7 @@ import (
 
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/internal/fault"
 	"github.com/omcp/arap/mcp/tasks"
 	"github.com/omcp/arap/webhook"
 )
@@ -110,6 +111,8 @@ func (g *Gate) step(ctx context.Context, a *approvalTask) (time.Time, error) {
 	switch a.Phase {
 	case phaseClaimed:
 		return g.reapClaim(ctx, a)
+	case phaseInput:
+		return g.awaitInput(ctx, a)
 	case phasePending:
 	default:
 		return time.Time{}, nil
@@ -147,7 +150,7 @@ func (g *Gate) step(ctx context.Context, a *approvalTask) (time.Time, error) {
 		if brokenBuild && broken(violateExpiryUnexplained) {
 			return time.Time{}, g.deny(ctx, a, "Not approved; the tool did not run.")
 		}
-		return time.Time{}, g.deny(ctx, a, "The approval request expired without a decision; the tool did not run.")
+		return time.Time{}, g.deny(ctx, a, msgRequestExpired)
 	case authzen.StatusCancelled:
 		if brokenBuild && broken(violateBackendCancelIgnored) {
 			return g.backoff(a, 0), nil
@@ -164,7 +167,7 @@ func (g *Gate) step(ctx context.Context, a *approvalTask) (time.Time, error) {
 			// would wait longer, this task does not. The task ends first:
 			// the cancel's own callback would otherwise find the request
 			// cancelled and end the task as cancelled instead.
-			if err := g.deny(ctx, a, "The approval was not decided within the time this server allows; the tool did not run."); err != nil {
+			if err := g.deny(ctx, a, msgWindowExpired); err != nil {
 				return time.Time{}, err
 			}
 			if a.CancelURL != nil && *a.CancelURL != "" {
@@ -174,6 +177,23 @@ func (g *Gate) step(ctx context.Context, a *approvalTask) (time.Time, error) {
 		}
 		return g.backoff(a, max(retryAfter, g.undecidedPoll())), nil
 	}
+}
+
+// Expiry wording (SEP-2848: the body notes the expiry).
+const (
+	msgRequestExpired = "The approval request expired without a decision; the tool did not run."
+	msgWindowExpired  = "The approval request expired: it was not decided within the time this server allows; the tool did not run."
+	msgInputExpired   = "The approval request expired: the information a new approval needs was not given in time; the tool did not run."
+)
+
+// awaitInput is a look at a task waiting for in-task input: past its
+// deadline (the input's, set when it was asked for) it ends, expired;
+// before it, the next look is at the deadline.
+func (g *Gate) awaitInput(ctx context.Context, a *approvalTask) (time.Time, error) {
+	if a.Deadline == nil || !g.now().Before(*a.Deadline) {
+		return time.Time{}, g.deny(ctx, a, msgInputExpired)
+	}
+	return *a.Deadline, nil
 }
 
 // extendDeadline learns a later deadline the backend reports for the task's
@@ -345,14 +365,18 @@ func (g *Gate) chain(ctx context.Context, a *approvalTask, tool *offered, b bind
 		}
 	}
 	if schema == nil {
-		return g.reopen(ctx, a, tool, b, d, hint, nil, phasePending)
+		return g.reopen(ctx, a, tool, b, d, hint, nil, phasePending, "")
 	}
 	// The new request needs input the task does not have: ask in-task
 	// (Update, in kind.go, takes the answer).
 	form, _ := contextFields(schema)
 	key := inputKeyPrefix + newKey()[4:14]
+	defer fault.Point("pep.after-ask")
 	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		if moved, err := askTx(ctx, tx, a, schema); err != nil || !moved {
+		// The answer is awaited while the requestable denial it answers
+		// lasts: the ask sets the deadline and the look that ends the
+		// task then, in its own UPDATE.
+		if moved, err := askTx(ctx, tx, a, schema, hint.ExpiresAt); err != nil || !moved {
 			return err
 		}
 		_, err := g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.InputRequired,

@@ -57,9 +57,15 @@ func TestPEPAuditTrail(t *testing.T) {
 	var digest, principal, toolDigest string
 	require.NoError(t, p.db.QueryRow(ctx, `SELECT args_digest, principal, tool_digest FROM pep.approval_tasks WHERE task_id = $1`, ran).Scan(&digest, &principal, &toolDigest))
 	require.Equal(t, map[string]any{"generation": 1.0, "tool": "wire_transfer", "args_digest": digest, "principal": "user:alice|agent:demo",
-		"backend_request_id": req, "approval_id": ap.ID, "approved_until": ap.ApprovedUntil.UTC().Format(time.RFC3339Nano),
+		"backend_request_id": req, "approval_id": ap.ID, "evaluation_id": cd["evaluation_id"], "approved_until": ap.ApprovedUntil.UTC().Format(time.RFC3339Nano),
 		"exec_deadline": cd["exec_deadline"], "tool_digest": toolDigest, "upstream": "demo", "upstream_tool": "wire_transfer"}, cd)
 	require.Equal(t, principal, cd["principal"])
+	// The claim names the re-evaluation that used the approval, the one the
+	// backend cites when it refuses to revoke it.
+	code, refused := p.backendAPI(t, dev.ITSMToken, "POST", "/v1/approvals/"+ap.ID+"/revoke", map[string]any{"reason": "after the run"})
+	require.Equal(t, 409, code, "%v", refused)
+	require.NotEmpty(t, cd["evaluation_id"])
+	require.Equal(t, cd["evaluation_id"], refused["evaluation_id"])
 	require.Equal(t, pep.AuditCompleted, done.Kind)
 	var dd map[string]any
 	require.NoError(t, json.Unmarshal(done.Data, &dd))

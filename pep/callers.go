@@ -122,8 +122,12 @@ const callerKey = `c.subject_type || ':' || c.subject_id || '|' || c.actor_id`
 
 // callerLive is, in SQL, "the principal whose Key is in column col still
 // has a live token": the execution claim checks it in its own statement.
+// FOR SHARE serializes it with a revocation (Revoke's UPDATE): a claim
+// waits for a revocation in flight and then sees it, and a revocation
+// waits for a claim in flight, so a revoker is never answered before a
+// claim that commits after.
 func callerLive(col string) string {
-	return `EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND ` + callerKey + ` = ` + col + `)`
+	return `EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND ` + callerKey + ` = ` + col + ` FOR SHARE)`
 }
 
 // Valid reports whether the principal still has a live token: an approval

@@ -145,6 +145,43 @@ func TestCallerInvalidAtExecution(t *testing.T) {
 	p.requireIntact(t)
 }
 
+// TestCallerRevocationInFlightStopsTheClaim (issue 40, item 4): a caller's
+// revocation and the claim are serialized on the caller's row. A claim made
+// while a revocation is in flight (written, uncommitted) waits for it and,
+// once it commits, does not claim: the revoker is never told "revoked"
+// while a claim made with the caller commits after.
+func TestCallerRevocationInFlightStopsTheClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPEP(t, pepOptions{})
+	id := p.transfer(t, 50004)
+	p.approve(t, p.request(t, id), time.Time{})
+	tx, err := p.db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE pep.callers SET revoked_at = now() WHERE name = 'alice-agent'`)
+	require.NoError(t, err)
+	advanced := make(chan error, 1)
+	go func() { _, err := p.gate.Advance(ctx, id); advanced <- err }()
+	for waiting := 0; waiting == 0; {
+		select {
+		case err := <-advanced:
+			t.Fatalf("the claim did not wait for the revocation in flight (advance returned %v); the tool ran %d times", err, p.ledger(t, id))
+		default:
+		}
+		require.NoError(t, p.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
+		time.Sleep(5 * time.Millisecond) // polling pg_stat_activity
+	}
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-advanced)
+	d := p.task(t, id)
+	require.Equal(t, pep.DeniedNotExecuted, disposition(t, d))
+	require.Contains(t, string(d.Result), "The caller is no longer authorized")
+	require.Zero(t, p.ledger(t, id))
+	require.Equal(t, []string{pep.AuditDenied}, p.trail(t, id), "no claim recorded")
+}
+
 // TestApprovalExpiresDuringRun: the approval's approved_until is checked at
 // the claim, by the front-end's clock. If it passes after the PDP allowed
 // the call but before the claim, the tool does not run (denied-not-executed).

@@ -55,3 +55,5 @@ const LockLimits = lockLimits
 // SubmitAndBind is what a runner that wrote intent key does next, however
 // late (another binder may have bound it meanwhile).
 func (g *Gate) SubmitAndBind(ctx context.Context, key string) error { return g.submitAndBind(ctx, key) }
+
+const SubmitGrace = submitGrace

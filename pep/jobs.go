@@ -2,6 +2,7 @@ package pep
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -101,6 +102,12 @@ func (g *Gate) Reconcile(ctx context.Context) error {
 		}
 		tr, err := g.submit(ctx, in)
 		switch {
+		case errors.Is(err, errUncertain) && o.state == intentOpen && g.pastSubmitDeadline(in.Body):
+			// Past the denial's expiry no first submission is accepted:
+			// the task ends failed (the backend could not be reached in
+			// time), the intent abandoned, so a request that may exist is
+			// found and cancelled by a later round.
+			err = g.failIntent(ctx, in, false, err)
 		case errors.Is(err, errUncertain):
 			continue // try again next round
 		case err != nil: // refused: no request exists under this key
@@ -138,4 +145,24 @@ func (g *Gate) Purge(ctx context.Context) (int64, error) {
 	}
 	_, err = (&WebhookIDs{DB: g.cfg.DB, Now: g.now}).Purge(ctx)
 	return n, err
+}
+
+// submitGrace is how long past its denial's expiry a submission is still
+// tried: the backend accepts a denial up to its clock skew (30 s by
+// default) after it expires.
+const submitGrace = time.Minute
+
+// pastSubmitDeadline reports whether a submission body's first submission
+// can no longer be accepted: its denial's expires_at plus submitGrace has
+// passed (a body without one, which this gate never writes, never is).
+func (g *Gate) pastSubmitDeadline(body []byte) bool {
+	var b struct {
+		Denial struct {
+			ExpiresAt time.Time `json:"expires_at"`
+		} `json:"denial"`
+	}
+	if json.Unmarshal(body, &b) != nil || b.Denial.ExpiresAt.IsZero() {
+		return false
+	}
+	return g.now().After(b.Denial.ExpiresAt.Add(submitGrace))
 }

@@ -44,14 +44,21 @@ func (g *Gate) Cancel(ctx context.Context, t *tasks.Task) error {
 // Update implements tasks.Kind: answers to the in-task input a chained
 // request needs (asked for by chain, in advance.go). They are validated
 // against the backend's request schema; then the call is evaluated afresh
-// and the new request submitted.
+// and the new request submitted, the answer's key marked answered in the
+// same transaction as the task's move (a crash between the two would leave
+// the question outstanding with its answer ignored for ever). An answer
+// after the input's deadline ends the task, expired: the answer never
+// leads back to the same question.
 func (g *Gate) Update(ctx context.Context, t *tasks.Task, responses map[string]json.RawMessage) error {
 	a, err := getApproval(ctx, g.cfg.DB, t.ID)
 	if err != nil {
 		return err
 	}
 	if a.Phase != phaseInput {
-		return nil
+		return nil // moved on meanwhile: the answer is no longer outstanding
+	}
+	if a.Deadline == nil || !g.now().Before(*a.Deadline) {
+		return g.deny(ctx, a, msgInputExpired) // its result says why
 	}
 	var key string
 	var raw json.RawMessage
@@ -90,8 +97,5 @@ func (g *Gate) Update(ctx context.Context, t *tasks.Task, responses map[string]j
 	if d.Decision || !ok {
 		return g.deny(ctx, a, "The policy changed while waiting for input; call the tool again. It did not run.")
 	}
-	if err := g.tasks.MarkAnswered(ctx, t.ID, []string{key}); err != nil {
-		return err
-	}
-	return g.reopen(ctx, a, tool, b, d, hint, ans.Content, phaseInput)
+	return g.reopen(ctx, a, tool, b, d, hint, ans.Content, phaseInput, key)
 }

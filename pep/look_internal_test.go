@@ -166,7 +166,8 @@ func TestReplicasShareTheSweep(t *testing.T) {
 
 // TestLookKeepsWhatAMoveScheduled: a look that acted on a task as it was
 // does not overwrite what the task's later move set (a new request's first
-// look, a claim's deadline); only tasks waiting or running are looked at.
+// look, a claim's deadline); only tasks waiting (for a decision or for
+// input) or running are looked at: a submitting task is the reconciler's.
 func TestLookKeepsWhatAMoveScheduled(t *testing.T) {
 	ctx := context.Background()
 	f := newLookFixture(t)
@@ -185,7 +186,7 @@ func TestLookKeepsWhatAMoveScheduled(t *testing.T) {
 	require.NoError(t, scheduleLook(ctx, f.db, read, time.Now()))
 	require.True(t, later.Equal(*f.lookAt(id)), "a look that read it pending leaves the claim's schedule")
 
-	for _, ph := range []phase{phaseSubmitting, phaseInput, phaseDone} {
+	for _, ph := range []phase{phaseSubmitting, phaseDone} {
 		_, err = f.db.Exec(ctx, `UPDATE pep.approval_tasks SET phase = $2, look_at = now() - interval '1 minute' WHERE task_id = $1`, id, string(ph))
 		require.NoError(t, err)
 		n, err := g.LookDue(ctx)

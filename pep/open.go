@@ -374,9 +374,10 @@ func (g *Gate) failIntent(ctx context.Context, in *intent, refused bool, cause e
 }
 
 // reopen consumes generation a.Generation (from phase from: pending when
-// chained, input when the input came) and submits a new request for the
-// same binding under a new intent, as open does for the first.
-func (g *Gate) reopen(ctx context.Context, a *approvalTask, tool *offered, b binding, d authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, from phase) error {
+// chained, input when the input came, answering input key answered) and
+// submits a new request for the same binding under a new intent, as open
+// does for the first.
+func (g *Gate) reopen(ctx context.Context, a *approvalTask, tool *offered, b binding, d authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, from phase, answered string) error {
 	key := newKey()
 	body, err := g.submission(&tool.Tool, b, d, hint, extra, a.TaskID)
 	if err != nil {
@@ -393,8 +394,12 @@ func (g *Gate) reopen(ctx context.Context, a *approvalTask, tool *offered, b bin
 		if err != nil || !moved {
 			return err
 		}
+		var keys []string
+		if answered != "" {
+			keys = []string{answered}
+		}
 		_, err = g.tasks.TransitionTx(ctx, tx, a.TaskID, tasks.Change{To: tasks.Working,
-			StatusMessage: "Waiting for a new approval: " + describe(hint), Meta: pendingMeta(), Answered: nil})
+			StatusMessage: "Waiting for a new approval: " + describe(hint), Meta: pendingMeta(), Answered: keys})
 		return err
 	})
 	if err != nil || !moved {

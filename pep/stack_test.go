@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -46,6 +47,9 @@ type stack struct {
 	// hook, when set, sees every request the gate sends the backend before
 	// it is sent (with its body); it may block it.
 	hook atomic.Pointer[func(*http.Request, []byte)]
+	// down, when set, fails every request to the backend as an unreachable
+	// backend would (after the hook).
+	down atomic.Bool
 }
 
 type pepOptions struct {
@@ -137,6 +141,9 @@ func (h hooked) RoundTrip(r *http.Request) (*http.Response, error) {
 			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
 		(*f)(r, body)
+	}
+	if h.p.down.Load() {
+		return nil, errors.New("test: the backend is unreachable")
 	}
 	return http.DefaultTransport.RoundTrip(r)
 }

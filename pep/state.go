@@ -553,12 +553,15 @@ func cancelTx(ctx context.Context, tx pgx.Tx, id string) (*approvalTask, error) 
 }
 
 // askTx consumes a's generation and waits for the input a new request
-// needs (moveAsk); it reports whether it moved.
-func askTx(ctx context.Context, tx pgx.Tx, a *approvalTask, schema map[string]any) (bool, error) {
+// needs (moveAsk) until until (within the task's window), when its look
+// (set here, in the move's own UPDATE) ends it if no answer came; it
+// reports whether it moved.
+func askTx(ctx context.Context, tx pgx.Tx, a *approvalTask, schema map[string]any, until time.Time) (bool, error) {
 	var moved bool
 	err := moveAsk.apply(ctx, tx, a.TaskID, `, generation = generation + 1, chained = chained + 1,
-		backend_id = NULL, status_url = NULL, cancel_url = NULL, input_schema = $5, updated_at = now()`,
-		` AND generation = $4`, ` RETURNING true`, a.Generation, schema).Scan(&moved)
+		backend_id = NULL, status_url = NULL, cancel_url = NULL, input_schema = $5,
+		deadline = least($6::timestamptz, window_end), look_at = least($6::timestamptz, window_end), updated_at = now()`,
+		` AND generation = $4`, ` RETURNING true`, a.Generation, schema, until.UTC()).Scan(&moved)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -619,12 +622,13 @@ func idleIntents(ctx context.Context, q querier, idleBefore time.Time) ([]openIn
 // look each: their next look moves to until, so that no other replica takes
 // them before that unless the look schedules an earlier one, and a replica
 // that dies mid-look leaves its tasks to be taken again then. Replicas skip
-// each other's locked rows. Only waiting and running tasks are looked at
-// (the partial index approval_tasks_look holds nothing else).
+// each other's locked rows. Only waiting (for a decision or for input) and
+// running tasks are looked at (the partial index approval_tasks_look holds
+// nothing else).
 func takeLooks(ctx context.Context, q querier, now, until time.Time, n int) ([]string, error) {
 	rows, err := q.Query(ctx, `UPDATE pep.approval_tasks SET look_at = $2
 		WHERE task_id = ANY (ARRAY(SELECT task_id FROM pep.approval_tasks
-			WHERE look_at <= $1 AND phase IN ('pending', 'claimed') ORDER BY look_at LIMIT $3 FOR UPDATE SKIP LOCKED))
+			WHERE look_at <= $1 AND phase IN ('pending', 'claimed', 'input') ORDER BY look_at LIMIT $3 FOR UPDATE SKIP LOCKED))
 		RETURNING task_id`, now, until, n)
 	if err != nil {
 		return nil, err

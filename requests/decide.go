@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -160,6 +161,9 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 			trace.SpanFromContext(ctx).AddLink(l)
 		}
 		now := s.now()
+		if v, err = s.current(ctx, tx, v); err != nil {
+			return err
+		}
 		if err := Eligible(v, r, now); err != nil {
 			return err
 		}
@@ -266,6 +270,27 @@ func (s *Service) Decide(ctx context.Context, v Voter, id string, d Decision) (*
 	}
 	fault.Point("requests.after-decision-commit")
 	return out, nil
+}
+
+// current is person v as the directory has them now, read under a lock
+// held until the vote commits (Config.People): a person disabled before
+// the vote may not vote, and their groups are today's, not their
+// session's or their Slack click's. Others are as given.
+func (s *Service) current(ctx context.Context, tx pgx.Tx, v Voter) (Voter, error) {
+	if !v.human() || v.Resolver || s.cfg.People == nil {
+		return v, nil
+	}
+	groups, ids, active, err := s.cfg.People.Deciding(ctx, tx, v.Name)
+	if err != nil {
+		return v, err
+	}
+	if !active {
+		return v, refuse(authzen.ProblemIneligibleApprover, "%s is disabled or no longer in the directory and may not decide", v.ID)
+	}
+	v.Groups = groups
+	// For separation of duties, every way they are known, then or now.
+	v.Identities = append(slices.Clone(v.Identities), ids...)
+	return v, nil
 }
 
 // checkSignature verifies a's signature of this very vote: the challenge

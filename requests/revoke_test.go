@@ -10,6 +10,7 @@ import (
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/requests"
 )
 
@@ -127,4 +128,73 @@ func chainKinds(t *testing.T, f *fixture, chain string) []string {
 		kinds = append(kinds, e.Kind)
 	}
 	return kinds
+}
+
+// withDirectory is f's service deciding with the directory's view of each
+// person (Config.People), with bob and carol in group treasury.
+func withDirectory(t *testing.T, f *fixture) (*requests.Service, *directory.Store) {
+	t.Helper()
+	ctx := context.Background()
+	dir := directory.NewStore(f.db)
+	require.NoError(t, dir.CreateGroup(ctx, "treasury", "test"))
+	for _, name := range []string{"bob", "carol"} {
+		require.NoError(t, dir.CreateUser(ctx, directory.User{Name: name, DisplayName: name}, "", "test"))
+		require.NoError(t, dir.AddMember(ctx, "treasury", name, "test"))
+	}
+	svc, err := requests.NewService(requests.Config{DB: f.db, Jobs: f.jobs, Keys: f.keys, Policy: f.engine,
+		Issuer: issuer, RequestsURL: requestsURL, Now: f.clock.Now, People: dir})
+	require.NoError(t, err)
+	return svc, dir
+}
+
+// TestDisabledApproverCannotVote (issue 40, item 4): a person's vote
+// re-reads them in its own transaction, whatever the Voter built from a
+// session or a Slack click says. Disabled before the vote: refused; removed
+// from the group: refused; and a vote in flight while they are being
+// disabled waits for it and is then refused, so an administrator told
+// "disabled" never sees a vote of theirs recorded after.
+func TestDisabledApproverCannotVote(t *testing.T) {
+	f := setupWith(t, "testdata/resolution.yaml")
+	ctx := context.Background()
+	svc, dir := withDirectory(t, f)
+	submit := func() string {
+		d, hint := f.deny(f.pep, toolCall("wire_transfer", map[string]any{"to": "x", "amount": 50000 + len(t.Name())}))
+		call := toolCall("wire_transfer", map[string]any{"to": "x", "amount": 50000 + len(t.Name())})
+		res, err := svc.Submit(ctx, f.pep, "", mustJSON(t, submission(call, d, hint)))
+		require.NoError(t, err)
+		return res.Request.ID
+	}
+	id := submit()
+	require.NoError(t, dir.DisableUser(ctx, "bob", "test"))
+	_, err := svc.Decide(ctx, bob, id, requests.Decision{Approve: true})
+	require.Equal(t, authzen.ProblemIneligibleApprover, requests.ErrorCode(err), "a disabled person's stale Voter still voted: %v", err)
+
+	require.NoError(t, dir.RemoveMember(ctx, "treasury", "carol", "test"))
+	_, err = svc.Decide(ctx, carol, id, requests.Decision{Approve: true})
+	require.Equal(t, authzen.ProblemIneligibleApprover, requests.ErrorCode(err), "group membership is read at the vote: %v", err)
+	require.NoError(t, dir.AddMember(ctx, "treasury", "carol", "test"))
+
+	// In flight: carol's disabling is written, not committed, when she votes.
+	tx, err := f.db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE arap.users SET disabled_at = now() WHERE name = 'carol'`)
+	require.NoError(t, err)
+	voted := make(chan error, 1)
+	go func() { _, err := svc.Decide(ctx, carol, id, requests.Decision{Approve: true}); voted <- err }()
+	for waiting := 0; waiting == 0; {
+		select {
+		case err := <-voted:
+			t.Fatalf("the vote did not wait for the disabling in flight: %v", err)
+		default:
+		}
+		require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
+		time.Sleep(5 * time.Millisecond) // polling pg_stat_activity
+	}
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, authzen.ProblemIneligibleApprover, requests.ErrorCode(<-voted))
+	votes, err := svc.Votes(ctx, id)
+	require.NoError(t, err)
+	require.Empty(t, votes)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/identity"
 	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/fault"
 	"github.com/omcp/arap/signing"
@@ -77,8 +78,20 @@ type Config struct {
 	// Passkeys verifies the assertions of signed decisions (package
 	// passkeys); without it, rules requiring one cannot be decided by people.
 	Passkeys PasskeyVerifier
-	Now      func() time.Time
-	Log      *slog.Logger
+	// People re-reads a person at their vote (package directory), inside
+	// the vote's transaction; without it, a person's Voter is taken as
+	// built.
+	People People
+	Now    func() time.Time
+	Log    *slog.Logger
+}
+
+// People re-reads a person who votes, inside the vote's transaction tx,
+// under a lock that disabling them or changing their groups waits for:
+// their current groups and identities, and active false for a person
+// disabled or gone (directory.Store.Deciding).
+type People interface {
+	Deciding(ctx context.Context, tx pgx.Tx, name string) (groups []string, ids []identity.ID, active bool, err error)
 }
 
 // Service is the Access Request Service.

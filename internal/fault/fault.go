@@ -31,6 +31,7 @@ var Names = []string{
 	"pep.after-handle", // the handle is stored, the caller has no answer
 	"pep.after-claim",  // the execution claim is committed, the tool not run
 	"pep.after-invoke", // the tool ran, its outcome is not recorded
+	"pep.after-ask",    // a task asks for in-task input: nothing waits for the answer but its look
 	"requests.after-decision-commit",
 	"requests.after-transition-commit",
 	"requests.after-expire-commit", // a batch expired, its job not finished

@@ -347,15 +347,6 @@ func ttlUntil(p string) string {
 	return `trunc(extract(epoch FROM ` + p + `::timestamptz - created_at) * 1000)::bigint`
 }
 
-// MarkAnswered records keys as answered on task id, whatever its status:
-// an answer taken is never asked for again under the same key.
-func (s *Store) MarkAnswered(ctx context.Context, id string, keys []string) error {
-	if _, err := s.DB.Exec(ctx, `UPDATE pep.tasks SET answered_keys = answered_keys || $2::text[] WHERE id = $1`, id, keys); err != nil {
-		return fmt.Errorf("tasks: answer %s: %w", id, err)
-	}
-	return nil
-}
-
 // TTLUntil is the ttlMs that keeps a task created at created until until.
 func TTLUntil(created, until time.Time) int64 {
 	return until.Sub(created).Milliseconds()

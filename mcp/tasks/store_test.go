@@ -96,7 +96,8 @@ func TestAccessTTLAndPurge(t *testing.T) {
 	got, _ = s.Get(ctx, s.DB, task.ID)
 	require.EqualValues(t, 120_000, *got.TTLMs)
 	require.Equal(t, "v", got.Meta["k"])
-	require.NoError(t, s.MarkAnswered(ctx, task.ID, []string{"q1"}))
+	_, err = transition(s, task.ID, tasks.Change{To: tasks.Working, StatusMessage: "answered", Answered: []string{"q1"}})
+	require.NoError(t, err)
 	got, _ = s.Get(ctx, s.DB, task.ID)
 	require.Equal(t, []string{"q1"}, got.AnsweredKeys)
 
