@@ -138,7 +138,7 @@ func (s *System) start(ctx context.Context, o Options) error {
 	}
 	s.BackendURL = "http://" + s.Serve.Addr
 	if s.MCP, err = startProcess(filepath.Join(bin, "arapd"), mcpEnv,
-		"mcp", "--backend-url", s.BackendURL, "--log-level", "warn", "--poll-interval", "1s", "--upstreams", upstreams); err != nil {
+		"mcp", "--backend-url", s.BackendURL, "--log-level", "warn", "--poll-interval", "1s", "--upstreams", upstreams, "--demo-tools"); err != nil {
 		return err
 	}
 	s.MCPURL = "http://" + s.MCP.Addr + "/mcp"

@@ -215,7 +215,7 @@ func (s *system) start(ctx context.Context) error {
 				"ARAP_BACKEND_TOKEN=" + s.creds.PEPToken, "ARAP_WEBHOOK_SECRETS=" + s.creds.WebhookSecret,
 				"ARAP_EXEC_TIMEOUT=" + o.ExecTimeout.String(), "ARAP_INTENT_GRACE=3s"},
 			args: []string{"mcp", "--backend-url", public, "--public-url", "http://" + cb,
-				"--log-level", "warn", "--poll-interval", "1s", "--reconcile-every", "2s", "--upstreams", upstreams}})
+				"--log-level", "warn", "--poll-interval", "1s", "--reconcile-every", "2s", "--upstreams", upstreams, "--demo-tools"}})
 	}
 	fmt.Fprintln(s.log, "starting 2 x arapd serve, 2 x arapd mcp")
 	for _, p := range s.procs {

@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/upstream"
 )
 
 // compose is the part of the Compose specification deploy/compose.yaml
@@ -116,6 +117,19 @@ func TestCompose(t *testing.T) {
 	require.NotEmpty(t, policy, "ARAP_POLICY is not mounted")
 	_, err = evaluation.LoadFile(policy)
 	require.NoError(t, err)
+
+	// mcp: the upstreams file it mounts loads; the demo tools only when
+	// the operator asks for them in .env, off by default.
+	var upstreams string
+	for _, v := range mcp.Volumes {
+		if src, dst, _ := strings.Cut(v, ":"); strings.HasPrefix(dst, mcp.Environment["ARAP_UPSTREAMS"]) {
+			upstreams = src
+		}
+	}
+	require.NotEmpty(t, upstreams, "ARAP_UPSTREAMS is not mounted")
+	_, err = upstream.Load(upstreams)
+	require.NoError(t, err)
+	require.Equal(t, "${ARAP_DEMO_TOOLS:-false}", mcp.Environment["ARAP_DEMO_TOOLS"])
 
 	// Published ports only on loopback: the compose file is for one host.
 	for _, s := range c.Services {

@@ -146,6 +146,10 @@ func TestImage(t *testing.T) {
 		"-e", "ARAP_WEBHOOK_SECRETS=" + secret,
 		"-e", "ARAP_PEP_MASTER_KEY_FILE=/run/secrets/arap/pep-master-key",
 		"-v", pepKey + ":/run/secrets/arap/pep-master-key:ro",
+		// The starting upstreams file, as Compose and Kubernetes mount it:
+		// without one (or --demo-tools) arapd mcp does not start.
+		"-e", "ARAP_UPSTREAMS=/etc/arap/upstreams.yaml",
+		"-v", upstreamsFile(t) + ":/etc/arap/upstreams.yaml:ro",
 	}, "mcp")
 	waitReady(t, rt, mcp, "http://"+mcpAddr)
 
@@ -354,4 +358,11 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// upstreamsFile is deploy/k8s/base/upstreams.yaml, by absolute path.
+func upstreamsFile(t *testing.T) string {
+	abs, err := filepath.Abs(filepath.Join("k8s", "base", "upstreams.yaml"))
+	require.NoError(t, err)
+	return abs
 }

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/upstream"
 )
 
 // The kustomizations to render: the base and every overlay.
@@ -161,6 +162,11 @@ func validate(r *rendered) error {
 		// arapd serve: the policy from the ConfigMap, and it must load.
 		if proc == "serve" {
 			checkPolicy(fail, r, spec, c)
+		}
+		// arapd mcp: the upstreams from the ConfigMap, and never the demo
+		// tools.
+		if proc == "mcp" {
+			checkUpstreams(fail, r, spec, c)
 		}
 		// The Service in front, on the same named port.
 		if !slices.ContainsFunc(r.services, func(s *corev1.Service) bool {
@@ -321,6 +327,37 @@ func checkPolicy(fail func(string, ...any), r *rendered, spec corev1.PodSpec, c 
 	fail("serve: ConfigMap %s is not in the output", v.ConfigMap.Name)
 }
 
+// checkUpstreams: arapd mcp reads its upstreams from a mounted ConfigMap
+// whose file loads, and is never told to offer the demo tools.
+func checkUpstreams(fail func(string, ...any), r *rendered, spec corev1.PodSpec, c corev1.Container) {
+	if v := envValue(c, "ARAP_DEMO_TOOLS"); v != "" && v != "false" {
+		fail("mcp: ARAP_DEMO_TOOLS=%q: the demo tools are never offered in production", v)
+	}
+	if slices.Contains(c.Args, "--demo-tools") {
+		fail("mcp: --demo-tools: the demo tools are never offered in production")
+	}
+	file := envValue(c, "ARAP_UPSTREAMS")
+	v := volumeAt(spec, c, file)
+	if file == "" || v == nil || v.ConfigMap == nil {
+		fail("mcp: ARAP_UPSTREAMS=%q is not in a mounted ConfigMap (without upstreams arapd mcp does not start)", file)
+		return
+	}
+	for _, cm := range r.configMaps {
+		if cm.Name == v.ConfigMap.Name {
+			doc, ok := cm.Data[path.Base(file)]
+			if !ok {
+				fail("mcp: ConfigMap %s has no %s", cm.Name, path.Base(file))
+				return
+			}
+			if _, err := upstream.Parse(file, []byte(doc)); err != nil {
+				fail("mcp: the upstreams file does not load: %v", err)
+			}
+			return
+		}
+	}
+	fail("mcp: ConfigMap %s is not in the output", v.ConfigMap.Name)
+}
+
 func TestManifests(t *testing.T) {
 	for _, dir := range kustomizations {
 		t.Run(dir, func(t *testing.T) {
@@ -381,6 +418,9 @@ func TestValidatorCatchesMutations(t *testing.T) {
 		{"a Secret with the key", "kustomization.yaml", "configMapGenerator:", "secretGenerator:\n  - name: arap-master-key\n    literals: [master-key=AAAA]\nconfigMapGenerator:", "Secret arap-master-key"},
 		{"loopback listener", "serve.yaml", `value: "0.0.0.0:8480"`, `value: "127.0.0.1:8480"`, "must listen on all interfaces"},
 		{"broken policy", "policy.yaml", "effect: request", "effect: maybe", "the policy does not load"},
+		{"demo tools", "mcp.yaml", "            - name: ARAP_UPSTREAMS\n", "            - name: ARAP_DEMO_TOOLS\n              value: \"true\"\n            - name: ARAP_UPSTREAMS\n", "the demo tools are never offered in production"},
+		{"no upstreams", "mcp.yaml", "- name: ARAP_UPSTREAMS", "- name: ARAP_UPSTREAMS_OFF", "ARAP_UPSTREAMS=\"\" is not in a mounted ConfigMap"},
+		{"broken upstreams", "upstreams.yaml", "upstreams: []", "upstreams: [{name: x}]", "the upstreams file does not load"},
 	}
 	for _, mu := range mutations {
 		t.Run(mu.name, func(t *testing.T) {

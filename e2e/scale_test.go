@@ -440,7 +440,7 @@ func TestScaleKillOneOfEach(t *testing.T) {
 	mcpFront := httptest.NewServer(mcpLB)
 	t.Cleanup(mcpFront.Close)
 	mcpArgs := []string{"mcp", "--addr", "127.0.0.1:0", "--backend-url", front.URL, "--public-url", mcpFront.URL,
-		"--exec-timeout", "10s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "5s"}
+		"--exec-timeout", "10s", "--poll-interval", "500ms", "--reconcile-every", "1s", "--intent-grace", "5s", "--demo-tools"}
 	fronts := []*proc{startArapd(t, mcpEnv, mcpArgs...), startArapd(t, mcpEnv, mcpArgs...)}
 	for _, f := range fronts {
 		u, err := url.Parse(f.url())

@@ -96,7 +96,7 @@ func (s *stack) startMCP(extraEnv ...string) *proc {
 	if s.mcp != nil {
 		addr = s.mcp.addr // a restart keeps the address the backend calls back
 	}
-	args := []string{"mcp", "--addr", addr, "--backend-url", s.api,
+	args := []string{"mcp", "--addr", addr, "--backend-url", s.api, "--demo-tools",
 		"--poll-interval", "500ms", "--reconcile-every", reconcileEvery.String()}
 	args = append(args, s.mcpArgs...)
 	if s.mcpBinary != "" {

@@ -55,9 +55,11 @@ type Config struct {
 	// the client (--trusted-proxies).
 	TrustedProxies []netip.Prefix
 	Migrate        bool
-	// Tools are the built-in tools (default: the demo tools, the built-in
-	// upstream "demo"); Sources offer more (upstream MCP servers), read on
-	// every call. A name offered by two of them at startup is refused.
+	// Tools are the built-in tools (the demo tools, pep.DemoTools, under
+	// arapd dev or --demo-tools; none in production); Sources offer more
+	// (upstream MCP servers), read on every call. A name offered by two of
+	// them at startup is refused. A front-end given no tools, no sources,
+	// no upstreams file and no Extra does not start (ErrNoTools).
 	Tools   []pep.Tool
 	Sources []pep.ToolSource
 	// Upstreams is the upstreams file (package upstream): MCP servers whose
@@ -103,6 +105,12 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
+// ErrNoTools is New's refusal of a front-end with nothing to offer: the
+// demo tools are never a default, so that no agent in production sees a
+// wire_transfer that only pretends to pay.
+var ErrNoTools = errors.New("frontend: no tools to offer: give --upstreams FILE (ARAP_UPSTREAMS), the MCP servers whose tools this gateway decides on; " +
+	"to try arap without one, --demo-tools (ARAP_DEMO_TOOLS=true) offers the demo tools, whose side effects are rows in a ledger table (never in production)")
+
 // Frontend is a running (or ready to run) MCP front-end.
 type Frontend struct {
 	cfg       Config
@@ -119,8 +127,8 @@ func New(ctx context.Context, cfg Config) (*Frontend, error) {
 	if cfg.DatabaseURL == "" || cfg.BackendURL == "" || cfg.BackendToken == "" {
 		return nil, errors.New("frontend: database URL, backend URL and backend token are required")
 	}
-	if cfg.Tools == nil {
-		cfg.Tools = pep.DemoTools()
+	if len(cfg.Tools) == 0 && len(cfg.Sources) == 0 && cfg.Upstreams == "" && cfg.Extra == nil {
+		return nil, ErrNoTools
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = pep.NewMetrics()
@@ -153,6 +161,9 @@ func (f *Frontend) build(ctx context.Context) (err error) {
 			return err
 		}
 		sources = append(slices.Clone(sources), pep.NewUpstreams(f.upstreams, cfg.Metrics))
+		if len(cfg.Tools) == 0 && len(cfg.Sources) == 0 && cfg.Extra == nil && len(f.upstreams.Ready()) == 0 {
+			cfg.Log.Warn("no tools are offered: the upstreams file lists no upstream; add the MCP servers this gateway decides on and reload (SIGHUP)", "upstreams", cfg.Upstreams)
+		}
 		if f.cfg.UpstreamsReady == nil {
 			f.cfg.UpstreamsReady = func(context.Context) map[string]error { return f.upstreams.Ready() }
 		}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +27,7 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 // gets its listen result), so it drains well within its deadline.
 func TestStopEndsListenStreams(t *testing.T) {
 	ctx := context.Background()
-	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
+	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32), Tools: pep.DemoTools(),
 		BackendURL: "http://127.0.0.1:1", BackendToken: "unused"})
 	require.NoError(t, err)
 	p := pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}
@@ -78,7 +80,35 @@ func TestStopEndsListenStreams(t *testing.T) {
 func TestSourceNameCollisionRefused(t *testing.T) {
 	t.Parallel()
 	clash := pep.StaticTools{{Name: "wire_transfer", Upstream: "bank", InputSchema: map[string]any{"type": "object"}}}
-	_, err := frontend.New(context.Background(), frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
+	_, err := frontend.New(context.Background(), frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32), Tools: pep.DemoTools(),
 		BackendURL: "http://127.0.0.1:1", BackendToken: "unused", Sources: []pep.ToolSource{clash}})
 	require.ErrorContains(t, err, `tool "wire_transfer" is offered by both upstream demo and upstream bank`)
+}
+
+// TestNoToolsNoStart (issue 38): the demo tools are never a default. A
+// front-end given no tools, no upstreams and no fixtures does not start,
+// and says what to give it; the demo tools are offered only when asked
+// for (arapd dev, --demo-tools), and an upstreams file alone offers no
+// demo tool.
+func TestNoToolsNoStart(t *testing.T) {
+	t.Parallel()
+	_, err := frontend.New(context.Background(), frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
+		BackendURL: "http://127.0.0.1:1", BackendToken: "unused"})
+	require.ErrorIs(t, err, frontend.ErrNoTools)
+	require.ErrorContains(t, err, "--upstreams")
+	require.ErrorContains(t, err, "--demo-tools")
+
+	file := filepath.Join(t.TempDir(), "upstreams.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("upstreams: []\n"), 0o600))
+	f, err := frontend.New(context.Background(), frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
+		BackendURL: "http://127.0.0.1:1", BackendToken: "unused", Upstreams: file})
+	require.NoError(t, err)
+	ctx := context.Background()
+	p := pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}
+	require.NoError(t, f.Gate().Callers().Create(ctx, "alice-agent", "alice-token-0123", p))
+	require.NoError(t, f.Start(ctx))
+	t.Cleanup(func() { _ = f.Stop(context.Background()) })
+	tools, _, err := (&tasks.Client{URL: f.URL() + pep.PathMCP, Token: "alice-token-0123"}).ListTools(ctx)
+	require.NoError(t, err)
+	require.Empty(t, tools, "an upstreams file alone offers no demo tool")
 }

@@ -24,7 +24,7 @@ import (
 func TestMetricsListener(t *testing.T) {
 	ctx := context.Background()
 	env := backendtest.Start(t, backendtest.Options{})
-	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
+	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32), Tools: pep.DemoTools(),
 		BackendURL: env.URL, BackendToken: dev.PEPToken, MetricsAddr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	require.NoError(t, f.Start(ctx))

@@ -57,7 +57,7 @@ func newOpsStackWith(t *testing.T, db *dbtest.Private, edit func(*frontend.Confi
 	}
 	s := &opsStack{env: backendtest.Start(t, backendtest.Options{DatabaseURL: backendDB}), log: &lockedBuffer{}}
 	s.upstreams.Store(&map[string]error{"crm": nil})
-	cfg := frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: frontDB, MasterKey: make([]byte, 32),
+	cfg := frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: frontDB, MasterKey: make([]byte, 32), Tools: pep.DemoTools(),
 		BackendURL: s.env.URL, BackendToken: dev.PEPToken,
 		UpstreamsReady: func(context.Context) map[string]error { return *s.upstreams.Load() },
 		Log:            slog.New(slog.NewJSONHandler(s.log, &slog.HandlerOptions{Level: slog.LevelDebug}))}

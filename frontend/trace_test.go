@@ -107,7 +107,7 @@ func TestOneTraceCoversAGatedCall(t *testing.T) {
 	}
 	env := backendtest.Start(t, backendtest.Options{TracerProvider: tp, Log: jsonLog(backendLogs)})
 	ctx := context.Background()
-	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
+	f, err := frontend.New(ctx, frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32), Tools: pep.DemoTools(),
 		BackendURL: env.URL, BackendToken: dev.PEPToken, WebhookSecrets: []string{dev.PEPWebhookSecret}, TracerProvider: tp,
 		// A poll far off: the callback, not a look, wakes the task.
 		PollInterval: time.Hour,

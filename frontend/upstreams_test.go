@@ -65,7 +65,7 @@ func TestUpstreamsFile(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "upstreams.yaml")
 	write := func(s string) { require.NoError(t, os.WriteFile(file, []byte(s), 0o600)) }
-	cfg := frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32),
+	cfg := frontend.Config{Addr: "127.0.0.1:0", DatabaseURL: dbtest.URL(t), MasterKey: make([]byte, 32), Tools: pep.DemoTools(),
 		BackendURL: "http://127.0.0.1:1", BackendToken: "unused", Upstreams: file}
 
 	write("upstreams:\n  - name: echo\n    http: {url: " + url + "}\n    colour: blue\n")

@@ -27,6 +27,7 @@ import (
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/frontend"
+	"github.com/omcp/arap/pep"
 	"github.com/omcp/arap/internal/clientip"
 	"github.com/omcp/arap/internal/config"
 	"github.com/omcp/arap/internal/dev"
@@ -376,6 +377,7 @@ func runMCP(args []string) error {
 	listenLifetime := c.Duration("listen-lifetime", 30*time.Minute, "longest a subscriptions/listen stream stays open; then it ends and the client listens again")
 	doMigrate := c.Bool("migrate", false, "apply pending migrations before starting")
 	conformance := c.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
+	demo := c.Bool("demo-tools", false, "also offer the demo tools (wire_transfer, delete_repository, ...: their side effects are rows in a ledger table), to try arap; never in production")
 	level := logLevel(c)
 	trusted := trustedProxies(c)
 	metrics := metricsAddr(c)
@@ -414,6 +416,10 @@ func runMCP(args []string) error {
 		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), MasterKey: masterKey, PreviousMasterKeys: previous, BackendURL: *backendURL, BackendToken: token.Value(),
 		WebhookSecrets: webhookSecrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
 		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log, TrustedProxies: proxies, MetricsAddr: *metrics,
+	}
+	if *demo {
+		log.Warn("offering the demo tools (--demo-tools): their side effects are rows in a ledger table, nothing real; never in production")
+		cfg.Tools = pep.DemoTools()
 	}
 	if *conformance {
 		withFixtures(&cfg)

@@ -180,3 +180,18 @@ func TestSchemaCheckAtStartUp(t *testing.T) {
 		require.Contains(t, errOut, fmt.Sprintf("database schema: schema arap is newer than this binary: the database has %04d_breaking, which needs a binary knowing at least %04d, and this binary knows up to %04d; run the newer arapd", newest+2, newest+2, newest))
 	}
 }
+
+// TestMCPWithoutToolsRefusesToStart (issue 38): arapd mcp offers the demo
+// tools only with --demo-tools; given no upstreams either, it stops before
+// connecting anywhere and says what to give it.
+func TestMCPWithoutToolsRefusesToStart(t *testing.T) {
+	env := []string{"ARAP_BACKEND_TOKEN=t", "ARAP_PEP_MASTER_KEY=" + testKey, "DATABASE_URL=postgres://nobody@127.0.0.1:1/none"}
+	code, _, errOut := arapd(t, env, "mcp")
+	require.Equal(t, 1, code, errOut)
+	require.Contains(t, errOut, "no tools to offer: give --upstreams FILE (ARAP_UPSTREAMS)")
+	require.Contains(t, errOut, "--demo-tools (ARAP_DEMO_TOOLS=true)")
+	code, out, _ := arapd(t, nil, "mcp", "-h")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "  --demo-tools\n")
+	require.Contains(t, out, "never in production")
+}
