@@ -62,6 +62,9 @@ type Config struct {
 	// no upstreams file and no Extra does not start (ErrNoTools).
 	Tools   []pep.Tool
 	Sources []pep.ToolSource
+	// ApprovalTools offers approval as ordinary tools to clients that do
+	// not drive tasks (pep.Config.ApprovalTools; --approval-tools).
+	ApprovalTools bool
 	// Upstreams is the upstreams file (package upstream): MCP servers whose
 	// tools are offered after the built-in ones, decided by the PDP and
 	// forwarded at most once. Reloaded on SIGHUP; "" for none.
@@ -172,7 +175,7 @@ func (f *Frontend) build(ctx context.Context) (err error) {
 		DB: pool, MasterKey: cfg.MasterKey, PreviousMasterKeys: cfg.PreviousMasterKeys, TracerProvider: cfg.TracerProvider,
 		Backend: &arapclient.Client{BaseURL: cfg.BackendURL, Token: cfg.BackendToken,
 			HTTP: &http.Client{Timeout: 30 * time.Second, Transport: telemetry.Transport(arapclient.Pooled(), cfg.TracerProvider)}},
-		CallbackURL: callbackURL, Tools: cfg.Tools, Sources: sources, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
+		CallbackURL: callbackURL, Tools: cfg.Tools, Sources: sources, ApprovalTools: cfg.ApprovalTools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
 		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Metrics: cfg.Metrics, Log: cfg.Log,
 	}); err != nil {
 		return err

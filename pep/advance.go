@@ -88,6 +88,12 @@ func (g *Gate) lookNow(id string) {
 // task's next look and returns when that is (zero: nothing more to do);
 // on an error the look already scheduled stands.
 func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
+	return g.advanceTask(ctx, id, false)
+}
+
+// advanceTask is Advance; repeated says the caller of a deferred task has made
+// its call again (interim.go), so an approved one runs now.
+func (g *Gate) advanceTask(ctx context.Context, id string, repeated bool) (time.Time, error) {
 	a, err := getApproval(ctx, g.cfg.DB, id)
 	if errors.Is(err, tasks.ErrNotFound) {
 		return time.Time{}, nil
@@ -95,7 +101,7 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	next, err := g.step(ctx, a)
+	next, err := g.step(ctx, a, repeated)
 	if err == nil && !next.IsZero() {
 		if err = scheduleLook(ctx, g.cfg.DB, a, next); err != nil {
 			err = fmt.Errorf("pep: task %s: schedule the next look: %w", a.TaskID, err)
@@ -105,7 +111,7 @@ func (g *Gate) Advance(ctx context.Context, id string) (time.Time, error) {
 }
 
 // step is Advance of a as read.
-func (g *Gate) step(ctx context.Context, a *approvalTask) (time.Time, error) {
+func (g *Gate) step(ctx context.Context, a *approvalTask, repeated bool) (time.Time, error) {
 	ctx, span := g.span(ctx, "pep.advance", a)
 	defer span.End()
 	switch a.Phase {
@@ -135,6 +141,9 @@ func (g *Gate) step(ctx context.Context, a *approvalTask) (time.Time, error) {
 	case authzen.StatusApproved:
 		if tr.Result == nil || tr.Result.Mode != authzen.ModeReevaluate || tr.Result.Approval == nil {
 			return time.Time{}, g.deny(ctx, a, "The approval came back in a form this server cannot enforce; the tool did not run.")
+		}
+		if a.Deferred && !repeated {
+			return g.awaitCaller(ctx, a, tr.Result.Approval)
 		}
 		return g.reevaluate(ctx, a, tr.Result.Approval)
 	case authzen.StatusDenied:

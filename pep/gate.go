@@ -61,6 +61,11 @@ type Config struct {
 	MaxPending int
 	// SubmitsPerMinute bounds a principal's new approval requests; default 30.
 	SubmitsPerMinute int
+	// ApprovalTools offers approval as ordinary tools to clients that do
+	// not drive tasks (interim.go): their requestable calls open a
+	// deferred task, followed with the approval_status tool and run when
+	// the call is repeated after approval.
+	ApprovalTools bool
 	// StateTTL bounds an MRTR requestState's life; default 10 minutes.
 	StateTTL time.Duration
 	// IntentGrace is how long an intent may stay unbound before Reconcile
@@ -152,7 +157,11 @@ func NewGate(cfg Config) (*Gate, error) {
 		}
 		sources = append([]ToolSource{static}, sources...)
 	}
-	if g.catalog, err = newCatalog(sources); err != nil {
+	var reserved []string
+	if cfg.ApprovalTools {
+		reserved = append(reserved, ToolApprovalStatus)
+	}
+	if g.catalog, err = newCatalog(sources, reserved...); err != nil {
 		return nil, err
 	}
 	if g.cfg.Metrics == nil {
@@ -245,7 +254,10 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		if tool.TaskRequired {
 			return nil, tasks.MissingCapability()
 		}
-		return degraded(hint, version), nil
+		if !g.cfg.ApprovalTools {
+			return degraded(hint, version), nil
+		}
+		return g.interim(ctx, p, tool, args, decision, hint, answers, version)
 	}
 	if brokenBuild && broken(violateExecuteOnRequestableDenial) {
 		_, _ = g.runDirect(ctx, p, tool, args, req, nil)
@@ -274,7 +286,7 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		}
 		if live != "" {
 			if t, err := g.existing(ctx, dedup); t != nil || err != nil {
-				return created(t), err
+				return g.taskFor(ctx, t, false, err)
 			}
 		}
 		if msg := g.overLimit(o.recent, o.count); msg != "" {
@@ -292,13 +304,16 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 			return created(t), err
 		}
 	}
-	t, err := g.open(ctx, tool, binding{Tool: tool.Name, Args: args, Principal: p}, decision, hint, extra)
+	t, fresh, err := g.open(ctx, tool, binding{Tool: tool.Name, Args: args, Principal: p}, decision, hint, extra, false)
 	var le *limitError
 	if errors.As(err, &le) {
 		return denied(le.msg, RemediationUnavailable), nil
 	}
 	if err != nil {
 		return nil, err
+	}
+	if !fresh {
+		return g.taskFor(ctx, t, false, nil)
 	}
 	if brokenBuild && broken(violateArtifactLeak) {
 		res := created(t).(*tasks.CreateResult)

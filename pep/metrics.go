@@ -30,6 +30,7 @@ const (
 	OutcomeExecutionError    = "execution-error"     // allowed at once; the tool ran and failed
 	OutcomeDenied            = "denied-not-executed" // denied (policy, limits, declined input)
 	OutcomeDegraded          = "degraded"            // requestable, but the client cannot wait for a task
+	OutcomeApprovalPending   = "approval-pending"    // approval tools: a request made or waited on for a client without tasks
 	OutcomeTaskCreated       = "task-created"        // an approval task (new, or the live one for the same call)
 	OutcomeInputRequired     = "input-required"      // an MRTR round before the request is made
 	OutcomeMissingCapability = "missing-capability"  // -32021: a task-required tool without the tasks extension
@@ -175,6 +176,9 @@ func callOutcome(res sdk.Result, err error) string {
 	case *sdk.CallToolResult:
 		if r.InputRequests != nil { // an upstream's round may ask nothing, only for a retry
 			return OutcomeInputRequired
+		}
+		if _, ok := r.Meta[MetaApproval]; ok {
+			return OutcomeApprovalPending
 		}
 		if env, ok := r.Meta[MetaAuthorization].(Envelope); ok {
 			if env.Remediation == RemediationUndisclosed {

@@ -116,35 +116,38 @@ func duplicateCall(err error) bool {
 // or cancels it if the task ended meanwhile. A repeated call (same
 // principal, tool and arguments) while the task is live returns the same
 // task, whatever the limits; a call over a limit returns a *limitError and
-// nothing is written or submitted.
-func (g *Gate) open(ctx context.Context, tool *offered, b binding, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (*tasks.Task, error) {
+// nothing is written or submitted. A deferred task (interim.go) runs
+// when its caller repeats the call rather than when approved. created says
+// whether the task returned is new.
+func (g *Gate) open(ctx context.Context, tool *offered, b binding, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, deferred bool) (t *tasks.Task, created bool, err error) {
 	d, err := digest(b.Tool, b.Args)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	dedup := dedupKey(b.Principal, b.Tool, d)
 	for range 3 {
-		o, err := g.insert(ctx, tool, b, d, dedup, decision, hint, extra)
+		o, err := g.insert(ctx, tool, b, d, dedup, decision, hint, extra, deferred)
 		if duplicateCall(err) {
 			// A concurrent duplicate won; should its task have ended
 			// since, try again.
 			if t, err := g.existing(ctx, dedup); t != nil || err != nil {
-				return t, err
+				return t, false, err
 			}
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		fault.Point("pep.after-intent")
 		// The intent just written is in hand: no need to read it back.
 		t, err := g.submitAndBindIntent(ctx, o.intent)
 		if err != nil || t != nil {
-			return t, err
+			return t, t != nil, err
 		}
-		return g.tasks.Get(ctx, g.cfg.DB, o.intent.TaskID)
+		t, err = g.tasks.Get(ctx, g.cfg.DB, o.intent.TaskID)
+		return t, err == nil, err
 	}
-	return nil, rpcError(tasks.CodeInternalError, "an identical call is changing state; retry shortly")
+	return nil, false, rpcError(tasks.CodeInternalError, "an identical call is changing state; retry shortly")
 }
 
 // opened is what insert wrote: the task's first submission intent.
@@ -152,7 +155,7 @@ type opened struct{ intent *intent }
 
 // insert is step (1) of open. The task records the tool's identity (its
 // digest, upstream and upstream tool) beside the call binding.
-func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup string, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any) (opened, error) {
+func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup string, decision authzen.Decision, hint *authzen.AccessRequestHint, extra map[string]any, deferred bool) (opened, error) {
 	taskID, key := tasks.NewID(), newKey()
 	if brokenBuild && broken(violateClockTaskIDs) {
 		taskID = fmt.Sprintf("tsk_%d", time.Now().UnixNano())
@@ -181,7 +184,7 @@ func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup st
 	})
 	queueApproval(batch, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
 		Principal: p.Key(), Dedup: dedup, At: now, ToolDigest: tool.Digest, Upstream: tool.Upstream, UpstreamTool: tool.UpstreamTool,
-		TraceParent: telemetry.TraceParent(ctx),
+		TraceParent: telemetry.TraceParent(ctx), Deferred: deferred,
 		Intent:      newIntent{Key: key, Generation: 1, SubmitURL: submitURL, BodySealed: g.box.Seal(body, key)}})
 	queueLimitCheck(batch, p.Key(), now.Add(-time.Minute), g.limits())
 	err = g.cfg.DB.SendBatch(ctx, batch).Close()

@@ -226,6 +226,9 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		}
 	}
 	srv.tasks, srv.sdk = ts, s
+	if g.cfg.ApprovalTools {
+		s.AddTool(approvalStatusTool(), g.approvalStatus)
+	}
 	if o.Upstreams != nil {
 		// Registered before the first sync, so no change falls between.
 		o.Upstreams.OnChange(srv.ToolsChanged)

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -123,17 +124,20 @@ func (t *offered) sdkTool() *sdk.Tool {
 // it finds, once per definition (by digest).
 type catalog struct {
 	sources []ToolSource
-	mu      sync.Mutex
-	schemas map[string]*jsonschema.Schema // by digest
-	bad     map[string]error              // definitions that do not compile, by digest
+	// reserved are names the server's own tools take (approval_status):
+	// no source's tool of that name is offered.
+	reserved []string
+	mu       sync.Mutex
+	schemas  map[string]*jsonschema.Schema // by digest
+	bad      map[string]error              // definitions that do not compile, by digest
 }
 
 // maxSchemas bounds the compiled-schema cache: definitions that change
 // upstream leave old entries behind; past the bound the cache starts over.
 const maxSchemas = 4096
 
-func newCatalog(sources []ToolSource) (*catalog, error) {
-	c := &catalog{sources: sources, schemas: map[string]*jsonschema.Schema{}, bad: map[string]error{}}
+func newCatalog(sources []ToolSource, reserved ...string) (*catalog, error) {
+	c := &catalog{sources: sources, schemas: map[string]*jsonschema.Schema{}, bad: map[string]error{}, reserved: reserved}
 	// At startup every tool must compile and no exposed name may be
 	// offered twice: a configuration error, refused now rather than found
 	// at a call.
@@ -144,6 +148,12 @@ func newCatalog(sources []ToolSource) (*catalog, error) {
 				return nil, fmt.Errorf("pep: tool %q is offered by both %s and %s; give one of them another name", t.Name, upstreamName(prev), upstreamName(t.Upstream))
 			}
 			seen[t.Name] = t.Upstream
+			if slices.Contains(reserved, t.Name) {
+				if _, connects := s.(Connector); connects {
+					continue // an upstream's tool of that name is hidden (list says why)
+				}
+				return nil, fmt.Errorf("pep: tool %q: the name is the server's own (approval tools)", t.Name)
+			}
 			if _, err := c.prepare(t); err != nil {
 				if _, connects := s.(Connector); connects {
 					continue // an upstream's unusable tool is not offered (list says why), as later
@@ -237,6 +247,9 @@ var errNoTool = errors.New("pep: no such tool")
 // first, so an upstream cannot shadow them). A tool whose schema does not
 // compile is not offered.
 func (c *catalog) lookup(name string) (*offered, error) {
+	if slices.Contains(c.reserved, name) {
+		return nil, errNoTool
+	}
 	for _, s := range c.sources {
 		for _, t := range s.Tools() {
 			if t.Name == name {
@@ -253,6 +266,10 @@ func (c *catalog) list() (tools []*offered, skipped []error) {
 	seen := map[string]bool{}
 	for _, s := range c.sources {
 		for _, t := range s.Tools() {
+			if slices.Contains(c.reserved, t.Name) {
+				skipped = append(skipped, fmt.Errorf("pep: tool %q of %s is hidden: the name is the server's own", t.Name, upstreamName(t.Upstream)))
+				continue
+			}
 			if seen[t.Name] {
 				skipped = append(skipped, fmt.Errorf("pep: tool %q of %s is hidden: the name is taken", t.Name, upstreamName(t.Upstream)))
 				continue

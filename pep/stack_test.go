@@ -75,6 +75,8 @@ type pepOptions struct {
 	privateCounters *dbtest.Private
 	// tracer, when set, sees every statement of the gate's own pool.
 	tracer pgx.QueryTracer
+	// approvalTools offers approval as ordinary tools (interim.go).
+	approvalTools bool
 }
 
 const aliceToken = "alice-token-0123"
@@ -106,7 +108,7 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 	var err error
 	p.gate, err = pep.NewGate(pep.Config{DB: p.db, MasterKey: make([]byte, 32), Tools: tools, Sources: o.sources,
 		Backend:   &arapclient.Client{BaseURL: p.env.URL, Token: dev.PEPToken, HTTP: &http.Client{Transport: hooked{p}, Timeout: time.Minute}},
-		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout, Log: o.log,
+		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout, Log: o.log, ApprovalTools: o.approvalTools,
 		Now: func() time.Time { return time.Now().Add(time.Duration(p.offset.Load())) }})
 	require.NoError(t, err)
 	t.Cleanup(p.gate.Stop) // before the pool closes: cleanups run last first

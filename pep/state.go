@@ -196,16 +196,22 @@ type approvalTask struct {
 	// LookAt is when the task is next looked at (migrations/pep 0008);
 	// nil when nothing is scheduled.
 	LookAt *time.Time
+	// Deferred tasks (approval tools, interim.go) run when their caller
+	// repeats the call, not when approved; ApprovedUntil is the approval
+	// the current generation holds meanwhile (migrations/pep 0013).
+	Deferred      bool
+	ApprovedUntil *time.Time
 }
 
 const approvalColumns = `task_id, tool, args_sealed, args_digest, principal, phase, generation, backend_id, status_url, cancel_url,
-	deadline, chained, input_schema, claimed_at, exec_deadline, created_at, tool_digest, upstream, upstream_tool, trace_parent, look_at`
+	deadline, chained, input_schema, claimed_at, exec_deadline, created_at, tool_digest, upstream, upstream_tool, trace_parent, look_at,
+	deferred, approved_until`
 
 func scanApproval(row pgx.Row) (*approvalTask, error) {
 	var a approvalTask
 	err := row.Scan(&a.TaskID, &a.Tool, &a.ArgsSealed, &a.ArgsDigest, &a.Principal, &a.Phase, &a.Generation, &a.BackendID,
 		&a.StatusURL, &a.CancelURL, &a.Deadline, &a.Chained, &a.InputSchema, &a.ClaimedAt, &a.ExecDL, &a.CreatedAt,
-		&a.ToolDigest, &a.Upstream, &a.UpstreamTool, &a.TraceParent, &a.LookAt)
+		&a.ToolDigest, &a.Upstream, &a.UpstreamTool, &a.TraceParent, &a.LookAt, &a.Deferred, &a.ApprovedUntil)
 	return &a, err
 }
 
@@ -353,6 +359,7 @@ type newApproval struct {
 	// The identity of the tool as it was when the call was evaluated.
 	ToolDigest, Upstream, UpstreamTool string
 	TraceParent                        string // "" when the call is not traced
+	Deferred                           bool   // run on the caller's repeat (interim.go)
 	Intent                             newIntent
 	At                                 time.Time
 }
@@ -369,9 +376,9 @@ type newIntent struct {
 // submitting at generation 1, and its first intent.
 func queueApproval(b *pgx.Batch, a newApproval) {
 	b.Queue(`INSERT INTO pep.approval_tasks (task_id, tool, args_sealed, args_digest, principal, dedup_key, phase,
-		generation, created_at, updated_at, tool_digest, upstream, upstream_tool, trace_parent)
-		VALUES ($1, $2, $3, $4, $5, $6, 'submitting', 1, $7, $7, $8, nullif($9, ''), $10, nullif($11, ''))`,
-		a.TaskID, a.Tool, a.ArgsSealed, a.ArgsDigest, a.Principal, a.Dedup, a.At, a.ToolDigest, a.Upstream, a.UpstreamTool, a.TraceParent)
+		generation, created_at, updated_at, tool_digest, upstream, upstream_tool, trace_parent, deferred)
+		VALUES ($1, $2, $3, $4, $5, $6, 'submitting', 1, $7, $7, $8, nullif($9, ''), $10, nullif($11, ''), $12)`,
+		a.TaskID, a.Tool, a.ArgsSealed, a.ArgsDigest, a.Principal, a.Dedup, a.At, a.ToolDigest, a.Upstream, a.UpstreamTool, a.TraceParent, a.Deferred)
 	b.Queue(insertIntentSQL, a.Intent.Key, a.TaskID, a.Intent.Generation, a.Intent.SubmitURL, a.Intent.BodySealed, &a.At)
 }
 
@@ -559,7 +566,7 @@ func cancelTx(ctx context.Context, tx pgx.Tx, id string) (*approvalTask, error) 
 func askTx(ctx context.Context, tx pgx.Tx, a *approvalTask, schema map[string]any, until time.Time) (bool, error) {
 	var moved bool
 	err := moveAsk.apply(ctx, tx, a.TaskID, `, generation = generation + 1, chained = chained + 1,
-		backend_id = NULL, status_url = NULL, cancel_url = NULL, input_schema = $5,
+		backend_id = NULL, status_url = NULL, cancel_url = NULL, input_schema = $5, approved_until = NULL,
 		deadline = least($6::timestamptz, window_end), look_at = least($6::timestamptz, window_end), updated_at = now()`,
 		` AND generation = $4`, ` RETURNING true`, a.Generation, schema, until.UTC()).Scan(&moved)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -578,7 +585,7 @@ func resubmitTx(ctx context.Context, tx pgx.Tx, a *approvalTask, m move, gen int
 	}
 	var moved bool
 	err := m.apply(ctx, tx, a.TaskID, `, generation = $5, chained = chained + $6,
-		backend_id = NULL, status_url = NULL, cancel_url = NULL, input_schema = NULL, updated_at = now()`,
+		backend_id = NULL, status_url = NULL, cancel_url = NULL, input_schema = NULL, approved_until = NULL, updated_at = now()`,
 		` AND generation = $4`, ` RETURNING true`, a.Generation, gen, inc).Scan(&moved)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
@@ -654,4 +661,23 @@ func lookSoon(ctx context.Context, q querier, id string, at time.Time) error {
 	_, err := q.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = $2
 		WHERE task_id = $1 AND phase IN ('pending', 'claimed') AND (look_at IS NULL OR look_at > $2)`, id, at)
 	return err
+}
+
+// markApproved records on deferred task a (pending, at the generation it
+// was read at) that its request's approval lasts until until: the task now
+// waits for its caller's repeat. It reports whether it changed anything.
+func markApproved(ctx context.Context, tx pgx.Tx, a *approvalTask, until time.Time) (bool, error) {
+	tag, err := tx.Exec(ctx, `UPDATE pep.approval_tasks SET approved_until = $3, updated_at = now()
+		WHERE task_id = $1 AND phase = 'pending' AND generation = $2 AND deferred AND approved_until IS DISTINCT FROM $3`,
+		a.TaskID, a.Generation, until.UTC())
+	return tag.RowsAffected() == 1, err
+}
+
+// undefer makes deferred task id an ordinary one (its caller now drives
+// tasks): it runs as soon as it is approved, its look brought forward to
+// at. It reports whether the task was deferred.
+func undefer(ctx context.Context, q querier, id string, at time.Time) (bool, error) {
+	tag, err := q.Exec(ctx, `UPDATE pep.approval_tasks SET deferred = false, look_at = CASE WHEN phase = 'pending' THEN $2 ELSE look_at END
+		WHERE task_id = $1 AND deferred AND phase <> 'done'`, id, at)
+	return tag.RowsAffected() == 1, err
 }

@@ -377,6 +377,7 @@ func runMCP(args []string) error {
 	listenLifetime := c.Duration("listen-lifetime", 30*time.Minute, "longest a subscriptions/listen stream stays open; then it ends and the client listens again")
 	doMigrate := c.Bool("migrate", false, "apply pending migrations before starting")
 	conformance := c.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
+	approvalTools := c.Bool("approval-tools", false, "let clients that do not drive tasks get calls approved: a requestable call makes the request and answers with a handle, followed with the approval_status tool; the same call made again after approval runs it once")
 	demo := c.Bool("demo-tools", false, "also offer the demo tools (wire_transfer, delete_repository, ...: their side effects are rows in a ledger table), to try arap; never in production")
 	level := logLevel(c)
 	trusted := trustedProxies(c)
@@ -416,6 +417,7 @@ func runMCP(args []string) error {
 		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), MasterKey: masterKey, PreviousMasterKeys: previous, BackendURL: *backendURL, BackendToken: token.Value(),
 		WebhookSecrets: webhookSecrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
 		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log, TrustedProxies: proxies, MetricsAddr: *metrics,
+		ApprovalTools: *approvalTools,
 	}
 	if *demo {
 		log.Warn("offering the demo tools (--demo-tools): their side effects are rows in a ledger table, nothing real; never in production")

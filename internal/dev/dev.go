@@ -156,7 +156,7 @@ func Run(ctx context.Context, o Options, reload <-chan struct{}) error {
 	}
 	fcfg := frontend.Config{
 		Addr: o.MCPAddr, DatabaseURL: dbURL, MasterKey: pepKey, BackendURL: b.URL(), BackendToken: PEPToken,
-		WebhookSecrets: []string{PEPWebhookSecret}, Upstreams: o.Upstreams, Tools: pep.DemoTools(), Log: o.Log,
+		WebhookSecrets: []string{PEPWebhookSecret}, Upstreams: o.Upstreams, Tools: pep.DemoTools(), ApprovalTools: true, Log: o.Log,
 	}
 	if o.Frontend != nil {
 		o.Frontend(&fcfg)
