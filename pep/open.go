@@ -185,7 +185,7 @@ func (g *Gate) insert(ctx context.Context, tool *offered, b binding, d, dedup st
 	queueApproval(batch, newApproval{TaskID: taskID, Tool: b.Tool, ArgsSealed: g.box.Seal(plainBinding, taskID), ArgsDigest: d,
 		Principal: p.Key(), Dedup: dedup, At: now, ToolDigest: tool.Digest, Upstream: tool.Upstream, UpstreamTool: tool.UpstreamTool,
 		TraceParent: telemetry.TraceParent(ctx), Deferred: deferred,
-		Intent:      newIntent{Key: key, Generation: 1, SubmitURL: submitURL, BodySealed: g.box.Seal(body, key)}})
+		Intent: newIntent{Key: key, Generation: 1, SubmitURL: submitURL, BodySealed: g.box.Seal(body, key)}})
 	queueLimitCheck(batch, p.Key(), now.Add(-time.Minute), g.limits())
 	err = g.cfg.DB.SendBatch(ctx, batch).Close()
 	if msg, over := limitMessages[refusalOf(err)]; over {

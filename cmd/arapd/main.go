@@ -27,7 +27,6 @@ import (
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/frontend"
-	"github.com/omcp/arap/pep"
 	"github.com/omcp/arap/internal/clientip"
 	"github.com/omcp/arap/internal/config"
 	"github.com/omcp/arap/internal/dev"
@@ -37,6 +36,7 @@ import (
 	"github.com/omcp/arap/mcp/fixtures"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/notify"
+	"github.com/omcp/arap/pep"
 	"github.com/omcp/arap/slackapp"
 	"github.com/omcp/arap/sso"
 )
