@@ -26,6 +26,13 @@ const FilesystemServer = "@modelcontextprotocol/server-filesystem@2026.8.31"
 // feature (content types, resources, prompts, progress), pinned.
 const EverythingServer = "@modelcontextprotocol/server-everything@2026.8.31"
 
+// The official TypeScript SDK's clients, pinned: v1 (@modelcontextprotocol/sdk)
+// and v2 (@modelcontextprotocol/client), the newest of each served.
+const (
+	SDKv1 = "@modelcontextprotocol/sdk@1.32.2"
+	SDKv2 = "@modelcontextprotocol/client@2.4.0"
+)
+
 var installed struct {
 	sync.Mutex
 	dirs map[string]string
