@@ -212,6 +212,17 @@ type DeliverArgs struct {
 // Kind implements river.JobArgs.
 func (DeliverArgs) Kind() string { return "callbacks.deliver" }
 
+// InsertOpts lets a delivery's job fail (a database outage, a worker
+// killed mid-attempt) as often as it must: the delivery's own schedule
+// (Attempt) decides when it is given up, never River's attempt count.
+func (DeliverArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{MaxAttempts: maxJobAttempts}
+}
+
+// maxJobAttempts bounds a delivery job's failed runs: at retryCap apart,
+// more than two weeks.
+const maxJobAttempts = 50_000
+
 // OnTerminal enqueues the callbacks of the ended requests that subscribed to
 // their new state: the delivery rows in one INSERT, their jobs in one River
 // insert (an expiry sweep ends hundreds at once). It runs inside the
@@ -270,6 +281,28 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[DeliverArgs]) error {
 		return river.JobSnooze(max(time.Until(next), 0))
 	}
 	return nil
+}
+
+// NextRetry runs a delivery job that failed (not one that snoozed until
+// its delivery's next attempt) again soon: after 1 s, doubling, at most
+// retryCap, with jitter. River's default waits the failures' count to the
+// fourth power in seconds, so a job that failed five times (a chaos run's
+// database stops and kills) waited ten minutes while its delivery was due
+// in seconds.
+func (w *Worker) NextRetry(job *river.Job[DeliverArgs]) time.Time {
+	return time.Now().Add(jobRetryAfter(len(job.Errors)))
+}
+
+// retryCap is the longest wait before a failed delivery job runs again.
+const retryCap = 30 * time.Second
+
+// jobRetryAfter is the wait after failures failed runs (1 or more).
+func jobRetryAfter(failures int) time.Duration {
+	d := retryCap
+	if failures < 6 {
+		d = min(time.Duration(1<<max(failures-1, 0))*time.Second, retryCap)
+	}
+	return d + time.Duration(mrand.Int64N(int64(d/5)+1))
 }
 
 // Timeout leaves room for the attempt's own timeout.
