@@ -28,6 +28,7 @@ func TestSDKClientsFinish(t *testing.T) {
 	s := newStack(t, stackOptions{mcpArgs: []string{"--approval-tools"}})
 	for i, c := range []struct{ pkg, script, mode string }{
 		{npmtest.SDKv1, "agent-v1.mjs", "plain"},
+		{npmtest.SDKv1, "agent-v1.mjs", "tasks"},
 		{npmtest.SDKv2, "agent-v2.mjs", "legacy"},
 		{npmtest.SDKv2, "agent-v2.mjs", "modern"},
 		{npmtest.SDKv2, "agent-v2.mjs", "tasks"},

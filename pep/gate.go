@@ -214,6 +214,10 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	// a request of an older revision cannot use it, whatever its _meta says.
 	version := protocolOf(req)
 	hasTasks := tasks.HasExtension(req.Params.GetMeta()) && (version == "" || tasksCapable(version))
+	// A 2025-11-25 client that asked for a task (params.task) drives that
+	// revision's tasks (mcp/tasks legacy.go): the same task, other shapes.
+	legacyTask := tasks.LegacyTaskRequested(ctx)
+	hasTasks = hasTasks || legacyTask
 	if brokenBuild && broken(violatePlainClientsGetTasks) {
 		hasTasks = true
 	}
@@ -268,6 +272,10 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 	if err != nil {
 		return nil, err
 	}
+	if ask != nil && legacyTask {
+		// 2025-11-25 has no MRTR to ask with.
+		return degraded(hint, version), nil
+	}
 	if ask != nil {
 		// Before a caller is asked (or told its answer was declined): a
 		// repeat of a call whose task is live gets that task, even at the
@@ -320,7 +328,16 @@ func (g *Gate) Call(ctx context.Context, p Principal, req *sdk.CallToolRequest) 
 		res.Meta["binding_token"] = hint.BindingToken
 		return res, nil
 	}
-	return created(t), nil
+	return g.respond(ctx, t), nil
+}
+
+// respond is the CreateTaskResult for task t in the shape of the request's
+// revision: the extension's, or 2025-11-25's (params.task).
+func (g *Gate) respond(ctx context.Context, t *tasks.Task) sdk.Result {
+	if t != nil && tasks.LegacyTaskRequested(ctx) {
+		return tasks.NewLegacyCreateResult(t, created(t).(*tasks.CreateResult).Meta)
+	}
+	return created(t)
 }
 
 // evaluate asks the PDP about ev (a tool call, or a passed-through

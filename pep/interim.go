@@ -156,7 +156,7 @@ func (g *Gate) taskFor(ctx context.Context, t *tasks.Task, _ bool, err error) (s
 	if _, err := undefer(ctx, g.cfg.DB, t.ID, g.now()); err != nil {
 		return nil, err
 	}
-	return created(t), nil
+	return g.respond(ctx, t), nil
 }
 
 // Message of a deferred task whose approval expired before its caller

@@ -171,7 +171,7 @@ func callOutcome(res sdk.Result, err error) string {
 		return OutcomeError
 	}
 	switch r := res.(type) {
-	case *tasks.CreateResult:
+	case *tasks.CreateResult, *tasks.LegacyCreateResult:
 		return OutcomeTaskCreated
 	case *sdk.CallToolResult:
 		if r.InputRequests != nil { // an upstream's round may ask nothing, only for a retry

@@ -470,12 +470,18 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 			res, err := next(ctx, method, req)
 			if err == nil {
 				s.advertise(res)
+				if ir, ok := res.(*sdk.InitializeResult); ok && ir.ProtocolVersion == tasks.LegacyVersion {
+					return legacyInitialize{ir}, nil
+				}
 			}
 			return res, err
 		case "resources/list", "resources/templates/list", "resources/read", "prompts/list", "prompts/get":
 			s.syncOffers()
 		}
 		res, err := next(ctx, method, req)
+		if lt, ok := res.(*sdk.ListToolsResult); ok && err == nil && tasks.IsLegacy(ctx) {
+			return legacyTools{lt}, nil
+		}
 		return res, s.retryable(method, err)
 	}
 }
@@ -507,4 +513,50 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// legacyInitialize is an initialize result at 2025-11-25: it says the
+// server serves that revision's tasks (mcp/tasks legacy.go), which the
+// SDK's capabilities cannot say.
+type legacyInitialize struct{ *sdk.InitializeResult }
+
+func (r legacyInitialize) MarshalJSON() ([]byte, error) {
+	return withMember(r.InitializeResult, func(m map[string]any) {
+		caps, _ := m["capabilities"].(map[string]any)
+		if caps == nil {
+			caps = map[string]any{}
+		}
+		caps["tasks"] = tasks.LegacyCapabilities()
+		m["capabilities"] = caps
+	})
+}
+
+// legacyTools is a tools/list result at 2025-11-25: every gated tool may
+// be called as a task (execution.taskSupport), as an approval may need
+// one; approval_status never.
+type legacyTools struct{ *sdk.ListToolsResult }
+
+func (r legacyTools) MarshalJSON() ([]byte, error) {
+	return withMember(r.ListToolsResult, func(m map[string]any) {
+		list, _ := m["tools"].([]any)
+		for _, t := range list {
+			if tool, ok := t.(map[string]any); ok && tool["name"] != ToolApprovalStatus {
+				tool["execution"] = map[string]any{"taskSupport": "optional"}
+			}
+		}
+	})
+}
+
+// withMember is v as JSON, changed by edit.
+func withMember(v any, edit func(map[string]any)) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	edit(m)
+	return json.Marshal(m)
 }

@@ -62,6 +62,14 @@ func (s *Server) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		m := msgs[0]
+		if v := r.Header.Get(HeaderProtocolVersion); v != "" && v < ProtocolVersion {
+			// A revision before the extension (2025-11-25's tasks, legacy.go):
+			// no Mcp-Name, and a tools/call may ask for a task.
+			_, task := m.params["task"]
+			r = r.WithContext(withLegacy(r.Context(), m.method == "tools/call" && task))
+			next.ServeHTTP(w, r)
+			return
+		}
 		switch m.method {
 		case MethodGet, MethodUpdate, MethodCancel:
 			name := r.Header.Get(HeaderName)

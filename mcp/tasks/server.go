@@ -137,12 +137,19 @@ func merge(a, b map[string]any) map[string]any {
 	return out
 }
 
-// Register adds tasks/get, tasks/update and tasks/cancel to an SDK server.
+// Register adds tasks/get, tasks/update and tasks/cancel to an SDK server,
+// and for clients of 2025-11-25 tasks/result and tasks/list (legacy.go).
 func (s *Server) Register(srv *sdk.Server) error {
 	if err := sdk.AddReceivingCustomMethod(srv, MethodGet, s.get); err != nil {
 		return err
 	}
 	if err := sdk.AddReceivingCustomMethod(srv, MethodUpdate, s.update); err != nil {
+		return err
+	}
+	if err := sdk.AddReceivingCustomMethod(srv, MethodResult, s.result); err != nil {
+		return err
+	}
+	if err := sdk.AddReceivingCustomMethod(srv, MethodList, s.list); err != nil {
 		return err
 	}
 	return sdk.AddReceivingCustomMethod(srv, MethodCancel, s.cancel)
@@ -151,7 +158,7 @@ func (s *Server) Register(srv *sdk.Server) error {
 // lookup applies the checks every task method shares: the extension must be
 // declared on this request, and the task must belong to the caller.
 func (s *Server) lookup(ctx context.Context, meta map[string]any, id string) (*Task, error) {
-	if !HasExtension(meta) {
+	if !HasExtension(meta) && !IsLegacy(ctx) {
 		return nil, MissingCapability()
 	}
 	t, err := s.Store.GetFor(ctx, id, PrincipalFrom(ctx))
@@ -164,10 +171,13 @@ func (s *Server) lookup(ctx context.Context, meta map[string]any, id string) (*T
 	return t, nil
 }
 
-func (s *Server) get(ctx context.Context, _ *sdk.ServerSession, p *TaskParams) (*GetResult, error) {
+func (s *Server) get(ctx context.Context, _ *sdk.ServerSession, p *TaskParams) (sdk.Result, error) {
 	t, err := s.lookup(ctx, p.GetMeta(), p.TaskID)
 	if err != nil {
 		return nil, err
+	}
+	if IsLegacy(ctx) {
+		return &LegacyTaskResult{LegacyTask: t.Legacy()}, nil
 	}
 	r := &GetResult{ResultType: ResultTypeComplete, Detailed: t.Detailed()}
 	r.Meta = merge(t.Meta, nil)
@@ -175,6 +185,9 @@ func (s *Server) get(ctx context.Context, _ *sdk.ServerSession, p *TaskParams) (
 }
 
 func (s *Server) update(ctx context.Context, _ *sdk.ServerSession, p *UpdateParams) (*AckResult, error) {
+	if IsLegacy(ctx) {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "method not found: " + MethodUpdate + " (" + ExtensionID + ", protocol " + ProtocolVersion + ")"}
+	}
 	t, err := s.lookup(ctx, p.GetMeta(), p.TaskID)
 	if err != nil {
 		return nil, err
@@ -207,7 +220,7 @@ func (s *Server) update(ctx context.Context, _ *sdk.ServerSession, p *UpdatePara
 	return ack, nil
 }
 
-func (s *Server) cancel(ctx context.Context, _ *sdk.ServerSession, p *TaskParams) (*AckResult, error) {
+func (s *Server) cancel(ctx context.Context, _ *sdk.ServerSession, p *TaskParams) (sdk.Result, error) {
 	t, err := s.lookup(ctx, p.GetMeta(), p.TaskID)
 	if err != nil {
 		return nil, err
@@ -220,6 +233,12 @@ func (s *Server) cancel(ctx context.Context, _ *sdk.ServerSession, p *TaskParams
 		if err := kind.Cancel(ctx, t); err != nil {
 			return nil, s.failed("task cancel failed", t.ID, err)
 		}
+	}
+	if IsLegacy(ctx) { // the task as the cancel left it
+		if t, err = s.Store.Get(ctx, s.Store.DB, t.ID); err != nil {
+			return nil, s.failed("task lookup failed", p.TaskID, err)
+		}
+		return &LegacyTaskResult{LegacyTask: t.Legacy()}, nil
 	}
 	return &AckResult{ResultType: ResultTypeComplete}, nil
 }

@@ -17,10 +17,11 @@ const transport = new StreamableHTTPClientTransport(new URL(url), {
 });
 const client = new Client({ name: "agent-v1", version: "1.0.0" }, { capabilities: mode === "tasks" ? { tasks: {} } : {} });
 await client.connect(transport);
+await client.listTools(); // as an agent does: the SDK learns which tools take tasks
 const call = { name: "wire_transfer", arguments: { to: "acct-sdk", amount: Number(process.env.AMOUNT ?? 50000) } };
 
 if (mode === "tasks") {
-  for await (const m of client.experimental.tasks.callToolStream(call, undefined, { task: { ttl: 600000 } })) {
+  for await (const m of client.experimental.tasks.callToolStream(call)) {
     if (m.type === "taskCreated") say({ event: "pending", handle: m.task.taskId });
     else if (m.type === "result") say({ event: "result", result: m.result });
     else if (m.type === "error") { say({ event: "error", error: String(m.error) }); process.exit(1); }
