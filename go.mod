@@ -3,6 +3,7 @@ module github.com/omcp/arap
 go 1.26.0
 
 require (
+	github.com/MicahParks/keyfunc/v3 v3.9.2
 	github.com/Shopify/toxiproxy/v2 v2.12.0
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
@@ -43,6 +44,7 @@ require (
 	golang.org/x/crypto v0.59.0
 	golang.org/x/oauth2 v0.38.0
 	golang.org/x/text v0.44.0
+	golang.org/x/time v0.15.0
 	google.golang.org/protobuf v1.36.12
 	k8s.io/api v0.37.2
 	sigs.k8s.io/kustomize/api v0.21.2
@@ -51,6 +53,7 @@ require (
 
 require (
 	cel.dev/expr v0.25.2 // indirect
+	github.com/MicahParks/jwkset v0.11.4 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
@@ -127,7 +130,6 @@ require (
 	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
-	golang.org/x/time v0.15.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/grpc v1.83.2 // indirect

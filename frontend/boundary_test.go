@@ -18,7 +18,7 @@ const module = "github.com/omcp/arap/"
 // frontEnd are the packages of `arapd mcp`: this assembly, the PEP and the
 // MCP extensions it serves (tasks, the conformance fixtures), and its
 // connections to upstream MCP servers.
-var frontEnd = []string{"frontend", "pep/...", "mcp/...", "upstream"}
+var frontEnd = []string{"frontend", "pep/...", "mcp/...", "upstream", "agentauth"}
 
 // backendDomain are the backend's packages: its state, its rules and its
 // HTTP surface. The front-end reaches them over HTTP only, as any PEP would.

@@ -24,6 +24,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/riverqueue/river"
 
+	"github.com/omcp/arap/agentauth"
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
@@ -65,6 +66,11 @@ type Config struct {
 	// ApprovalTools offers approval as ordinary tools to clients that do
 	// not drive tasks (pep.Config.ApprovalTools; --approval-tools).
 	ApprovalTools bool
+	// OAuth, when set, admits callers with the OAuth access tokens of the
+	// authorization servers it names (MCP authorization; package
+	// agentauth), beside arap's caller tokens; its Resource defaults to
+	// the public URL's /mcp.
+	OAuth *agentauth.Config
 	// Upstreams is the upstreams file (package upstream): MCP servers whose
 	// tools are offered after the built-in ones, decided by the PDP and
 	// forwarded at most once. Reloaded on SIGHUP; "" for none.
@@ -196,7 +202,17 @@ func (f *Frontend) build(ctx context.Context) (err error) {
 		return fmt.Errorf("frontend: %w", err)
 	}
 	notifier := tasks.NewNotifier(pool, tasks.ListenConfig{MaxStreams: cfg.ListenStreams, MaxLifetime: cfg.ListenLifetime, Log: cfg.Log})
-	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, TrustedProxies: cfg.TrustedProxies, MetricsElsewhere: cfg.MetricsAddr != "",
+	var agents *agentauth.Verifier
+	if cfg.OAuth != nil {
+		oc := *cfg.OAuth
+		if oc.Resource == "" {
+			oc.Resource = f.host.URL() + pep.PathMCP
+		}
+		if agents, err = agentauth.New(oc); err != nil {
+			return err
+		}
+	}
+	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Agents: agents,Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, TrustedProxies: cfg.TrustedProxies, MetricsElsewhere: cfg.MetricsAddr != "",
 		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Ready: f.ready, Upstreams: f.upstreams, Log: cfg.Log})
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,21 +29,68 @@ type Principal struct {
 	SubjectType string
 	SubjectID   string
 	ActorID     string
+	// Prior are the actors of a longer delegation chain (an OAuth token's
+	// nested act claim), after ActorID: the one ActorID acts for first.
+	Prior []string
+	// Issuer is the authorization server that issued the caller's OAuth
+	// access token ("" for a caller token arap issued); ClientID is the
+	// client it was issued to.
+	Issuer, ClientID string
 	// anonymous marks the principal of a request without credentials
 	// (conformance fixture mode): it may call fixtures, never the gate.
 	anonymous bool
 }
 
 // Key identifies the principal for task ownership: the same subject through
-// the same actor owns the same tasks, whichever of its tokens is used.
-func (p Principal) Key() string { return p.SubjectType + ":" + p.SubjectID + "|" + p.ActorID }
+// the same actor chain owns the same tasks, whichever of its tokens is
+// used. An OAuth principal's is namespaced by its issuer (oauthPrefix):
+// two issuers' "alice" are two people, and neither is arap's.
+func (p Principal) Key() string {
+	k := p.SubjectType + ":" + p.SubjectID + "|" + p.ActorID
+	for _, a := range p.Prior {
+		k += ">" + a
+	}
+	if p.Issuer != "" {
+		k = oauthPrefix + p.Issuer + "|" + k
+	}
+	return k
+}
 
-// Subject is the AuthZEN subject for this principal, the actor in
-// properties.act (the OAuth actor-profile convention).
+// oauthPrefix starts the key of a principal authenticated by an OAuth
+// access token; no caller token's key starts with it (a subject type holds
+// no "|").
+const oauthPrefix = "oauth|"
+
+// Subject is the AuthZEN subject for this principal, the actor chain in
+// properties.act (the OAuth actor-profile convention: the acting actor
+// outermost); an OAuth principal's issuer and client are properties too, for
+// policy.
 func (p Principal) Subject() authzen.Object {
 	s := authzen.Object{"type": p.SubjectType, "id": p.SubjectID}
+	props := map[string]any{}
 	if p.ActorID != "" {
-		s["properties"] = map[string]any{"act": map[string]any{"sub": p.ActorID}}
+		var act map[string]any
+		for i := len(p.Prior) - 1; i >= 0; i-- {
+			link := map[string]any{"sub": p.Prior[i]}
+			if act != nil {
+				link["act"] = act
+			}
+			act = link
+		}
+		link := map[string]any{"sub": p.ActorID}
+		if act != nil {
+			link["act"] = act
+		}
+		props["act"] = link
+	}
+	if p.Issuer != "" {
+		props["iss"] = p.Issuer
+		if p.ClientID != "" {
+			props["client_id"] = p.ClientID
+		}
+	}
+	if len(props) > 0 {
+		s["properties"] = props
 	}
 	return s
 }
@@ -76,6 +124,9 @@ func (c *Callers) Create(ctx context.Context, name, token string, p Principal) e
 	}
 	if p.SubjectType == "" {
 		p.SubjectType = "user"
+	}
+	if strings.Contains(p.SubjectType, "|") {
+		return fmt.Errorf("pep: the caller's subject type %q holds a |", p.SubjectType) // keys of OAuth principals start oauth|
 	}
 	// The backend refuses non-canonical identities at evaluation; a caller
 	// made with one could never get a decision, so refuse it here, by name.
@@ -126,14 +177,20 @@ const callerKey = `c.subject_type || ':' || c.subject_id || '|' || c.actor_id`
 // waits for a revocation in flight and then sees it, and a revocation
 // waits for a claim in flight, so a revoker is never answered before a
 // claim that commits after.
+//
+// An OAuth principal has no row: its access token's lifetime is its own,
+// checked when it was presented, and nothing revokes it here.
 func callerLive(col string) string {
-	return `EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND ` + callerKey + ` = ` + col + ` FOR SHARE)`
+	return `(starts_with(` + col + `, '` + oauthPrefix + `') OR EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND ` + callerKey + ` = ` + col + ` FOR SHARE))`
 }
 
 // Valid reports whether the principal still has a live token: an approval
 // never outlives the caller it was for. The execution claim makes the same
 // check in its own statement (execute).
 func (c *Callers) Valid(ctx context.Context, p Principal) (bool, error) {
+	if p.Issuer != "" {
+		return true, nil // an OAuth principal: see callerLive
+	}
 	var ok bool
 	err := c.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pep.callers c WHERE c.revoked_at IS NULL AND `+callerKey+` = $1)`, p.Key()).Scan(&ok)
 	return ok, err

@@ -19,6 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/omcp/arap/agentauth"
 	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/clientip"
 	"github.com/omcp/arap/internal/dbdown"
@@ -73,7 +74,12 @@ type ServerOptions struct {
 	// prompts and completions pass through (passthrough.go), each request
 	// decided by the PDP; their tools come through the gate's sources.
 	Upstreams *upstream.Registry
-	Log       *slog.Logger
+	// Agents, when set, also admits callers with OAuth access tokens of
+	// the authorization servers it trusts (MCP authorization), beside the
+	// caller tokens arap issues, and serves the protected resource
+	// metadata.
+	Agents *agentauth.Verifier
+	Log    *slog.Logger
 }
 
 // Server is the MCP front-end's HTTP handler.
@@ -83,6 +89,7 @@ type Server struct {
 	sdk     *sdk.Server
 	handler http.Handler
 	anon    *Principal
+	agents  *agentauth.Verifier // nil: caller tokens only
 	ready   func(context.Context) map[string]error
 	log     *slog.Logger
 
@@ -197,7 +204,7 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		return nil, err
 	}
 	sdkLog := logs.Quiet(o.Log, slog.LevelWarn) // the SDK logs every stateless session at info
-	srv := &Server{gate: g, anon: o.Anonymous, ready: o.Ready, log: o.Log, shown: map[string]string{}}
+	srv := &Server{gate: g, anon: o.Anonymous, ready: o.Ready, log: o.Log, shown: map[string]string{}, agents: o.Agents}
 	var complete func(context.Context, *sdk.CompleteRequest) (*sdk.CompleteResult, error)
 	if o.Upstreams != nil {
 		srv.pass = &passthrough{reg: o.Upstreams}
@@ -266,6 +273,12 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
 	})
 	mux.HandleFunc("GET "+PathReady, srv.readyz)
+	if o.Agents != nil {
+		// RFC 9728: at the well-known path before the endpoint's path, and
+		// at the bare one, which clients try next.
+		mux.Handle("GET "+o.Agents.MetadataPath(), o.Agents.MetadataHandler())
+		mux.Handle("GET /.well-known/oauth-protected-resource", o.Agents.MetadataHandler())
+	}
 	// Unauthenticated, like the backend's: counts by bounded labels only;
 	// keep it off public networks (docs/reference.md, Operations).
 	if !o.MetricsElsewhere {
@@ -367,13 +380,36 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		scheme, token, _ := strings.Cut(h, " ")
-		if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
-			unauthorized(w, `Bearer realm="arap-mcp"`, "a bearer token is required")
+		token = strings.TrimSpace(token)
+		if !strings.EqualFold(scheme, "Bearer") || token == "" {
+			unauthorized(w, s.challenge(nil), "a bearer token is required")
 			return
 		}
-		p, err := s.gate.callers.Authenticate(r.Context(), strings.TrimSpace(token))
+		var p Principal
+		var err error
+		if s.agents != nil && agentauth.LooksLikeJWT(token) {
+			p, err = s.agent(r.Context(), token)
+		} else {
+			p, err = s.gate.callers.Authenticate(r.Context(), token)
+			if errors.Is(err, ErrUnknownCaller) && s.agents != nil {
+				p, err = s.agent(r.Context(), token) // an opaque OAuth token, introspected
+			}
+		}
+		if errors.Is(err, agentauth.ErrInsufficientScope) {
+			s.log.InfoContext(r.Context(), "access token refused", "reason", err.Error())
+			w.Header().Set("WWW-Authenticate", s.challenge(err))
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "insufficient_scope", "error_description": err.Error()})
+			return
+		}
+		if errors.Is(err, agentauth.ErrInvalidToken) {
+			s.log.InfoContext(r.Context(), "access token refused", "reason", err.Error())
+			unauthorized(w, s.challenge(err), "the access token is not accepted: "+strings.TrimPrefix(err.Error(), agentauth.ErrInvalidToken.Error()+": "))
+			return
+		}
 		if errors.Is(err, ErrUnknownCaller) {
-			unauthorized(w, `Bearer realm="arap-mcp", error="invalid_token"`, "the bearer token is unknown or revoked")
+			unauthorized(w, s.challenge(err), "the bearer token is unknown or revoked")
 			return
 		}
 		if err != nil {
@@ -559,4 +595,31 @@ func withMember(v any, edit func(map[string]any)) ([]byte, error) {
 	}
 	edit(m)
 	return json.Marshal(m)
+}
+
+// challenge is the WWW-Authenticate value of a refusal for err (nil: no
+// token was given): with OAuth on, it names the protected resource
+// metadata (RFC 9728).
+func (s *Server) challenge(err error) string {
+	if s.agents != nil {
+		return s.agents.Challenge(err)
+	}
+	if err != nil {
+		return `Bearer realm="arap-mcp", error="invalid_token"`
+	}
+	return `Bearer realm="arap-mcp"`
+}
+
+// agent authenticates an OAuth access token: its subject, through its
+// actor chain, for its issuer.
+func (s *Server) agent(ctx context.Context, token string) (Principal, error) {
+	id, err := s.agents.Verify(ctx, token)
+	if err != nil {
+		return Principal{}, err
+	}
+	p := Principal{Name: "oauth:" + id.ClientID, SubjectType: "user", SubjectID: id.Subject, Issuer: id.Issuer, ClientID: id.ClientID}
+	if len(id.Actors) > 0 {
+		p.ActorID, p.Prior = id.Actors[0], id.Actors[1:]
+	}
+	return p, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omcp/arap/agentauth"
 	"github.com/omcp/arap/arapclient"
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/backendtest"
@@ -77,6 +78,8 @@ type pepOptions struct {
 	tracer pgx.QueryTracer
 	// approvalTools offers approval as ordinary tools (interim.go).
 	approvalTools bool
+	// agents admits OAuth access tokens (package agentauth).
+	agents *agentauth.Verifier
 }
 
 const aliceToken = "alice-token-0123"
@@ -123,7 +126,7 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 		t.Cleanup(cdb.Close)
 		counters = ratelimit.NewCounters(cdb, pep.RateCounters)
 	}
-	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams, Notifier: notifier, Log: o.log, Counters: counters})
+	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams, Notifier: notifier, Log: o.log, Counters: counters, Agents: o.agents})
 	require.NoError(t, err)
 	h := httptest.NewServer(srv)
 	t.Cleanup(h.Close)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/omcp/arap/agentauth"
 	"github.com/omcp/arap/arap"
 	"github.com/omcp/arap/backend"
 	"github.com/omcp/arap/frontend"
@@ -378,6 +379,12 @@ func runMCP(args []string) error {
 	doMigrate := c.Bool("migrate", false, "apply pending migrations before starting")
 	conformance := c.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
 	approvalTools := c.Bool("approval-tools", false, "let clients that do not drive tasks get calls approved: a requestable call makes the request and answers with a handle, followed with the approval_status tool; the same call made again after approval runs it once")
+	oauthIssuers := c.String("oauth-issuers", "", "OAuth authorization servers (issuer URLs, comma-separated) whose JWT access tokens admit MCP callers, beside arap's caller tokens (MCP authorization); their metadata and keys are fetched")
+	oauthResource := c.String("oauth-resource", "", "this MCP endpoint's canonical URL, the audience an access token must name (default: the public URL's /mcp)")
+	oauthScopes := c.String("oauth-scopes", "", "scopes every access token must carry, comma-separated (advertised in the protected resource metadata)")
+	oauthSubject := c.String("oauth-subject-claim", "sub", "the access token claim naming the caller's subject")
+	oauthClientID := c.String("oauth-introspection-client-id", "", "this server's client id at the authorization servers, for introspecting opaque access tokens (RFC 7662); none: opaque tokens are refused")
+	oauthClientSecret := c.Secret("oauth-introspection-client-secret", "the introspection client's secret")
 	demo := c.Bool("demo-tools", false, "also offer the demo tools (wire_transfer, delete_repository, ...: their side effects are rows in a ledger table), to try arap; never in production")
 	level := logLevel(c)
 	trusted := trustedProxies(c)
@@ -418,6 +425,12 @@ func runMCP(args []string) error {
 		WebhookSecrets: webhookSecrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
 		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log, TrustedProxies: proxies, MetricsAddr: *metrics,
 		ApprovalTools: *approvalTools,
+	}
+	if *oauthIssuers != "" {
+		cfg.OAuth = &agentauth.Config{Issuers: splitList(*oauthIssuers), Resource: *oauthResource, Scopes: splitList(*oauthScopes), SubjectClaim: *oauthSubject}
+		if *oauthClientID != "" {
+			cfg.OAuth.Introspect = &agentauth.Client{ID: *oauthClientID, Secret: oauthClientSecret.Value()}
+		}
 	}
 	if *demo {
 		log.Warn("offering the demo tools (--demo-tools): their side effects are rows in a ledger table, nothing real; never in production")
@@ -465,4 +478,9 @@ func tuneGC() {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(160 << 20)
 	}
+}
+
+// splitList splits a comma- or space-separated setting.
+func splitList(v string) []string {
+	return strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' })
 }

@@ -65,6 +65,7 @@ type OP struct {
 	Issuer string
 
 	mu        sync.Mutex
+	keys      []*signingKey // the current signing key last
 	users     map[string]*User
 	redirects []string
 	faults    Faults
@@ -81,12 +82,14 @@ func Start(t testing.TB) *OP { return StartOn(t, "127.0.0.1") }
 // cross-site cookie rules to the redirects between them.
 func StartOn(t testing.TB, host string) *OP {
 	t.Helper()
-	o := &OP{users: map[string]*User{}}
+	o := &OP{users: map[string]*User{}, redirects: []string{AgentRedirect}}
 	srv := httptest.NewUnstartedServer(nil)
 	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
 	o.Issuer = "http://" + net.JoinHostPort(host, port)
 	client := storage.WebClient(ClientID, ClientSecret, "http://unused.invalid/")
-	o.store = &store{Storage: storage.NewStorageWithClients(userStore{o}, map[string]*storage.Client{ClientID: client}), op: o}
+	agent := storage.WebClient(AgentClientID, AgentClientSecret, AgentRedirect)
+	o.store = &store{Storage: storage.NewStorageWithClients(userStore{o}, map[string]*storage.Client{ClientID: client, AgentClientID: agent}), op: o}
+	o.rotateKey()
 	var key [32]byte
 	_, _ = rand.Read(key[:])
 	p, err := op.NewProvider(&op.Config{CryptoKey: key, CodeMethodS256: true, AuthMethodPost: true,
@@ -230,7 +233,7 @@ func (s *store) GetClientByClientID(ctx context.Context, id string) (op.Client, 
 	if err != nil {
 		return nil, err
 	}
-	return client{Client: c, op: s.op}, nil
+	return client{Client: c, op: s.op, jwt: id == AgentClientID}, nil
 }
 
 func (s *store) AuthRequestByCode(ctx context.Context, code string) (op.AuthRequest, error) {
@@ -254,7 +257,17 @@ func (s *store) SetUserinfoFromRequest(ctx context.Context, info *oidc.UserInfo,
 
 type client struct {
 	op.Client
-	op *OP
+	op  *OP
+	jwt bool // issues JWT access tokens (the agents' client)
+}
+
+// AccessTokenType: the agents' client gets JWT access tokens (RFC 9068),
+// as an MCP server verifies them; the web client opaque ones.
+func (c client) AccessTokenType() op.AccessTokenType {
+	if c.jwt {
+		return op.AccessTokenTypeJWT
+	}
+	return c.Client.AccessTokenType()
 }
 
 func (c client) RedirectURIs() []string {
