@@ -179,7 +179,9 @@ func (v *Verifier) Metadata() *oauthex.ProtectedResourceMetadata {
 }
 
 // MetadataHandler serves Metadata.
-func (v *Verifier) MetadataHandler() http.Handler { return auth.ProtectedResourceMetadataHandler(v.Metadata()) }
+func (v *Verifier) MetadataHandler() http.Handler {
+	return auth.ProtectedResourceMetadataHandler(v.Metadata())
+}
 
 // Challenge is the WWW-Authenticate value of a refusal for err (nil: no
 // token was given).

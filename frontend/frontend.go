@@ -212,7 +212,7 @@ func (f *Frontend) build(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Agents: agents,Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, TrustedProxies: cfg.TrustedProxies, MetricsElsewhere: cfg.MetricsAddr != "",
+	srv, err := pep.NewServer(f.gate, pep.ServerOptions{Agents: agents, Name: "arap-mcp", Version: "0.1.0", WebhookSecrets: cfg.WebhookSecrets, TrustedProxies: cfg.TrustedProxies, MetricsElsewhere: cfg.MetricsAddr != "",
 		Counters: counters, Replay: &pep.WebhookIDs{DB: pool}, Extra: cfg.Extra, Anonymous: cfg.Anonymous, Notifier: notifier, Ready: f.ready, Upstreams: f.upstreams, Log: cfg.Log})
 	if err != nil {
 		return err
