@@ -20,10 +20,20 @@ if (!arapctl) {
 }
 
 // mcp runs one arapctl mcp command against the scenario's server; the
-// token is a placeholder, these servers ask for none.
-function mcp(args, { mayFail = false } = {}) {
+// token is a placeholder, these servers ask for none. With oauth, no token:
+// arapctl signs in as the MCP authorization specification says (the auth
+// scenarios), as a pre-registered client when the scenario gives one.
+function mcp(args, { mayFail = false, oauth = false } = {}) {
+  const env = { ...process.env, ARAP_MCP_TOKEN: "conformance" };
+  if (oauth) {
+    delete env.ARAP_MCP_TOKEN;
+    if (context.client_secret) env.ARAP_MCP_CLIENT_SECRET = context.client_secret;
+    args = [...args, "--oauth-store", oauthStore, "--redirect-url", "http://localhost:3000/callback",
+      "--client-metadata-url", "https://conformance-test.local/client-metadata.json"];
+    if (context.client_id) args.push("--client-id", context.client_id);
+  }
   const r = spawnSync(arapctl, ["mcp", ...args, "--url", url], {
-    env: { ...process.env, ARAP_MCP_TOKEN: "conformance" },
+    env,
     encoding: "utf8",
     timeout: 20000,
   });
@@ -37,6 +47,7 @@ function mcp(args, { mayFail = false } = {}) {
 }
 
 const state = join(tmpdir(), `arapctl-conformance-${process.pid}.json`);
+const oauthStore = join(tmpdir(), `arapctl-conformance-oauth-${process.pid}.json`);
 const call = (tool, args, opts) =>
   mcp(["call", tool, "--args", JSON.stringify(args ?? {}), "--state", state, ...(opts?.input ?? [])], opts);
 
@@ -87,7 +98,14 @@ switch (scenario) {
     break;
   }
   default:
-    // auth/* and the others: one plain call, which shows what arapctl does
+    if (scenario.startsWith("auth/")) {
+      // As an MCP client signs in: list the tools, then call one, each an
+      // arapctl run of its own (the second starts from the stored tokens).
+      mcp(["tools"], { oauth: true });
+      call("test-tool", {}, { oauth: true });
+      break;
+    }
+    // the others: one plain call, which shows what arapctl does
     call("test_tool", {}, { mayFail: true });
     process.exit(1);
 }

@@ -45,7 +45,9 @@ func flagsOf(c *command) map[string]bool {
 // the flags it defines (besides the connection flags every command of its
 // kind has), so `requests list` does not offer --reason.
 func TestEveryCommandHasItsOwnFlags(t *testing.T) {
-	common := map[string]bool{"database-url-file": true, "url": true, "token-file": true, "state": true, "config": true}
+	common := map[string]bool{"database-url-file": true, "url": true, "token-file": true, "state": true, "config": true,
+		// The MCP client's OAuth sign-in, for every mcp command.
+		"client-id": true, "client-secret-file": true, "client-metadata-url": true, "redirect-url": true, "oauth-store": true}
 	named := regexp.MustCompile(`--([a-z-]+)`)
 	for _, c := range commands {
 		defined := flagsOf(c)

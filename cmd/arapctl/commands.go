@@ -101,7 +101,11 @@ ARAP_URL (--url, default http://127.0.0.1:8480) with the token in ARAP_TOKEN
 need the token of the client that submitted.` + noteSettings
 	noteMCP = `The mcp commands are an MCP client that speaks only the tasks extension: at
 ARAP_MCP_URL (--url, default http://127.0.0.1:8481/mcp) with the caller token
-in ARAP_MCP_TOKEN (or a file named by --token-file). call prints the task and
+in ARAP_MCP_TOKEN (or a file named by --token-file); without a token they
+sign in by OAuth as the server's protected resource metadata says
+(--client-id and ARAP_MCP_CLIENT_SECRET for a registered client,
+--client-metadata-url, --redirect-url), keeping the tokens in
+ARAP_MCP_OAUTH_STORE (--oauth-store, mode 0600). call prints the task and
 waits for its result, polling as often as the server asks; unfinished task
 ids are kept in ARAP_MCP_STATE (--state, default
 ~/.local/state/arapctl/tasks.json) so that wait resumes them after a

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/omcp/arap/internal/config"
+	"github.com/omcp/arap/mcp/oauthclient"
 	"github.com/omcp/arap/mcp/tasks"
 )
 
@@ -43,6 +44,9 @@ type mcpFlags struct {
 	endpoint, state *string
 	token           *config.Secret
 	inputs          *multi
+	// Without a token: the MCP authorization specification's OAuth flow.
+	clientID, metadataURL, redirect, store *string
+	clientSecret                           *config.Secret
 }
 
 // newMCPFlags defines the MCP client's settings; in the config file they
@@ -50,9 +54,14 @@ type mcpFlags struct {
 func newMCPFlags(fs *flag.FlagSet, state, input bool) *mcpFlags {
 	c := settings(fs)
 	f := &mcpFlags{
-		endpoint: c.String("url", "http://127.0.0.1:8481/mcp", "MCP endpoint", "ARAP_MCP_URL"),
-		token:    c.Secret("token", "the MCP caller's bearer token", "ARAP_MCP_TOKEN"),
+		endpoint:    c.String("url", "http://127.0.0.1:8481/mcp", "MCP endpoint", "ARAP_MCP_URL"),
+		token:       c.Secret("token", "the MCP caller's bearer token; without one, arapctl signs in by OAuth as the server's protected resource metadata says", "ARAP_MCP_TOKEN"),
+		clientID:    c.String("client-id", "", "OAuth: a client registered at the authorization server beforehand (without one: a client ID metadata document where taken, else dynamic registration)", "ARAP_MCP_CLIENT_ID"),
+		metadataURL: c.String("client-metadata-url", "", "OAuth: the URL of this client's ID metadata document, for authorization servers that take them", "ARAP_MCP_CLIENT_METADATA_URL"),
+		redirect:    c.String("redirect-url", oauthclient.DefaultRedirect, "OAuth: where the browser is sent back (on loopback, arapctl listens there)", "ARAP_MCP_REDIRECT_URL"),
+		store:       c.String("oauth-store", defaultOAuthStore(), "OAuth: the file keeping tokens and registrations between runs (mode 0600)", "ARAP_MCP_OAUTH_STORE"),
 	}
+	f.clientSecret = c.Secret("client-secret", "OAuth: the pre-registered client's secret", "ARAP_MCP_CLIENT_SECRET")
 	c.Key("url", "mcp-url")
 	c.Key("token-file", "mcp-token-file")
 	if state {
@@ -68,10 +77,15 @@ func newMCPFlags(fs *flag.FlagSet, state, input bool) *mcpFlags {
 
 // cmd checks the flags and builds the command's client.
 func (f *mcpFlags) cmd(out io.Writer) (*mcpCmd, error) {
-	if !f.token.IsSet() {
-		return nil, usageError{msg: "a token is required: " + f.token.Describe()}
-	}
 	m := &mcpCmd{client: &tasks.Client{URL: *f.endpoint, Token: f.token.Value()}, out: out}
+	if !f.token.IsSet() {
+		h, err := oauthclient.New(oauthclient.Config{Server: *f.endpoint, Store: *f.store, ClientID: *f.clientID, ClientSecret: f.clientSecret.Value(),
+			ClientMetadataURL: *f.metadataURL, RedirectURL: *f.redirect, Prompt: os.Stderr})
+		if err != nil {
+			return nil, err
+		}
+		m.client.Auth = h
+	}
 	if f.state != nil {
 		m.state = &taskFile{path: *f.state}
 	}

@@ -36,6 +36,12 @@ func defaultStateFile() string {
 	return filepath.Join(dir, "arapctl", "tasks.json")
 }
 
+// defaultOAuthStore keeps the OAuth tokens of arapctl mcp beside its task
+// state.
+func defaultOAuthStore() string {
+	return filepath.Join(filepath.Dir(defaultStateFile()), "oauth.json")
+}
+
 func (f *taskFile) load() (map[string]rememberedTask, error) {
 	m := map[string]rememberedTask{}
 	b, err := os.ReadFile(f.path)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"io"
 	"net/http"
 	"slices"
@@ -23,6 +24,10 @@ import (
 type Client struct {
 	URL   string // the MCP endpoint
 	Token string // bearer token
+	// Auth, instead of Token, gets access tokens by the MCP authorization
+	// specification's OAuth flow (the go-sdk's auth.AuthorizationCodeHandler):
+	// a request answered 401 or 403 runs it, then goes once more.
+	Auth auth.OAuthHandler
 	// NoTasks leaves the tasks extension out of the capabilities.
 	NoTasks bool
 	// Capabilities replaces the declared client capabilities when set.
@@ -126,28 +131,17 @@ func (c *Client) send(ctx context.Context, method, name string, params map[strin
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set(HeaderProtocolVersion, version)
-	req.Header.Set(HeaderMethod, method)
-	if name != "" {
-		req.Header.Set(HeaderName, EncodeHeaderValue(name))
-	}
-	for k, v := range headers {
-		req.Header.Set(k, v)
-	}
-	if c.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.Token)
-	}
 	hc := c.HTTP
 	if hc == nil {
 		hc = &http.Client{Timeout: 60 * time.Second}
 	}
-	resp, err := hc.Do(req)
+	resp, err := c.post(ctx, hc, body, method, name, headers, version)
+	if err == nil && c.Auth != nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
+		if err := c.Auth.Authorize(ctx, resp.Request, resp); err != nil { // it closes the body
+			return nil, fmt.Errorf("tasks: authorization: %w", err)
+		}
+		resp, err = c.post(ctx, hc, body, method, name, headers, version)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -172,6 +166,42 @@ func (c *Client) send(ctx context.Context, method, name string, params map[strin
 		out.Error.HTTPStatus = resp.StatusCode
 	}
 	return out, nil
+}
+
+// post sends one request body with the headers of its method and
+// protocol version and the caller's credentials.
+func (c *Client) post(ctx context.Context, hc *http.Client, body []byte, method, name string, headers map[string]string, version string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set(HeaderProtocolVersion, version)
+	req.Header.Set(HeaderMethod, method)
+	if name != "" {
+		req.Header.Set(HeaderName, EncodeHeaderValue(name))
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	switch {
+	case c.Auth != nil:
+		ts, err := c.Auth.TokenSource(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("tasks: authorization: %w", err)
+		}
+		if ts != nil {
+			tok, err := ts.Token()
+			if err != nil {
+				return nil, fmt.Errorf("tasks: access token: %w", err)
+			}
+			tok.SetAuthHeader(req)
+		}
+	case c.Token != "":
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	return hc.Do(req)
 }
 
 // lastData returns the last data line of an SSE body (the response).
