@@ -44,6 +44,7 @@ var problems = map[string]struct {
 	authzen.ProblemIneligibleApprover:    {http.StatusForbidden, "Not eligible to decide this request"},
 	authzen.ProblemAlreadyDecided:        {http.StatusConflict, "This approver has already decided"},
 	authzen.ProblemApprovalAlreadyUsed:   {http.StatusConflict, "The approval has already been used"},
+	authzen.ProblemPolicyInvalid:         {http.StatusUnprocessableEntity, "The policy has errors"},
 	authzen.ProblemChannelNotAllowed:     {http.StatusForbidden, "The rule does not take decisions through this channel"},
 	authzen.ProblemSignatureRequired:     {http.StatusForbidden, "The rule requires a decision signed with the approver's passkey"},
 	authzen.ProblemUnknownPerson:         {http.StatusUnprocessableEntity, "on_behalf_of names no active directory user"},

@@ -83,6 +83,9 @@ func (s *Server) routes() http.Handler {
 		r.Post("/v1/approvals/{id}/revoke", s.revokeApproval)
 	})
 
+	// Administration: the policy reloaded without a signal.
+	r.With(s.authenticate, s.rateLimit, s.require(clients.ScopeAdmin)).Post("/v1/admin/policy/reload", s.reloadPolicy)
+
 	// The audit trail, for SIEMs: problem+json errors.
 	r.With(s.authenticate, s.rateLimit, s.require(clients.ScopeAudit)).Get("/v1/audit", s.auditStream)
 

@@ -81,6 +81,9 @@ type Deps struct {
 	Metrics http.Handler
 	// Slack, when set, answers the Slack app's interactivity endpoint.
 	Slack SlackApp
+	// ReloadPolicy reloads the policy file on every replica (POST
+	// /v1/admin/policy/reload); nil: not offered.
+	ReloadPolicy func(ctx context.Context) (*evaluation.Policy, error)
 }
 
 // SlackApp handles a Slack interactivity request (slackapp.App).

@@ -227,3 +227,19 @@ func (c *Client) Redeliver(ctx context.Context, requestID, deliveryID string) er
 	_, err := c.call(ctx, http.MethodPost, c.url("/v1/requests/"+url.PathEscape(requestID)+"/deliveries/"+url.PathEscape(deliveryID)+"/redeliver"), nil, nil)
 	return err
 }
+
+// PolicyReload is what a policy reload loaded.
+type PolicyReload struct {
+	Policy    string `json:"policy"`
+	Rules     int    `json:"rules"`
+	Announced bool   `json:"announced"`
+}
+
+// ReloadPolicy has the backend reload its policy file, on every replica
+// (scope admin). A file with errors is refused, problem policy_invalid
+// listing each as FILE:LINE: reason, and the running policy stays.
+func (c *Client) ReloadPolicy(ctx context.Context) (PolicyReload, error) {
+	var out PolicyReload
+	_, err := c.call(ctx, http.MethodPost, c.url("/v1/admin/policy/reload"), nil, &out)
+	return out, err
+}

@@ -115,6 +115,8 @@ const (
 	// ProblemApprovalAlreadyUsed: a revocation of an approval a
 	// re-evaluation has already allowed a call with.
 	ProblemApprovalAlreadyUsed = "approval_already_used"
+	// ProblemPolicyInvalid: a policy reload refused, the running one kept.
+	ProblemPolicyInvalid = "policy_invalid"
 	// ProblemChannelNotAllowed: the rule does not take decisions through the
 	// channel this one came by (approval.channels).
 	ProblemChannelNotAllowed = "channel_not_allowed"

@@ -258,6 +258,9 @@ func (b *Backend) build(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	if err := b.reg.Register(policyReloads); err != nil {
+		return err
+	}
 	if err := b.reg.Register(b.requests.PendingGauge(b.host.Leader)); err != nil {
 		return err
 	}
@@ -331,14 +334,14 @@ func (b *Backend) build(ctx context.Context) error {
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
 		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people, DevMail: cfg.DevMail, Audit: pool,
-		Slack: slackApp, TrustedProxies: cfg.TrustedProxies, Metrics: served,
+		Slack: slackApp, TrustedProxies: cfg.TrustedProxies, Metrics: served, ReloadPolicy: b.reloadEverywhere,
 	})
 	if err != nil {
 		return err
 	}
 	b.host.Mount(host.Parts{
 		Handler: h, Metrics: b.metrics, Workers: jobs, Reload: func() { _ = b.Reload() },
-		Services: []host.Service{&notify.Dispatcher{Service: b.notify}, b.attrs},
+		Services: []host.Service{&notify.Dispatcher{Service: b.notify}, b.attrs, &policyHearer{b: b}},
 		Started: func() []any {
 			// The master key's id (which says nothing about the key) shows
 			// which key each replica seals under during a rotation.
@@ -383,16 +386,6 @@ func (b *Backend) Start(ctx context.Context) error {
 // refused), then stops the workers (running jobs finish or are abandoned to
 // be rescued by another replica), then closes the pool.
 func (b *Backend) Stop(ctx context.Context) error { return b.host.Stop(ctx) }
-
-// Reload re-reads the policy file; on error the running policy stays.
-func (b *Backend) Reload() error {
-	if err := b.engine.Reload(); err != nil {
-		b.cfg.Log.Error("policy reload rejected; keeping the current policy", "error", err.Error())
-		return err
-	}
-	b.cfg.Log.Info("policy reloaded", "policy", b.cfg.PolicyFile, "rules", len(b.engine.Policy().Rules))
-	return nil
-}
 
 // MetricsAddr is the address of the metrics listener (Config.MetricsAddr),
 // "" without one.

@@ -34,7 +34,11 @@ type Policy struct {
 	// SubjectAttributes says where subject_attributes comes from; nil when
 	// the policy does not use it.
 	SubjectAttributes *SubjectAttributes
-	byName            map[string]*Rule
+	// Expects are property paths the policy's conditions may read beyond
+	// those Check knows (a subject property a PEP sends, an argument its
+	// tool's schema does not name), e.g. resource.properties.arguments.memo.
+	Expects []string
+	byName  map[string]*Rule
 }
 
 // Rule returns the named rule.
@@ -52,6 +56,7 @@ type Defaults struct {
 // Rule is one compiled rule. Rules are tried in file order; the first whose
 // match and condition hold decides. No match means deny, not requestable.
 type Rule struct {
+	Line        int // where the rule starts in its file
 	Name        string
 	Description string
 	Match       Match
@@ -122,6 +127,7 @@ type fileSpec struct {
 	Windows           map[string]windowSpec  `yaml:"windows"`
 	SubjectAttributes *subjectAttributesSpec `yaml:"subject_attributes"`
 	Definitions       map[string]Expr        `yaml:"definitions"`
+	Expects           []string               `yaml:"expects"`
 	Rules             []ruleSpec             `yaml:"rules"`
 }
 
@@ -215,7 +221,7 @@ func Parse(source string, doc []byte) (*Policy, error) {
 	if spec.Version != 1 {
 		add(1, "version must be 1, got %d", spec.Version)
 	}
-	p := &Policy{Source: source, Defaults: spec.Defaults, byName: map[string]*Rule{}, Windows: map[string]*Window{}}
+	p := &Policy{Source: source, Defaults: spec.Defaults, byName: map[string]*Rule{}, Windows: map[string]*Window{}, Expects: spec.Expects}
 	for name, ws := range spec.Windows {
 		if !nameRE.MatchString(name) {
 			add(ws.Line, "window name %q must be lower_snake_case", name)
@@ -268,7 +274,7 @@ func compileRule(env *cel.Env, d Defaults, rs ruleSpec) (*Rule, []Problem) {
 		add(rs.Line, "name must be lower_snake_case (a-z, 0-9, _), at most 63 characters")
 	}
 	r := &Rule{
-		Name: rs.Name, Description: rs.Description, Match: rs.Match, When: rs.When, Effect: rs.Effect,
+		Line: rs.Line, Name: rs.Name, Description: rs.Description, Match: rs.Match, When: rs.When, Effect: rs.Effect,
 		Reason: rs.Reason, Template: rs.Template, Display: rs.Display, ContextMembers: rs.ContextMembers,
 		DenialTTL: rs.DenialTTL.Duration, RequestTTL: rs.RequestTTL.Duration, RequestSchema: rs.RequestSchema,
 	}

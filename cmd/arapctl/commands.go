@@ -56,6 +56,11 @@ var commands = []*command{
 	{"callers create", "NAME --subject ID [--subject-type user] [--actor ID]", "create an MCP caller token of the front-end, printed once", 1, callersCreate},
 	{"callers revoke", "NAME", "revoke an MCP caller token", 1, callersRevoke},
 
+	{"policy check", "FILE [--upstreams FILE] [--directory FILE]",
+		"check a policy offline: it loads, and every property path its conditions read exists (tool arguments typed by the tools' input schemas), groups and users named exist", 1, policyCheck},
+	{"policy test", "FILE CASES", "decide each case of CASES under the policy FILE, offline, and compare with what it expects", 2, policyTest},
+	{"policy reload", "", "have the backend reload its policy file on every replica (scope admin); a file with errors is refused and the running policy stays", 0, policyReload},
+
 	{"requests list", "[--status pending] [--rule R] [--limit N] [--json]", "requests you are named a decider of", 0, requestsList},
 	{"requests show", "ID [--json]", "what a request asks, its votes and progress", 1, requestsShow},
 	{"requests approve", "ID [--reason R] [--until RFC3339] [--on-behalf-of USER]", "approve a request", 1, requestsApprove},

@@ -46,6 +46,9 @@ const (
 	PEPWebhookSecret = "whsec_ZGV2LXdlYmhvb2stc2VjcmV0LWRvLW5vdC11c2U="
 	ResolverToken    = "dev-resolver-token"
 	ITSMToken        = "dev-itsm-token"
+	// AdminToken is an API client with scope admin (`arapctl policy
+	// reload`).
+	AdminToken = "dev-admin-token"
 	// AgentToken is an MCP caller acting for alice through agent:demo;
 	// Agent2Token one acting for mallory; BobAgentToken one acting for bob,
 	// a treasury approver, to show that nobody decides their own request.
@@ -361,6 +364,7 @@ func Seed(ctx context.Context, store *clients.Store, people *directory.Store, cb
 			CallbackPrefixes: []string{"http://127.0.0.1:", "http://localhost:"}, CallbackNetworks: []string{clients.NetworkLoopback}},
 		{Name: "dev-resolver", Token: ResolverToken, Scopes: []string{clients.ScopeDecide}, Kind: clients.KindAutomation},
 		{Name: "dev-itsm", Token: ITSMToken, Scopes: []string{clients.ScopeDecide, clients.ScopeDecideForPeople}, Kind: clients.KindITSM},
+		{Name: "dev-admin", Token: AdminToken, Scopes: []string{clients.ScopeAdmin}, Kind: clients.KindAutomation},
 	}
 	for _, n := range seed {
 		_, _, err := store.Create(ctx, n, "dev-seed")
@@ -409,7 +413,9 @@ arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
   Backend (AuthZEN PDP + ARAP)  %[1]s
   Notifications (mail sink)      %[1]s/dev/mail
   MCP endpoint                   %[8]s
-  Policy (edit, then kill -HUP)  %[2]s
+  Policy                         %[2]s
+    edit it, then: kill -HUP %[16]d, or
+    ARAP_TOKEN=%[17]s bin/arapctl policy reload   (check it first: bin/arapctl policy check FILE)
   Data                           %[3]s
   Database                       %[13]s
     %[14]s
@@ -437,5 +443,5 @@ arap dev server: DEVELOPMENT ONLY (fixed tokens, local data)
 
 Started %[7]s. Ctrl-C stops.
 `, url, policy, dataDir, PEPToken, ResolverToken, ITSMToken, time.Now().Format(time.RFC3339), mcpURL, AgentToken, Agent2Token, Password, BobAgentToken, dbURL, dbHint,
-		passkeyHint(url))
+		passkeyHint(url), os.Getpid(), AdminToken)
 }

@@ -92,3 +92,23 @@ func lineOf(msg string) int {
 func stripLine(msg string) string {
 	return strings.TrimSpace(lineRE.ReplaceAllString(msg, ""))
 }
+
+// ItemLines are the lines of the items of the sequence under the top-level
+// key of a YAML document (none when there is no such sequence).
+func ItemLines(doc []byte, key string) []int {
+	var root yaml.Node
+	if yaml.Unmarshal(doc, &root) != nil || len(root.Content) == 0 {
+		return nil
+	}
+	m := root.Content[0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key && m.Content[i+1].Kind == yaml.SequenceNode {
+			var lines []int
+			for _, item := range m.Content[i+1].Content {
+				lines = append(lines, item.Line)
+			}
+			return lines
+		}
+	}
+	return nil
+}
