@@ -142,8 +142,8 @@ func TestSchemaCheckAtStartUp(t *testing.T) {
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	require.NoError(t, os.WriteFile(policy, dev.SeedPolicy(), 0o600))
 	env := []string{"DATABASE_URL=" + url, "ARAP_MASTER_KEY=" + testKey, "ARAP_PEP_MASTER_KEY=" + testKey, "ARAP_BACKEND_TOKEN=t", "ARAP_POLICY=" + policy}
-	for _, cmd := range []string{"serve", "mcp"} {
-		code, _, errOut := arapd(t, env, cmd, "--addr", "127.0.0.1:0")
+	for _, cmd := range [][]string{{"serve"}, {"mcp", "--demo-tools"}} {
+		code, _, errOut := arapd(t, env, append(cmd, "--addr", "127.0.0.1:0")...)
 		require.Equal(t, 1, code, errOut)
 		require.Contains(t, errOut, "database schema: schema arap is not migrated: the database is at version 0000, this binary needs ")
 		require.Contains(t, errOut, "run `arapd migrate` (or start with --migrate)")
@@ -174,8 +174,8 @@ func TestSchemaCheckAtStartUp(t *testing.T) {
 	require.True(t, strings.HasSuffix(out, "\nthis binary can run against the database\n"), out)
 	_, err = pool.Exec(context.Background(), "INSERT INTO public.arap_schema_migrations (schema, version, name, compatible_with) VALUES ('arap', $1, 'breaking', $1)", newest+2)
 	require.NoError(t, err)
-	for _, cmd := range []string{"serve", "mcp"} {
-		code, _, errOut := arapd(t, env, cmd, "--addr", "127.0.0.1:0")
+	for _, cmd := range [][]string{{"serve"}, {"mcp", "--demo-tools"}} {
+		code, _, errOut := arapd(t, env, append(cmd, "--addr", "127.0.0.1:0")...)
 		require.Equal(t, 1, code, errOut)
 		require.Contains(t, errOut, fmt.Sprintf("database schema: schema arap is newer than this binary: the database has %04d_breaking, which needs a binary knowing at least %04d, and this binary knows up to %04d; run the newer arapd", newest+2, newest+2, newest))
 	}
