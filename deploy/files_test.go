@@ -196,3 +196,16 @@ func TestSystemdUnits(t *testing.T) {
 		})
 	}
 }
+
+// TestSecretsAreIgnored (issue 38): the files the Compose steps make,
+// master keys in deploy/secrets/ and the token in deploy/.env, are never
+// committed by accident.
+func TestSecretsAreIgnored(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed")
+	}
+	for _, f := range []string{"secrets/master-key", "secrets/pep-master-key", ".env"} {
+		out, err := exec.Command("git", "check-ignore", "-q", f).CombinedOutput()
+		require.NoError(t, err, "deploy/%s is not git-ignored: %s", f, out)
+	}
+}

@@ -37,6 +37,9 @@ type rendered struct {
 	services    []*corev1.Service
 	configMaps  []*corev1.ConfigMap
 	pdbs        []*policyv1.PodDisruptionBudget
+	namespaces  []*corev1.Namespace
+	// inNamespaces are the namespaces the objects name.
+	inNamespaces map[string]bool
 }
 
 // render builds the kustomization at dir of fsys, as `kustomize build`
@@ -50,8 +53,11 @@ func render(fsys filesys.FileSystem, dir string) (resmap.ResMap, error) {
 // misplaced key) is an error, as the API server's strict field validation
 // would make it. A kind not listed here is an error too.
 func decode(m resmap.ResMap) (*rendered, error) {
-	out := &rendered{}
+	out := &rendered{inNamespaces: map[string]bool{}}
 	for _, r := range m.Resources() {
+		if ns := r.GetNamespace(); ns != "" && r.GetKind() != "Namespace" {
+			out.inNamespaces[ns] = true
+		}
 		raw, err := r.MarshalJSON()
 		if err != nil {
 			return nil, err
@@ -73,6 +79,9 @@ func decode(m resmap.ResMap) (*rendered, error) {
 		case "PodDisruptionBudget":
 			p := &policyv1.PodDisruptionBudget{}
 			out.pdbs, obj = append(out.pdbs, p), p
+		case "Namespace":
+			n := &corev1.Namespace{}
+			out.namespaces, obj = append(out.namespaces, n), n
 		default:
 			// A Secret in particular: keys are never written in manifests.
 			return nil, fmt.Errorf("%s %s: kind not expected in arap's manifests", r.GetKind(), r.GetName())
@@ -197,6 +206,12 @@ func validate(r *rendered) error {
 			migrates++
 		}
 		checkPod(fail, "job "+j.Name, spec, c)
+	}
+	// A namespace the objects are in is created with them.
+	for ns := range r.inNamespaces {
+		if !slices.ContainsFunc(r.namespaces, func(n *corev1.Namespace) bool { return n.Name == ns }) {
+			fail("the objects are in namespace %q, which the manifests do not create", ns)
+		}
 	}
 	if migrates != 1 {
 		fail("want one Job running `arapd migrate`, got %d", migrates)
