@@ -69,7 +69,7 @@ func TestTracingAndMetricsListener(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_ENDPOINT=" + collectorSrv.URL, "OTEL_BSP_SCHEDULE_DELAY=100",
 		"ARAP_METRICS_ADDR=127.0.0.1:0",
 	}
-	mcp := startArapd(t, env, "mcp", "--addr", "127.0.0.1:0", "--backend-url", s.api)
+	mcp := startArapd(t, env, "mcp", "--addr", "127.0.0.1:0", "--backend-url", s.api, "--demo-tools")
 	started := mcp.waitLog("mcp front-end started", 10*time.Second)
 	metricsAddr, _ := started["metrics_addr"].(string)
 	require.NotEmpty(t, metricsAddr, "the started line names the metrics listener")
