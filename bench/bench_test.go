@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,10 +40,15 @@ func TestBenchRunsEveryOperation(t *testing.T) {
 	if ins := r.Baselines["insert"]; ins.N > 0 {
 		p := r.DB[ins.Name]
 		require.NotNil(t, p)
-		require.Contains(t, p.Top[0].Query, "INSERT INTO public.bench_insert")
+		// The INSERT is among the window's statements, not necessarily
+		// first: the backend's own jobs (River completing them) run
+		// meanwhile and, with few calls in a short window on a loaded
+		// machine, may take more time.
+		i := slices.IndexFunc(p.Top, func(s Statement) bool { return strings.Contains(s.Query, "INSERT INTO public.bench_insert") })
+		require.GreaterOrEqual(t, i, 0, "%+v", p.Top)
 		// Calls cut off by the window's end may still have run.
-		require.GreaterOrEqual(t, p.Top[0].Calls, 1.0, "one INSERT per call")
-		require.Less(t, p.Top[0].Calls, 1.5)
+		require.GreaterOrEqual(t, p.Top[i].Calls, 1.0, "one INSERT per call")
+		require.Less(t, p.Top[i].Calls, 1.5)
 	}
 	// The CPU accounting finds PostgreSQL's backends (children of the
 	// server) and arapd serve (/proc's clock ticks are 10 ms: enough calls
