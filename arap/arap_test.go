@@ -136,9 +136,13 @@ func TestDiscoveryJWKSAndOperations(t *testing.T) {
 
 	require.Equal(t, 200, anon.do("GET", "/healthz", nil).status)
 	require.Equal(t, 200, anon.do("GET", "/readyz", nil).status)
+	require.Equal(t, 200, anon.do("GET", "/ui/login", nil).status)
 	m := anon.do("GET", "/metrics", nil)
 	require.Equal(t, 200, m.status)
 	require.Contains(t, string(m.body), "arap_http_requests_total")
+	// The web UI's routes are named once (issue 38: "/ui/ui/login" before).
+	require.Contains(t, string(m.body), `arap_http_requests_total{code="200",method="GET",route="/ui/login"}`)
+	require.NotContains(t, string(m.body), "/ui/ui/")
 	require.Regexp(t, `(?m)^arap_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1$`, string(m.body))
 	doc := anon.do("GET", "/openapi.yaml", nil)
 	require.Equal(t, 200, doc.status)

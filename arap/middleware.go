@@ -78,7 +78,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		info := &logInfo{}
 		r = r.WithContext(context.WithValue(r.Context(), logInfoKey, info))
 		next.ServeHTTP(rec, r)
-		route := chi.RouteContext(r.Context()).RoutePattern()
+		route := routeOf(chi.RouteContext(r.Context()))
 		if route == "" {
 			route = "unmatched"
 		}
@@ -221,4 +221,16 @@ func (s *Server) require(scopes ...string) func(http.Handler) http.Handler {
 				fmt.Sprintf("client %q lacks the %s scope this endpoint needs", c.Name, strings.Join(scopes, " or ")), nil)
 		})
 	}
+}
+
+// routeOf is the pattern of the route that served a request, for logs,
+// metrics and spans. A handler mounted on a wildcard that routes the whole
+// path again itself (the web UI: "/ui/*", then "/ui/requests/{id}") names
+// the route once, not chi's concatenation ("/ui/ui/requests/{id}").
+func routeOf(rctx *chi.Context) string {
+	ps := rctx.RoutePatterns
+	if n := len(ps); n >= 2 && strings.HasSuffix(ps[n-2], "/*") && strings.HasPrefix(ps[n-1], strings.TrimSuffix(ps[n-2], "*")) {
+		return ps[n-1]
+	}
+	return rctx.RoutePattern()
 }
