@@ -156,7 +156,8 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	// show their own.
 	reg := prometheus.NewRegistry()
 	h, err := host.New(ctx, host.Config{Name: "backend", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log,
-		Key: "backend", Metrics: reg, MetricsAddr: cfg.MetricsAddr, TracerProvider: cfg.TracerProvider})
+		Key: "backend", Metrics: reg, MetricsAddr: cfg.MetricsAddr, TracerProvider: cfg.TracerProvider,
+		QuietJobs: []string{requests.ExpireDueArgs{}.Kind(), requests.RemindDueArgs{}.Kind()}})
 	if err != nil {
 		return nil, fmt.Errorf("backend: %w", err)
 	}

@@ -3,6 +3,8 @@ package requests
 import (
 	"context"
 	"fmt"
+	"github.com/omcp/arap/internal/telemetry"
+	"go.opentelemetry.io/otel/attribute"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -113,6 +115,9 @@ func (s *Service) ExpireDue(ctx context.Context, limit int) (int, error) {
 	}
 	if len(ended) > 0 {
 		fault.Point("requests.after-expire-commit")
+		// The sweep's runs are not traced unless they do something.
+		_, span := telemetry.Working(ctx, "requests.expire_due", attribute.Int("expired", len(ended)))
+		span.End()
 		s.cfg.Log.InfoContext(ctx, "requests expired", "count", len(ended))
 	}
 	return len(ended), nil

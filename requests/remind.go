@@ -3,6 +3,8 @@ package requests
 import (
 	"context"
 	"fmt"
+	"github.com/omcp/arap/internal/telemetry"
+	"go.opentelemetry.io/otel/attribute"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -88,6 +90,10 @@ func (s *Service) RemindDue(ctx context.Context, limit int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if len(ids) > 0 {
+		_, span := telemetry.Working(ctx, "requests.remind_due", attribute.Int("reminded", len(ids)))
+		span.End()
+	}
 	return len(ids), nil
 }
 
@@ -132,6 +138,8 @@ func (s *Service) EscalateDue(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	if len(ids) > 0 {
+		_, span := telemetry.Working(ctx, "requests.escalate_due", attribute.Int("escalated", len(ids)))
+		span.End()
 		s.cfg.Log.InfoContext(ctx, "requests escalated", "count", len(ids))
 	}
 	return len(ids), nil

@@ -56,6 +56,9 @@ type Config struct {
 	// MetricsAddr, if set, is a second listener serving only GET /metrics
 	// (Parts.Metrics); the Handler should then no longer serve it.
 	MetricsAddr string
+	// QuietJobs are the kinds of periodic jobs whose runs are not traced
+	// (telemetry.QuietJobs): sweeps that mostly find nothing to do.
+	QuietJobs []string
 	// TracerProvider traces HTTP requests and jobs; the global provider
 	// when nil.
 	TracerProvider trace.TracerProvider
@@ -139,7 +142,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	// The trace context travels in job metadata: a job's span links to the
 	// span that queued it (a job may run much later, or after a restart).
 	h.otelRiver = otelriver.NewMiddleware(&otelriver.MiddlewareConfig{
-		TracerProvider: telemetry.Provider(cfg.TracerProvider), EnableTracePropagation: true, EnableWorkSpanJobKindSuffix: true,
+		TracerProvider: telemetry.QuietJobs(telemetry.Provider(cfg.TracerProvider), cfg.QuietJobs...), EnableTracePropagation: true, EnableWorkSpanJobKindSuffix: true,
 	})
 	if cfg.Metrics != nil {
 		for _, c := range []prometheus.Collector{telemetry.PoolCollector(cfg.Key, h.pool), h.jobs} {
