@@ -116,6 +116,10 @@ ids are kept in ARAP_MCP_STATE (--state, default
 ~/.local/state/arapctl/tasks.json) so that wait resumes them after a
 restart. Exit status: 0 the tool ran, 1 an error result or a failed or
 cancelled task, 2 a usage error, 3 input is needed, 4 interrupted.` + noteSettings
+	notePolicy = `policy check and policy test need nothing but files: no database, no key, no
+server (check connects to the upstreams of --upstreams to list their tools).
+policy reload asks the backend at ARAP_URL (--url) with an admin token in
+ARAP_TOKEN.`
 	noteSettings = `
 
 Each of these settings is a flag, an environment variable or a key of the
@@ -238,6 +242,7 @@ func overview() string {
 		{noteDatabase, []string{"clients", "webhooks", "keys", "passkeys", "audit", "users", "groups", "attributes", "callers"}},
 		{noteAPI, []string{"requests", "approvals", "deliveries"}},
 		{noteMCP, []string{"mcp"}},
+		{notePolicy, []string{"policy"}},
 	}
 	for _, sec := range sections {
 		b.WriteString("\n")

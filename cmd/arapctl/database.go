@@ -87,20 +87,12 @@ func (d database) open(s streams) (context.Context, *pgxpool.Pool, error) {
 // repository) could point the operator's commands at another database.
 func devDatabaseURL() (string, error) {
 	path := filepath.Join(devDataDir, devDatabaseURLFile)
-	info, err := os.Stat(path)
+	b, err := devFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("no database: set DATABASE_URL (or ARAP_DATABASE_URL, or --database-url-file) (with `arapd dev` running, run arapctl in the directory it runs in, or set DATABASE_URL=$(cat DATA-DIR/%s))", devDatabaseURLFile)
 	}
 	if err != nil {
-		return "", err
-	}
-	st, ok := info.Sys().(*syscall.Stat_t)
-	if info.Mode().Perm()&0o077 != 0 || (ok && int(st.Uid) != os.Getuid()) || !info.Mode().IsRegular() {
-		return "", fmt.Errorf("not using %s: it must be a file of your own that only you can read (mode 0600), as arapd dev writes it; set DATABASE_URL instead", path)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%w; set DATABASE_URL instead", err)
 	}
 	url := strings.TrimSpace(string(b))
 	if url == "" {
@@ -124,13 +116,43 @@ func masterKeyFlag(fs *flag.FlagSet) *config.Secret {
 	return settings(fs).Secret("master-key", "the base64 master key", "ARAP_MASTER_KEY")
 }
 
-// readMasterKey decodes the base64 master key.
+// devMasterKeyFile is where arapd dev keeps the backend's master key.
+const devMasterKeyFile = "master.key"
+
+// readMasterKey decodes the base64 master key. Unset, with arapd dev's
+// database in use (DATABASE_URL unset, as for open), it is arapd dev's
+// own (./.arap-dev/master.key), under the same rules as its database URL.
 func readMasterKey(key *config.Secret) ([]byte, error) {
-	master, err := base64.StdEncoding.DecodeString(key.Value())
+	value := key.Value()
+	if !key.IsSet() && os.Getenv("DATABASE_URL") == "" && os.Getenv("ARAP_DATABASE_URL") == "" {
+		path := filepath.Join(devDataDir, devMasterKeyFile)
+		if b, err := devFile(path); err == nil {
+			value = strings.TrimSpace(string(b))
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+	}
+	master, err := base64.StdEncoding.DecodeString(value)
 	if err != nil || len(master) != 32 {
-		return nil, errors.New("the master key is needed: " + key.Describe() + " (base64 of 32 bytes)")
+		return nil, errors.New("the master key is needed: " + key.Describe() + " (base64 of 32 bytes; arapd dev's is " +
+			filepath.Join(devDataDir, devMasterKeyFile) + ", used when arapctl runs in arapd dev's directory with DATABASE_URL unset)")
 	}
 	return master, nil
+}
+
+// devFile reads a file arapd dev wrote: it must be the user's own and
+// private, as arapd dev writes it; one planted by someone else (or checked
+// out of a repository) could point the operator's commands elsewhere.
+func devFile(path string) ([]byte, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if info.Mode().Perm()&0o077 != 0 || (ok && int(st.Uid) != os.Getuid()) || !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("not using %s: it must be a file of your own that only you can read (mode 0600), as arapd dev writes it", path)
+	}
+	return os.ReadFile(path)
 }
 
 // previousKeysFlag is the master keys a rotation replaced, which still open
