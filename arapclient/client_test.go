@@ -51,3 +51,18 @@ func TestClientKeepsConnectionsForReuse(t *testing.T) {
 	// to a connection freed meanwhile (net/http pools it all the same).
 	require.LessOrEqual(t, dialled.Load(), int64(2*workers), "connections dialled for %d rounds of %d calls", rounds, workers)
 }
+
+// TestNotTheBackendSaysSo: a URL that answers without a problem document
+// (the MCP endpoint, a proxy's page) is named in the error, with where the
+// backend is, rather than a bare "404 about:blank".
+func TestNotTheBackendSaysSo(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "404 page not found", http.StatusNotFound)
+	}))
+	t.Cleanup(srv.Close)
+	c := &arapclient.Client{BaseURL: srv.URL, Token: "token"}
+	_, err := c.Audit(context.Background(), arapclient.AuditOptions{})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), srv.URL+"/v1/audit answered 404 without a problem document")
+	require.Contains(t, err.Error(), "is that arap's backend")
+}

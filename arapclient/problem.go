@@ -20,9 +20,16 @@ type ProblemError struct {
 	Problem authzen.Problem
 	// RetryAfter is the service's Retry-After (429 and 503), or 0.
 	RetryAfter int
+	// URL is what was asked.
+	URL string
 }
 
 func (e *ProblemError) Error() string {
+	if e.Problem.Type == "about:blank" {
+		// Not a problem document: not arap's backend, or not a route of it.
+		return fmt.Sprintf("%s answered %d without a problem document (%q): is that arap's backend (arapd serve, by default http://127.0.0.1:8480; not the MCP endpoint)?",
+			e.URL, e.Status, e.Problem.Detail)
+	}
 	if e.Problem.Detail != "" {
 		return fmt.Sprintf("%d %s: %s", e.Status, e.Code(), e.Problem.Detail)
 	}
@@ -47,6 +54,11 @@ func IsProblem(err error, code string) bool {
 // otherwise about:blank with the body as detail.
 func problemFrom(resp *http.Response, raw []byte) *ProblemError {
 	pe := &ProblemError{Status: resp.StatusCode}
+	if resp.Request != nil && resp.Request.URL != nil {
+		u := *resp.Request.URL
+		u.RawQuery = "" // may carry a cursor, never a secret, but keep errors short
+		pe.URL = u.String()
+	}
 	if s := resp.Header.Get("Retry-After"); s != "" {
 		_, _ = fmt.Sscanf(s, "%d", &pe.RetryAfter)
 	}

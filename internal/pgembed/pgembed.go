@@ -238,7 +238,7 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 	for time.Now().Before(deadline) {
 		select {
 		case <-c.exited:
-			return fmt.Errorf("pgembed: postgres exited during start-up; see %s.log", c.dataDir)
+			return c.exitedErr()
 		case <-ctx.Done():
 			return ctx.Err()
 		default:
@@ -395,4 +395,25 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// exitedErr says why postgres exited during start-up, from its log: its
+// FATAL line, and what to do about the usual one, a data directory that
+// another server (another arapd dev) already runs on.
+func (c *Cluster) exitedErr() error {
+	log := c.dataDir + ".log"
+	raw, _ := os.ReadFile(log)
+	fatal := ""
+	for _, line := range strings.Split(string(raw), "\n") {
+		if _, after, ok := strings.Cut(line, "FATAL:"); ok {
+			fatal = strings.TrimSpace(after)
+		}
+	}
+	switch {
+	case strings.Contains(fatal, "postmaster.pid") && strings.Contains(fatal, "already exists"):
+		return fmt.Errorf("pgembed: another PostgreSQL already runs on %s (another arapd dev in this directory?): stop it, or give this one another data directory (--data-dir)", c.dataDir)
+	case fatal != "":
+		return fmt.Errorf("pgembed: postgres exited during start-up: %s (see %s)", fatal, log)
+	}
+	return fmt.Errorf("pgembed: postgres exited during start-up; see %s", log)
 }

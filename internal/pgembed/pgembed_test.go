@@ -126,3 +126,22 @@ func TestStopImmediateIsACrash(t *testing.T) {
 	require.NoError(t, c.Stop(ctx))
 	require.Equal(t, "shut down", state())
 }
+
+// TestSecondServerOnOneDataDir (issue 38): a second server on a data
+// directory one already runs on (a second arapd dev in one directory) says
+// so and what to do, not only that postgres exited.
+func TestSecondServerOnOneDataDir(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "data")
+	if os.Geteuid() == 0 {
+		// The unprivileged server account must be able to reach the directory.
+		require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
+		require.NoError(t, os.Chmod(filepath.Dir(filepath.Dir(dir)), 0o755))
+	}
+	c, err := pgembed.Start(ctx, pgembed.Options{DataDir: dir, Ephemeral: true})
+	require.NoError(t, err)
+	defer func() { _ = c.Stop(ctx) }()
+	_, err = pgembed.Start(ctx, pgembed.Options{DataDir: dir, Ephemeral: true})
+	require.ErrorContains(t, err, "another PostgreSQL already runs on "+dir)
+	require.ErrorContains(t, err, "--data-dir")
+}

@@ -44,6 +44,10 @@ type Client struct {
 // first.
 var supportedVersions = []string{ProtocolVersion}
 
+// ErrNotMCP: the URL answered, but not as an MCP endpoint does (a
+// backend's base URL, a web page, a proxy's error).
+var ErrNotMCP = errors.New("is it an MCP endpoint?")
+
 // ErrNoCommonVersion: the server speaks none of the client's versions.
 var ErrNoCommonVersion = errors.New("no protocol version in common with the server")
 
@@ -158,8 +162,8 @@ func (c *Client) send(ctx context.Context, method, name string, params map[strin
 		Result json.RawMessage `json:"result"`
 		Error  *RPCError       `json:"error"`
 	}
-	if err := json.Unmarshal(raw, &env); err != nil {
-		return out, fmt.Errorf("tasks: HTTP %d, not a JSON-RPC response: %s", resp.StatusCode, bytes.TrimSpace(raw))
+	if err := json.Unmarshal(raw, &env); err != nil || (env.Result == nil && env.Error == nil) {
+		return out, fmt.Errorf("tasks: %s answered HTTP %d, not a JSON-RPC response (%.120s): %w", c.URL, resp.StatusCode, bytes.TrimSpace(raw), ErrNotMCP)
 	}
 	out.Result, out.Error = env.Result, env.Error
 	if out.Error != nil {

@@ -95,3 +95,18 @@ func (c cancelAfter) RoundTrip(req *http.Request) (*http.Response, error) {
 	c.cancel()
 	return resp, nil
 }
+
+// TestNotAnMCPEndpointSaysSo: a URL that answers with something other than
+// JSON-RPC (the backend's base URL, a web page) is ErrNotMCP, naming the URL.
+func TestNotAnMCPEndpointSaysSo(t *testing.T) {
+	for _, body := range []string{"<html>hello</html>", `{"error":"not here"}`} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, body)
+		}))
+		c := &tasks.Client{URL: srv.URL + "/v1"}
+		_, err := c.Call(context.Background(), "tools/list", "", nil)
+		srv.Close()
+		require.ErrorIs(t, err, tasks.ErrNotMCP, body)
+		require.Contains(t, err.Error(), srv.URL+"/v1 answered HTTP 200", body)
+	}
+}
