@@ -47,7 +47,7 @@ func TestArapctlMCPResumesAfterKill(t *testing.T) {
 
 	code, out = startArapctl(t, alice, "mcp", "wait").exit(t)
 	require.Equal(t, 0, code, out)
-	require.Contains(t, out, "task "+taskID+" completed")
+	require.Equal(t, 1, strings.Count(out, "task "+taskID+" completed"), "the final line once: %s", out)
 	require.Contains(t, out, "Transfer of $60,000 to acct-991 completed")
 	b, err = os.ReadFile(stateFile)
 	require.NoError(t, err)
@@ -65,7 +65,7 @@ func TestArapctlMCPResumesAfterKill(t *testing.T) {
 	require.Contains(t, out, "task "+second+" cancelled")
 	code, out = startArapctl(t, alice, "mcp", "wait", second).exit(t)
 	require.Equal(t, 1, code, out)
-	require.Contains(t, out, "cancelled")
+	require.Equal(t, 1, strings.Count(out, "task "+second+" cancelled"), "the final line once: %s", out)
 
 	// Another caller cannot see the task; bad input is refused plainly.
 	mallory := append([]string{"ARAP_MCP_TOKEN=" + dev.Agent2Token}, d.env...)

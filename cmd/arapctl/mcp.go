@@ -192,7 +192,9 @@ func mcpWait(fs *flag.FlagSet) action {
 		for _, id := range ids {
 			d, _, err := m.client.Get(ctx, id)
 			if err == nil {
-				m.printTask(d)
+				if !d.Status.Terminal() {
+					m.printTask(d) // where it is now; wait prints how it ends
+				}
 				err = m.wait(ctx, id)
 			}
 			if err != nil {
@@ -269,9 +271,10 @@ func (m *mcpCmd) wait(ctx context.Context, id string) error {
 		default:
 			_ = m.state.forget(id)
 			m.printTask(d)
-			msg := fmt.Sprintf("task %s %s", id, d.Status)
+			// printTask said how it ended; the exit message adds why.
+			msg := fmt.Sprintf("the task did not complete (%s)", d.Status)
 			if d.Error != nil {
-				msg += fmt.Sprintf(": %s (%d)", d.Error.Message, d.Error.Code)
+				msg = fmt.Sprintf("%s (%d)", d.Error.Message, d.Error.Code)
 			}
 			return exitError{exitFailed, msg}
 		}
