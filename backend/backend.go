@@ -309,7 +309,7 @@ func (b *Backend) build(ctx context.Context) error {
 		}
 	}
 	uiDeps := webui.Deps{
-		DB: pool, Requests: b.requests, Directory: b.people, Counters: counters,
+		DB: pool, Requests: b.requests, Directory: b.people, Counters: counters, Clients: b.clients,
 		SSO: rp, DisablePasswords: cfg.NoLocalPasswords,
 		Secure: origin.Scheme == "https", Now: cfg.Now, Log: cfg.Log,
 	}

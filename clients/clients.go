@@ -280,6 +280,20 @@ func (s *Store) Get(ctx context.Context, idOrName string) (*Client, error) {
 	return c, nil
 }
 
+// NameOf returns the name of the client with id (ids only: a name that
+// looks like an id names nothing here).
+func (s *Store) NameOf(ctx context.Context, id string) (string, error) {
+	var name string
+	err := s.db.QueryRow(ctx, `SELECT name FROM arap.api_clients WHERE id = $1`, id).Scan(&name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("clients: name: %w", err)
+	}
+	return name, nil
+}
+
 // List returns every client, oldest first.
 func (s *Store) List(ctx context.Context) ([]*Client, error) {
 	rows, err := s.db.Query(ctx, selectClient+` ORDER BY created_at, name`)

@@ -3,6 +3,7 @@ package webui
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -118,6 +119,11 @@ func (u *UI) showRequest(w http.ResponseWriter, r *http.Request, id string, stat
 		return
 	}
 	it := u.item(req, votes, v)
+	if u.d.Clients != nil {
+		// The name is the operator's, as the audit trail shows it
+		// (client:NAME); a client deleted since leaves the id.
+		it.SubmitterName, _ = u.d.Clients.NameOf(r.Context(), req.ClientID)
+	}
 	if it.Audit, err = audit.Chain(r.Context(), u.d.DB, req.ID); err != nil {
 		u.fail(w, r, err)
 		return
@@ -139,7 +145,11 @@ func (u *UI) showRequest(w http.ResponseWriter, r *http.Request, id string, stat
 		}
 		data.Passkey.Required = true
 	}
-	u.render(w, r, "request", status, page{Title: titleOf(it), User: s.user, CSRF: s.csrf, Refresh: problem == "", Data: data, Error: problem})
+	var note string
+	if problem == "" && r.URL.Query().Get("done") == "approve" && req.Status == requests.Pending {
+		note = fmt.Sprintf("Your approval was recorded: %d of %d. The call runs when the rest are given.", it.Approvals, it.Quorum)
+	}
+	u.render(w, r, "request", status, page{Title: titleOf(it), User: s.user, CSRF: s.csrf, Refresh: problem == "", Data: data, Error: problem, Flash: note})
 }
 
 // requestData is the request page's data: the request, and what approving
@@ -177,7 +187,7 @@ func (u *UI) decide(w http.ResponseWriter, r *http.Request) {
 		u.showRequest(w, r, id, http.StatusBadRequest, "Your decision was not recorded: "+problem+".")
 		return
 	}
-	_, err := u.d.Requests.Decide(r.Context(), u.voter(s), id, d)
+	got, err := u.d.Requests.Decide(r.Context(), u.voter(s), id, d)
 	var re *requests.Error
 	if errors.As(err, &re) {
 		status := http.StatusConflict
@@ -192,6 +202,12 @@ func (u *UI) decide(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		u.fail(w, r, err)
+		return
+	}
+	if got != nil && got.Status == requests.Pending {
+		// More approvals are needed: the request, at "1 of 2", is where
+		// the approver's work shows (an empty queue would not).
+		http.Redirect(w, r, "/ui/requests/"+id+"?done="+decision, http.StatusSeeOther)
 		return
 	}
 	http.Redirect(w, r, "/ui/?done="+decision, http.StatusSeeOther)

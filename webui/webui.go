@@ -11,6 +11,7 @@ package webui
 
 import (
 	"bytes"
+	"context"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -62,6 +63,11 @@ type Deps struct {
 	// DisablePasswords turns local password sign-in off (SSO is then
 	// required).
 	DisablePasswords bool
+	// Clients names the API clients that submitted requests (optional: the
+	// page shows the id alone without it).
+	Clients interface {
+		NameOf(ctx context.Context, id string) (string, error)
+	}
 	// Secure marks cookies Secure (the public URL is https).
 	Secure bool
 	Now    func() time.Time
@@ -333,6 +339,11 @@ type Item struct {
 	Subject     string
 	Actor       string
 	SubmittedBy string
+	// SubmitterName is SubmittedBy's name, where known.
+	SubmitterName string
+	// Upstream and UpstreamTool name a gateway tool's server and its name
+	// there.
+	Upstream, UpstreamTool string
 	// Answers are the context members the rule asks for; Extra the ones it
 	// does not (not asked for, not checked, unseen by automated resolvers).
 	Answers []Field
@@ -366,7 +377,8 @@ func (u *UI) item(r *requests.Request, votes []requests.Vote, v requests.Voter) 
 		Subject: sum.Subject, CreatedAt: r.CreatedAt, ExpiresAt: sum.ExpiresAt, Title: sum.Title, Why: sum.Why,
 		Arguments: sum.Arguments, Actor: sum.Actor, TimeLeft: sum.TimeLeft,
 		Quorum: r.ApprovalPolicy.Quorum, RequireHumans: r.ApprovalPolicy.RequireHumans, Votes: votes,
-		EvaluationID: r.EvaluationID, BoundMembers: r.BindingContextMembers, SubmittedBy: sum.SubmittedBy}
+		EvaluationID: r.EvaluationID, BoundMembers: r.BindingContextMembers, SubmittedBy: sum.SubmittedBy,
+		Upstream: sum.Upstream, UpstreamTool: sum.UpstreamTool}
 	if it.StatusReason == it.Status {
 		it.StatusReason = ""
 	}

@@ -525,3 +525,40 @@ func TestDecisionChannels(t *testing.T) {
 	require.Contains(t, page.body, "via_client: dev-itsm", "the audit trail names the client too")
 	require.Contains(t, dave.get("/ui/history").body, `<bdi class="val">user:dave</bdi> via <bdi class="val">dev-itsm</bdi>: approve`)
 }
+
+// TestFourEyesPageNamesWhoAndWhere: the request page names the submitting
+// API client as the audit trail does (its name, not only its cli_ id) and,
+// for a gateway tool, the upstream server and the tool's name there; the
+// first of two approvers lands back on the request at "1 of 2", not on an
+// empty queue, and the second on the queue.
+func TestFourEyesPageNamesWhoAndWhere(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{})
+	id := env.Submit(t, map[string]any{
+		"subject": map[string]any{"type": "user", "id": "alice"},
+		"action":  map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "delete_repository", "properties": map[string]any{
+			"upstream": "github", "upstream_tool": "delete_repo", "arguments": map[string]any{"repo": "acme/legacy"}}},
+	})
+	req, err := env.Backend.Requests().Load(context.Background(), id)
+	require.NoError(t, err)
+
+	dave := newBrowser(t, env.URL)
+	require.Equal(t, http.StatusSeeOther, dave.signIn("dave", dev.Password).status)
+	p := dave.get("/ui/requests/" + id)
+	require.Equal(t, 200, p.status)
+	require.Contains(t, p.body, `Submitted by API client <strong><bdi class="val">dev-pep</bdi></strong> (<bdi class="val">`+req.ClientID+`</bdi>)`)
+	require.Contains(t, p.body, `<code id="upstream-tool"><bdi class="val">delete_repo</bdi></code> on the upstream server <strong id="upstream"><bdi class="val">github</bdi></strong>`)
+
+	d := dave.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"approve"}, "csrf": {csrf(t, p)}})
+	require.Equal(t, http.StatusSeeOther, d.status, "%s", d.body)
+	require.Equal(t, "/ui/requests/"+id+"?done=approve", d.location)
+	back := dave.get(d.location)
+	require.Contains(t, back.body, "Your approval was recorded: 1 of 2. The call runs when the rest are given.")
+	require.Contains(t, back.body, "1 of 2 approvals")
+
+	erin := newBrowser(t, env.URL)
+	require.Equal(t, http.StatusSeeOther, erin.signIn("erin", dev.Password).status)
+	p = erin.get("/ui/requests/" + id)
+	d = erin.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"approve"}, "csrf": {csrf(t, p)}})
+	require.Equal(t, "/ui/?done=approve", d.location, "the last approval ends the request: back to the queue")
+}

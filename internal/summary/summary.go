@@ -40,6 +40,9 @@ type Summary struct {
 	Subject     string
 	Actor       string
 	SubmittedBy string
+	// Upstream and UpstreamTool: for a gateway tool, the server it runs on
+	// and its name there.
+	Upstream, UpstreamTool string
 
 	ExpiresAt time.Time
 	// TimeLeft is set while the request is pending and not yet due.
@@ -60,6 +63,10 @@ func Of(r *requests.Request, now time.Time) Summary {
 	}
 	if r.Resource.Str("type") != "mcp_tool" {
 		s.Tool = r.Resource.Str("type") + ":" + r.Resource.Str("id") + " (" + r.Action.Str("name") + ")"
+	}
+	if up, ok := r.Resource.Obj("properties")["upstream"].(string); ok {
+		s.Upstream = up
+		s.UpstreamTool, _ = r.Resource.Obj("properties")["upstream_tool"].(string)
 	}
 	args, _ := r.Resource.Obj("properties")["arguments"].(map[string]any)
 	if len(args) == 0 {
@@ -90,6 +97,8 @@ func (s Summary) Note(n *Notes) {
 	n.Text("the title (from policy)", s.Title)
 	n.Text("the description (from policy)", s.Why)
 	n.Text("the tool", s.Tool)
+	n.Text("the upstream", s.Upstream)
+	n.Text("the tool's name upstream", s.UpstreamTool)
 	n.Text("the subject", s.Subject)
 	n.Text("the agent", s.Actor)
 	n.Value("argument", s.args)
