@@ -58,7 +58,8 @@ type recipient struct {
 //   - decided: the other deciders, while it still waits (a vote that ended
 //     it is told by the ended event);
 //   - ended: the requester and the deciders;
-//   - reminder: the deciders who have not voted, while it still waits;
+//   - reminder: the deciders who have not voted, while it still waits,
+//     but not those an escalation less than an interval ago told already;
 //   - escalated: the people the escalation made deciders (escalate_to's
 //     members who were not deciders before) and have not voted.
 //
@@ -97,6 +98,9 @@ func (s *Service) recipients(ctx context.Context, e *event, r *requests.Request)
 		if e.Kind == requests.EventEscalated && requests.Qualified(v, &unescalated) == nil {
 			continue // a decider already: told when the request was made
 		}
+		if e.Kind == requests.EventReminder && escalatedSince(r, e.CreatedAt) && requests.Qualified(v, &unescalated) != nil {
+			continue // told "escalated to you" within this interval: one message, not two
+		}
 		out = append(out, recipient{user: u, role: RoleDecider})
 	}
 	if e.Kind == requests.EventEnded && r.Subject.Str("type") == "user" {
@@ -110,6 +114,12 @@ func (s *Service) recipients(ctx context.Context, e *event, r *requests.Request)
 		}
 	}
 	return out, nil
+}
+
+// escalatedSince reports whether r was escalated less than one reminder
+// interval before at: the people the escalation brought in were told then.
+func escalatedSince(r *requests.Request, at time.Time) bool {
+	return r.EscalatedAt != nil && at.Sub(*r.EscalatedAt) < r.ApprovalPolicy.RemindEvery
 }
 
 // audience says whom an event of a request whose rule's notify section is

@@ -56,8 +56,9 @@ func sweepsDone(t *testing.T, pool *pgxpool.Pool) {
 
 // TestReminderAndEscalationNotices: the escalation tells the escalation
 // group (platform: dave, erin) once; a reminder tells the deciders who
-// have not voted (carol, dave, erin; not bob, who voted, nor alice);
-// after the request ends, nobody is reminded.
+// have not voted (carol, dave, erin; not bob, who voted, nor alice), except,
+// within an interval of the escalation, those it told (one message, not
+// two); after the request ends, nobody is reminded.
 func TestReminderAndEscalationNotices(t *testing.T) {
 	sink := startSink(t)
 	env := backendtest.Start(t, backendtest.Options{Mail: mailTo(sink), Policy: []byte(remindPolicy)})
@@ -81,14 +82,22 @@ func TestReminderAndEscalationNotices(t *testing.T) {
 		require.Contains(t, m.Text, "This request was not decided within 1h0m0s and was escalated to your group platform: you may now decide it.")
 	}
 
+	// A reminder within the interval of the escalation: dave and erin were
+	// just told, so only carol is reminded (one message each, not two).
 	due(t, env.Pool, id, "next_reminder_at")
-	rem := waitFor(t, sink, 3, subjectPrefix(id, "Reminder: approval needed: "))
-	require.Equal(t, []string{"carol@example.com", "dave@example.com", "erin@example.com"}, recipients(rem))
+	rem := waitFor(t, sink, 1, subjectPrefix(id, "Reminder: approval needed: "))
+	require.Equal(t, []string{"carol@example.com"}, recipients(rem))
 	require.Contains(t, rem[0].Text, "A request still waits for your decision.")
 	sweepsDone(t, env.Pool)
 	settled(t, env.Pool, id)
 	require.Len(t, waitFor(t, sink, 2, subjectPrefix(id, "Escalated to you: ")), 2, "escalated once")
-	require.Len(t, waitFor(t, sink, 3, subjectPrefix(id, "Reminder: ")), 3, "one reminder per person for the interval")
+	require.Len(t, waitFor(t, sink, 1, subjectPrefix(id, "Reminder: ")), 1, "one message per person for the interval")
+	// An interval later, everyone who has not voted is reminded.
+	_, err = env.Pool.Exec(ctx, `UPDATE arap.requests SET escalated_at = escalated_at - interval '11 minutes' WHERE id = $1`, id)
+	require.NoError(t, err)
+	due(t, env.Pool, id, "next_reminder_at")
+	rem = waitFor(t, sink, 4, subjectPrefix(id, "Reminder: approval needed: "))
+	require.Equal(t, []string{"carol@example.com", "carol@example.com", "dave@example.com", "erin@example.com"}, recipients(rem))
 	requireNoSecrets(t, env.Pool, id, sink.Messages())
 
 	// erin, escalated in, approves: quorum met. No reminder afterwards.
@@ -98,5 +107,5 @@ func TestReminderAndEscalationNotices(t *testing.T) {
 	due(t, env.Pool, id, "next_reminder_at")
 	sweepsDone(t, env.Pool)
 	settled(t, env.Pool, id)
-	require.Len(t, waitFor(t, sink, 3, subjectPrefix(id, "Reminder: ")), 3, "no reminder after the end")
+	require.Len(t, waitFor(t, sink, 4, subjectPrefix(id, "Reminder: ")), 4, "no reminder after the end")
 }
