@@ -41,6 +41,7 @@ type mcpServer struct {
 	jsonResponse bool
 	dialled      atomic.Int32 // connections accepted
 	subs         atomic.Int32 // subscriptions made to doc://a
+	dropDiscover atomic.Int32
 }
 
 type serverOpts struct {
@@ -48,6 +49,9 @@ type serverOpts struct {
 	noListChange bool
 	jsonResponse bool // answer calls with application/json instead of SSE
 	subscribe    bool // offer a resource, doc://a, with subscriptions (counted in subs)
+	// dropDiscover is how many server/discover requests lose their
+	// connection before any answer, as while the server restarts.
+	dropDiscover int32
 }
 
 func startServer(t *testing.T, o serverOpts) *mcpServer {
@@ -57,6 +61,7 @@ func startServer(t *testing.T, o serverOpts) *mcpServer {
 		sopts = &mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: false}}}
 	}
 	s := &mcpServer{t: t, jsonResponse: o.jsonResponse, stateless: o.stateless, entered: make(chan struct{}, 10), release: make(chan struct{}), progress: make(chan struct{})}
+	s.dropDiscover.Store(o.dropDiscover)
 	if o.subscribe {
 		if sopts == nil {
 			sopts = &mcp.ServerOptions{}
@@ -133,6 +138,12 @@ func (s *mcpServer) serve(ln net.Listener) {
 		if r.Method == http.MethodPost {
 			body, _ := io.ReadAll(r.Body)
 			r.Body = io.NopCloser(bytes.NewReader(body))
+			if bytes.Contains(body, []byte(`"method":"server/discover"`)) && s.dropDiscover.Add(-1) >= 0 {
+				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					_ = conn.Close()
+				}
+				return
+			}
 			if bytes.Contains(body, []byte(`"name":"drop"`)) {
 				// The "drop" tool runs, then its response is lost: the connection
 				// closes without an answer while the server stays up.
@@ -224,6 +235,22 @@ func requireKind(t *testing.T, err error, k Kind) *Error {
 	require.ErrorAs(t, err, &ue)
 	require.Equal(t, k, ue.Kind, "%v", err)
 	return ue
+}
+
+// TestLostDiscoverIsRetried: a server/discover that got no answer (the
+// connection dropped, as while an upstream restarts) is a failed connect,
+// retried; not a reason to settle on the legacy protocol, which would leave
+// a 2026-07-28 upstream's subscriptions on sessions it forgets at once.
+func TestLostDiscoverIsRetried(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, serverOpts{stateless: true, dropDiscover: 1})
+	r := newRegistry(t, Options{})
+	require.NoError(t, r.Reload(context.Background(), httpConfig(t, "", map[string]*mcpServer{"svc": s})))
+	waitReady(t, r, "svc")
+	require.Less(t, s.dropDiscover.Load(), int32(0), "the first discover was dropped, a later one answered")
+	st := r.Status()
+	require.Len(t, st, 1)
+	require.Equal(t, "2026-07-28", st[0].Protocol)
 }
 
 // TestHTTPProtocols: a 2026-07-28 (stateless) and a 2025-11-25 (session)

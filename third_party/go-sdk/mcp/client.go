@@ -8,9 +8,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"iter"
 	"log/slog"
 	"maps"
+	"net"
+	"net/url"
 	"reflect"
 	"slices"
 	"strings"
@@ -372,6 +375,16 @@ func (c *Client) Connect(ctx context.Context, t Transport, opts *ClientSessionOp
 						continue
 					}
 				}
+			}
+			// A discover that never reached the server, or whose answer was
+			// lost (refused, reset, timed out), says nothing of what the
+			// server speaks: falling back then would settle a modern server
+			// on the legacy protocol for the session's life (seen when a
+			// restarting server came up between discover and initialize).
+			// The caller retries the connection instead.
+			if noAnswer(ctx, err) {
+				_ = cs.Close()
+				return nil, fmt.Errorf("server/discover: %w", err)
 			}
 			// Per the spec, fall back to the legacy initialize handshake on any
 			// non-modern error from server/discover.
@@ -1685,4 +1698,13 @@ func CallCustomMethod[P paramsPtr[PT], R Result, PT any](
 		Session: cs,
 		Params:  params,
 	})
+}
+
+// noAnswer reports whether err is a request that got no answer from the
+// server: a transport failure or the caller's deadline, not a response.
+func noAnswer(ctx context.Context, err error) bool {
+	var ue *url.Error
+	var ne net.Error
+	return ctx.Err() != nil || errors.As(err, &ue) || errors.As(err, &ne) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, ErrConnectionClosed)
 }
