@@ -58,6 +58,35 @@ type compose struct {
 // arap container runs the one image as uid 65532, read-only, without
 // capabilities; master keys are Compose secrets (files), never values;
 // the policy file it mounts exists and loads.
+// TestComposeAvoidsWhatOldEnginesMisread holds compose.yaml to what
+// podman-compose 1.0.3 (Debian 12) reads as Docker Compose does, and to a
+// start that converges where it ignores depends_on conditions and
+// profiles: no ${VAR:-} (it passes an empty default on literally); every
+// arap service restarts after a failed start (the migration only after a
+// failure); a service behind a profile does something harmless when
+// started anyway; the header says which versions are supported and that
+// the commands run from deploy/ (it resolves secret files from the working
+// directory).
+func TestComposeAvoidsWhatOldEnginesMisread(t *testing.T) {
+	b, err := os.ReadFile("compose.yaml")
+	require.NoError(t, err)
+	require.NotRegexp(t, `\$\{[A-Za-z_]+:-\}`, string(b), "an empty default: podman-compose 1.0.3 substitutes it literally")
+	require.Contains(t, string(b), "Supported: Docker Compose v2, and podman-compose from 1.0.3")
+	require.Contains(t, string(b), "from\n# the deploy/ directory")
+	var c compose
+	require.NoError(t, yaml.Unmarshal(b, &c))
+	for name, s := range c.Services {
+		switch {
+		case len(s.Profiles) > 0:
+			require.Equal(t, []string{"version"}, s.Command, "%s: started by an engine that ignores profiles, it must do no harm", name)
+		case name == "migrate":
+			require.Equal(t, "on-failure", s.Restart)
+		default:
+			require.Equal(t, "unless-stopped", s.Restart, "%s: restarted until what it needs is up", name)
+		}
+	}
+}
+
 func TestCompose(t *testing.T) {
 	b, err := os.ReadFile("compose.yaml")
 	require.NoError(t, err)
@@ -83,7 +112,7 @@ func TestCompose(t *testing.T) {
 		require.Contains(t, s.Environment["DATABASE_URL"], "@postgres:5432/", name)
 		for k, v := range s.Environment {
 			if secretEnv.MatchString(k) && k != "DATABASE_URL" {
-				require.Regexp(t, `^\$\{[A-Z_]+:-\}$`, v, "%s: %s only from the environment (.env), never written here", name, k)
+				require.Regexp(t, `^\$\{[A-Z_]+\}$`, v, "%s: %s only from the environment (.env), never written here", name, k)
 			}
 		}
 		for _, sec := range s.Secrets {
@@ -91,7 +120,7 @@ func TestCompose(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"migrate"}, c.Services["migrate"].Command)
-	require.Equal(t, "no", c.Services["migrate"].Restart, "a finished migration is not restarted")
+	require.Equal(t, "on-failure", c.Services["migrate"].Restart, "a finished migration is not restarted; one that found no database yet is")
 	for _, name := range []string{"serve", "mcp"} {
 		s := c.Services[name]
 		require.Equal(t, []string{name}, s.Command)
