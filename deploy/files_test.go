@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -236,5 +237,25 @@ func TestSecretsAreIgnored(t *testing.T) {
 	for _, f := range []string{"secrets/master-key", "secrets/pep-master-key", ".env"} {
 		out, err := exec.Command("git", "check-ignore", "-q", f).CombinedOutput()
 		require.NoError(t, err, "deploy/%s is not git-ignored: %s", f, out)
+	}
+}
+
+// TestStartingPolicyCases: the starting policy the manifests and Compose
+// mount decides as its cases file says (arapctl policy test).
+func TestStartingPolicyCases(t *testing.T) {
+	p, err := evaluation.LoadFile("k8s/base/policy.yaml")
+	require.NoError(t, err)
+	raw, err := os.ReadFile("k8s/base/policy-cases.yaml")
+	require.NoError(t, err)
+	cases, err := evaluation.ParseCases("policy-cases.yaml", raw)
+	require.NoError(t, err)
+	require.NotEmpty(t, cases)
+	outcomes, err := evaluation.RunCases(context.Background(), p, cases)
+	require.NoError(t, err)
+	for _, o := range outcomes {
+		require.Empty(t, o.Diffs, "case %q (line %d)", o.Case.Name, o.Case.Line)
+	}
+	for _, f := range evaluation.Check(p, evaluation.CheckEnv{}) {
+		require.True(t, f.Note, "policy.yaml:%d: %s", f.Line, f.Message)
 	}
 }
