@@ -402,6 +402,11 @@ func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args m
 		x.RequestState, x.InputResponses = answers.relayed.UpState, req.Params.InputResponses
 	}
 	out, err := tool.Run(ctx, x)
+	if err == nil && out.Rejected != nil {
+		// The upstream's own answer, passed on as it came (its address
+		// and credentials taken out by package upstream).
+		return nil, out.Rejected
+	}
 	var ue *UpstreamError
 	if errors.As(err, &ue) {
 		// Not the cause: it may hold the upstream's URL.

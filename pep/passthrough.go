@@ -340,6 +340,9 @@ func (s *Server) forwardError(err error) error {
 		s.log.Warn("upstream request failed")
 		return rpcError(tasks.CodeInternalError, "the upstream request failed")
 	}
+	if ue.Kind == upstream.Rejected && ue.RPC != nil {
+		return ue.RPC // as the upstream answered it
+	}
 	if ue.Kind == upstream.Rejected {
 		return &jsonrpc.Error{Code: ue.Code, Message: ue.Error()}
 	}

@@ -3,6 +3,7 @@ package pep
 import (
 	"context"
 	"fmt"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"strings"
 	"time"
 
@@ -77,6 +78,10 @@ type Output struct {
 	// tool has not finished and asks its caller for input (the rest of
 	// Output is empty).
 	Input *UpstreamInput
+	// Rejected, when set, is the JSON-RPC error an upstream answered the
+	// call with (Text says so too): an allowed call answers its caller
+	// with exactly that error; a task's run records the tool error.
+	Rejected *jsonrpc.Error
 }
 
 // UpstreamInput is what an upstream asks its caller before its tool can go

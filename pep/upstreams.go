@@ -121,7 +121,7 @@ func upstreamOutput(name string, res *sdk.CallToolResult, err error) (Output, er
 	case err == nil:
 		return Output{Content: res.Content, Structured: res.StructuredContent, IsError: res.IsError}, nil
 	case errors.As(err, &ue) && ue.Kind == upstream.Rejected:
-		return Output{Text: fmt.Sprintf("Upstream %s answered with an error: %s", name, ue.Reason), IsError: true}, nil
+		return Output{Text: fmt.Sprintf("Upstream %s answered with an error: %s", name, ue.Reason), IsError: true, Rejected: ue.RPC}, nil
 	case errors.As(err, &ue):
 		return Output{}, &UpstreamError{Upstream: name, Message: ue.Reason, MaybeRan: ue.Kind != upstream.NotSent, Transient: ue.Transient(), Err: err}
 	default:

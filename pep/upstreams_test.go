@@ -2,6 +2,7 @@ package pep_test
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
@@ -73,6 +75,13 @@ func startExt(t *testing.T) *extServer {
 			}
 			return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "purged " + in.Target}}}, nil, nil
 		})
+	// strict answers with a JSON-RPC error of its own (as a server that
+	// needs a client capability the call did not declare).
+	sdk.AddTool(s, &sdk.Tool{Name: "strict", Description: "Needs sampling.", Annotations: &sdk.ToolAnnotations{ReadOnlyHint: true}},
+		func(context.Context, *sdk.CallToolRequest, lookupIn) (*sdk.CallToolResult, any, error) {
+			return nil, nil, &jsonrpc.Error{Code: -32021, Message: "missing required client capability: sampling",
+				Data: json.RawMessage(`{"requiredCapabilities":{"sampling":{}}}`)}
+		})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	e.http = &http.Server{Handler: sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s }, &sdk.StreamableHTTPOptions{Stateless: true})}
@@ -106,7 +115,7 @@ upstreams:
 	reg := up.New(up.Options{MinBackoff: 50 * time.Millisecond})
 	t.Cleanup(func() { _ = reg.Close(context.Background()) })
 	require.NoError(t, reg.Reload(context.Background(), cfg))
-	require.Eventually(t, func() bool { return len(reg.Tools()) == 2 }, 30*time.Second, 20*time.Millisecond, "the upstream's tools are listed")
+	require.Eventually(t, func() bool { return len(reg.Tools()) == 3 }, 30*time.Second, 20*time.Millisecond, "the upstream's tools are listed")
 	var o pepOptions
 	if len(opts) > 0 {
 		o = opts[0]
@@ -129,6 +138,17 @@ func TestUpstreamToolsThroughTheGate(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, tasks.ResultTypeComplete, r.ResultType, "%s", r.Raw)
 	require.Contains(t, string(r.Raw), "found x1")
+
+	// The upstream's own JSON-RPC error on an allowed call reaches the
+	// caller as it answered it: code, message, data (and, on 2026-07-28,
+	// the HTTP status its code takes); not a tool result.
+	_, err = p.alice.CallTool(ctx, "ext_strict", map[string]any{"q": "x"}, nil)
+	var rpcErr *tasks.RPCError
+	require.ErrorAs(t, err, &rpcErr)
+	require.Equal(t, -32021, rpcErr.Code)
+	require.Equal(t, "missing required client capability: sampling", rpcErr.Message)
+	require.JSONEq(t, `{"requiredCapabilities":{"sampling":{}}}`, string(rpcErr.Data))
+	require.Equal(t, http.StatusBadRequest, rpcErr.HTTPStatus)
 
 	r, err = p.alice.CallTool(ctx, "ext_purge", map[string]any{"target": "cache"}, nil)
 	require.NoError(t, err)

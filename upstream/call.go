@@ -57,7 +57,11 @@ type Error struct {
 	Ref      string // what another request is about: `resource "URI"`, `prompt "name"`, `completion`
 	Kind     Kind
 	Code     int64  // Rejected: the upstream's JSON-RPC error code
-	Reason   string // what happened, in client-safe words
+	// RPC is, for Rejected, the upstream's error as it answered it (code,
+	// message, data) with the upstream's address and credentials taken
+	// out: what a gateway passes on to its client.
+	RPC    *jsonrpc.Error
+	Reason string // what happened, in client-safe words
 	cause    error
 }
 
@@ -230,7 +234,7 @@ func (r *Registry) send(ctx context.Context, c *conn, tool, ref string, o *CallO
 		c.poke() // a transport failure: let the loop check the session
 		return fail(NotSent, "the request could not be sent: "+describe(callCtx, &u, err, 0), err)
 	case we != nil:
-		return &Error{Upstream: c.name, Tool: tool, Ref: ref, Kind: Rejected, Code: we.Code,
+		return &Error{Upstream: c.name, Tool: tool, Ref: ref, Kind: Rejected, Code: we.Code, RPC: u.redactError(we),
 			Reason: fmt.Sprintf("the upstream refused the request: %s (code %d)", clip(u.redact(we.Message)), we.Code), cause: err}
 	case ctx.Err() != nil:
 		return fail(MaybeSent, "the request was abandoned before the upstream answered", err)

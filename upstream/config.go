@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/omcp/arap/internal/yamlfile"
@@ -391,6 +393,18 @@ func matchAny(pats []string, s string) bool {
 
 // redact removes from s everything the client must not see: the URL, its
 // host, configured header values and the credential.
+// redactError is we with what redact hides taken out of its message and
+// data; data that is no longer JSON once redacted is dropped.
+func (u *Upstream) redactError(we *jsonrpc.Error) *jsonrpc.Error {
+	out := &jsonrpc.Error{Code: we.Code, Message: u.redact(we.Message)}
+	if len(we.Data) > 0 {
+		if d := u.redact(string(we.Data)); json.Valid([]byte(d)) {
+			out.Data = json.RawMessage(d)
+		}
+	}
+	return out
+}
+
 func (u *Upstream) redact(s string) string {
 	var hide []string
 	if u.HTTP != nil {

@@ -109,7 +109,8 @@ func startServer(t *testing.T, o serverOpts) *mcpServer {
 	s.srv.AddTool(&mcp.Tool{Name: "refuse", InputSchema: obj}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		// A protocol error whose message echoes what it was sent: the
 		// gateway must not pass the credential on to its client.
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "bad params; you sent Bearer " + testToken + " to 127.0.0.1"}
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "bad params; you sent Bearer " + testToken + " to 127.0.0.1",
+			Data: json.RawMessage(`{"field":"text","seen":"Bearer ` + testToken + `"}`)}
 	})
 	s.srv.AddTool(&mcp.Tool{Name: "block", InputSchema: obj}, func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		s.runs.Add(1)
@@ -328,6 +329,11 @@ func TestHTTPProtocols(t *testing.T) {
 			require.Contains(t, err.Error(), `upstream "svc"`)
 			require.NotContains(t, err.Error(), testToken)
 			require.NotContains(t, err.Error(), s.addr)
+			// What a gateway passes on: the upstream's code, message and
+			// data as it answered, its credential taken out.
+			require.Equal(t, int64(jsonrpc.CodeInvalidParams), ue.RPC.Code)
+			require.Equal(t, "bad params; you sent Bearer [redacted] to 127.0.0.1", ue.RPC.Message)
+			require.JSONEq(t, `{"field":"text","seen":"Bearer [redacted]"}`, string(ue.RPC.Data))
 
 			_, err = r.Call(context.Background(), "up.echo", nil, &CallOptions{Digest: strings.Repeat("0", 64)})
 			requireKind(t, err, NotSent)
