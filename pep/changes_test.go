@@ -207,6 +207,16 @@ func TestListenListChanged(t *testing.T) {
 	require.Nil(t, rerr)
 	require.Contains(t, string(res), `"ext_added"`, "the change is offered when told")
 
+	// The upstream re-registers the same tool and announces a change; the
+	// gateway's list comes out the same, and its streams are told anyway,
+	// as the upstream's own would be (the conformance trigger tools work
+	// so).
+	u.srv.AddTool(&sdk.Tool{Name: "added", InputSchema: map[string]any{"type": "object"}}, func(context.Context, *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+		return &sdk.CallToolResult{}, nil
+	})
+	m = toolsOnly.next(t)
+	require.Equal(t, tasks.NotificationToolsListChanged, m["method"], m)
+
 	res, rerr = rpc(t, p, "server/discover", "", nil)
 	require.Nil(t, rerr)
 	var disc struct {

@@ -396,7 +396,7 @@ func (g *Gate) arguments(req *sdk.CallToolRequest, tool *offered) (map[string]an
 // caller's retry (answers.relayed, decided again) goes back to it with the
 // upstream's requestState and the caller's answers.
 func (g *Gate) runDirect(ctx context.Context, p Principal, tool *offered, args map[string]any, req *sdk.CallToolRequest, answers *inputAnswers) (sdk.Result, error) {
-	x := Invocation{DB: g.cfg.DB, Principal: p, Args: args, Meta: sdk.Meta(req.Params.GetMeta())}
+	x := Invocation{DB: g.cfg.DB, Principal: p, Args: args, Meta: sdk.Meta(upstreamMeta(req.Session, req.Params.GetMeta()))}
 	x.Progress, x.Log = relays(ctx, req.Session, req.Params.GetMeta())
 	if answers != nil && answers.relayed != nil {
 		x.RequestState, x.InputResponses = answers.relayed.UpState, req.Params.InputResponses

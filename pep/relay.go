@@ -26,7 +26,9 @@ func relays(ctx context.Context, sess *sdk.ServerSession, meta map[string]any) (
 			_ = sess.NotifyProgress(ctx, &q) // the request may have ended meanwhile
 		}
 	}
-	if _, ok := meta[sdk.MetaKeyLogLevel]; ok {
+	if _, ok := meta[sdk.MetaKeyLogLevel]; ok || legacySession(sess) {
+		// 2026-07-28: the request's own level; 2025-11-25: the session's
+		// (logging/setLevel), which sess.Log applies.
 		log = func(p *sdk.LoggingMessageParams) {
 			q := *p
 			q.Meta = nil
@@ -34,4 +36,30 @@ func relays(ctx context.Context, sess *sdk.ServerSession, meta map[string]any) (
 		}
 	}
 	return progress, log
+}
+
+// legacySession reports whether sess speaks a revision before 2026-07-28,
+// whose log level is the session's, not the request's.
+func legacySession(sess *sdk.ServerSession) bool {
+	ip := sess.InitializeParams()
+	return ip != nil && ip.ProtocolVersion != "" && ip.ProtocolVersion < "2026-07-28"
+}
+
+// upstreamMeta is meta as the upstream gets it: for a 2025-11-25 caller,
+// whose requests carry no log level, with the most verbose one, so that the
+// upstream logs and the caller's session level (applied when relaying)
+// decides what reaches it.
+func upstreamMeta(sess *sdk.ServerSession, meta map[string]any) map[string]any {
+	if sess == nil || !legacySession(sess) {
+		return meta
+	}
+	if _, ok := meta[sdk.MetaKeyLogLevel]; ok {
+		return meta
+	}
+	out := make(map[string]any, len(meta)+1)
+	for k, v := range meta {
+		out[k] = v
+	}
+	out[sdk.MetaKeyLogLevel] = "debug"
+	return out
 }

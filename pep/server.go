@@ -239,6 +239,24 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	if o.Upstreams != nil {
 		// Registered before the first sync, so no change falls between.
 		o.Upstreams.OnChange(srv.ToolsChanged)
+		// An upstream's announcement reaches the listen streams even when
+		// the gateway's own lists came out the same (a definition
+		// re-registered as it was): its clients re-list, as the
+		// upstream's would.
+		o.Upstreams.OnAnnounce(func(kinds upstream.Announced) {
+			for _, k := range []struct {
+				bit    upstream.Announced
+				method string
+			}{
+				{upstream.AnnouncedTools, tasks.NotificationToolsListChanged},
+				{upstream.AnnouncedPrompts, tasks.NotificationPromptsListChanged},
+				{upstream.AnnouncedResources, tasks.NotificationResourcesListChanged},
+			} {
+				if kinds&k.bit != 0 {
+					srv.changes.listChanged(k.method)
+				}
+			}
+		})
 	}
 	srv.syncTools()
 	srv.syncOffers()

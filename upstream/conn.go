@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,15 +21,18 @@ import (
 // conn is the registry's link to one upstream: a loop that connects, lists
 // the tools, follows changes and reconnects with backoff.
 type conn struct {
-	name     string
-	r        *Registry
-	client   *mcp.Client
-	ctx      context.Context
-	cancel   context.CancelFunc
-	kick     chan struct{} // re-list (or notice a lost session) now
-	firstTry chan struct{} // closed after the first connect attempt
-	done     chan struct{} // closed when the loop has ended and the session is closed
-	calls    sync.WaitGroup
+	name   string
+	r      *Registry
+	client *mcp.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+	kick   chan struct{} // re-list (or notice a lost session) now
+	// announced are the lists the upstream said changed since the last
+	// re-list (Announced bits).
+	announced atomic.Uint32
+	firstTry  chan struct{} // closed after the first connect attempt
+	done      chan struct{} // closed when the loop has ended and the session is closed
+	calls     sync.WaitGroup
 
 	mu       sync.Mutex
 	cfg      Upstream
@@ -59,9 +63,9 @@ func (r *Registry) newConn(u Upstream) *conn {
 		// (and the caller's retry forward); the SDK would try to answer it
 		// here, with handlers the gateway does not have.
 		MultiRoundTrip:             &mcp.MultiRoundTripOptions{Disabled: true},
-		ToolListChangedHandler:     func(context.Context, *mcp.ToolListChangedRequest) { c.poke() },
-		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) { c.poke() },
-		PromptListChangedHandler:   func(context.Context, *mcp.PromptListChangedRequest) { c.poke() },
+		ToolListChangedHandler:     func(context.Context, *mcp.ToolListChangedRequest) { c.announce(AnnouncedTools) },
+		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) { c.announce(AnnouncedResources) },
+		PromptListChangedHandler:   func(context.Context, *mcp.PromptListChangedRequest) { c.announce(AnnouncedPrompts) },
 		ResourceUpdatedHandler: func(_ context.Context, req *mcp.ResourceUpdatedNotificationRequest) {
 			if req.Params != nil {
 				r.updated(c.name, req.Params.URI)
@@ -101,6 +105,13 @@ func (c *conn) setConfig(u Upstream) {
 	if changed {
 		c.poke() // serve picks up the new period
 	}
+}
+
+// announce notes that the upstream said a list of kind changed, and has
+// it re-listed; the announcement is passed on after the re-list.
+func (c *conn) announce(kind Announced) {
+	c.announced.Or(uint32(kind))
+	c.poke()
 }
 
 func (c *conn) poke() {
@@ -202,11 +213,15 @@ func (c *conn) serve(sess *mcp.ClientSession) error {
 			period = u.Relist
 			tick.Reset(period)
 		}
+		announced := Announced(c.announced.Swap(0))
 		ctx, cancel := context.WithTimeout(c.ctx, u.Call)
 		err := c.list(ctx, sess)
 		cancel()
 		if err != nil {
 			return err
+		}
+		if announced != 0 {
+			c.r.announced(announced)
 		}
 	}
 }

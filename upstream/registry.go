@@ -79,8 +79,9 @@ type Registry struct {
 	seq    atomic.Int64 // progress tokens
 	prog   sync.Map     // progress token -> func(*mcp.ProgressNotificationParams)
 
-	watchers map[*func()]struct{} // OnChange's
-	subs     map[subKey]map[*watcher]struct{}
+	watchers   map[*func()]struct{}          // OnChange's
+	announcers map[*func(Announced)]struct{} // OnAnnounce's
+	subs       map[subKey]map[*watcher]struct{}
 	// subMu serializes the subscribe and unsubscribe exchanges with
 	// upstreams (taken before mu, never held by a fan-out).
 	subMu sync.Mutex
@@ -219,6 +220,45 @@ func (r *Registry) OnChange(f func()) (stop func()) {
 		r.mu.Lock()
 		delete(r.watchers, &f)
 		r.mu.Unlock()
+	}
+}
+
+// Announced are the lists an upstream's notifications/*/list_changed name.
+type Announced uint32
+
+const (
+	AnnouncedTools Announced = 1 << iota
+	AnnouncedPrompts
+	AnnouncedResources
+)
+
+// OnAnnounce has f called, outside any lock, when an upstream said that
+// lists changed (kinds), after the re-list that followed: whether or not
+// what the gateway offers changed (OnChange), its clients may re-list, as
+// the upstream's own clients would be told to. Until stop is called.
+func (r *Registry) OnAnnounce(f func(kinds Announced)) (stop func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.announcers == nil {
+		r.announcers = map[*func(Announced)]struct{}{}
+	}
+	r.announcers[&f] = struct{}{}
+	return func() {
+		r.mu.Lock()
+		delete(r.announcers, &f)
+		r.mu.Unlock()
+	}
+}
+
+func (r *Registry) announced(kinds Announced) {
+	r.mu.Lock()
+	fs := make([]func(Announced), 0, len(r.announcers))
+	for f := range r.announcers {
+		fs = append(fs, *f)
+	}
+	r.mu.Unlock()
+	for _, f := range fs {
+		f(kinds)
 	}
 }
 
