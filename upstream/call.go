@@ -56,13 +56,13 @@ type Error struct {
 	Tool     string // the exposed tool name (a tools/call)
 	Ref      string // what another request is about: `resource "URI"`, `prompt "name"`, `completion`
 	Kind     Kind
-	Code     int64  // Rejected: the upstream's JSON-RPC error code
+	Code     int64 // Rejected: the upstream's JSON-RPC error code
 	// RPC is, for Rejected, the upstream's error as it answered it (code,
 	// message, data) with the upstream's address and credentials taken
 	// out: what a gateway passes on to its client.
 	RPC    *jsonrpc.Error
 	Reason string // what happened, in client-safe words
-	cause    error
+	cause  error
 }
 
 func (e *Error) Error() string {
