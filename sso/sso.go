@@ -4,8 +4,8 @@
 // stops the backend from starting), builds authorization requests (code
 // flow with PKCE S256, state and nonce), and on the callback exchanges the
 // code and verifies the ID token (signature against the provider's JWKS,
-// issuer, audience = our client id, expiry, nonce) before reading the
-// claims. Who the verified claims make a user is the directory's business;
+// issuer, audience = our client id, expiry, nonce, authorized party)
+// before reading the claims. Who the verified claims make a user is the directory's business;
 // the web UI keeps the flow state and the session.
 package sso
 
@@ -229,7 +229,8 @@ const maxGroups = 1000
 
 // Callback exchanges code (with the PKCE verifier) for tokens and verifies
 // the ID token: signature, issuer, audience, expiry (go-oidc), then the
-// nonce of this sign-in and, with several audiences, the authorized party.
+// nonce of this sign-in and the authorized party (azp: present with several
+// audiences, and ours whenever present).
 func (rp *RP) Callback(ctx context.Context, code, verifier, nonce string) (*Identity, error) {
 	ctx = context.WithValue(ctx, oauth2.HTTPClient, rp.client)
 	tok, err := rp.oauth.Exchange(ctx, code, oauth2.VerifierOption(verifier))
@@ -269,7 +270,10 @@ func (rp *RP) Callback(ctx context.Context, code, verifier, nonce string) (*Iden
 	if err := idt.Claims(&all); err != nil {
 		return nil, &CheckError{CheckClaims, err}
 	}
-	if len(idt.Audience) > 1 && c.AZP != rp.cfg.ClientID {
+	// azp names the client the token was issued to (OIDC Core 1.0,
+	// 3.1.3.7 steps 4 and 5): required with several audiences, and never
+	// another client, since we redeemed the code ourselves.
+	if (len(idt.Audience) > 1 || c.AZP != "") && c.AZP != rp.cfg.ClientID {
 		return nil, &CheckError{CheckAZP, fmt.Errorf("azp %q with audiences %q", c.AZP, idt.Audience)}
 	}
 	if idt.Subject == "" {
