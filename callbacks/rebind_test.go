@@ -1,0 +1,121 @@
+package callbacks_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omcp/arap/authzen"
+	"github.com/omcp/arap/callbacks"
+	"github.com/omcp/arap/clients"
+	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/migrations"
+	"github.com/omcp/arap/requests"
+)
+
+// rebinder is the DNS a rebinding attacker runs, as the registration-time
+// check sees it: every name resolves to a public address. The delivery's
+// dialler does not ask it; it resolves through the system, where
+// "localhost" is loopback, so the name that passed the check leads to
+// loopback at dial time.
+type rebinder struct{ asked atomic.Int32 }
+
+func (r *rebinder) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	r.asked.Add(1)
+	return []netip.Addr{netip.MustParseAddr("93.184.216.34")}, nil
+}
+
+// loopbackOnly requires that the system resolves "localhost" to loopback
+// addresses only, which the rebinding tests rely on.
+func loopbackOnly(t *testing.T) {
+	t.Helper()
+	ips, err := net.DefaultResolver.LookupNetIP(context.Background(), "ip", "localhost")
+	require.NoError(t, err, "the test needs the system to resolve localhost")
+	require.NotEmpty(t, ips)
+	for _, ip := range ips {
+		require.True(t, ip.Unmap().IsLoopback(), "the system resolves localhost to %s; the test needs loopback", ip)
+	}
+}
+
+// countingListener is a real server on loopback that counts the
+// connections it accepts; the count is taken before anything is read, so
+// it is final once the dialler's attempt has ended.
+func countingListener(t *testing.T) (*httptest.Server, *atomic.Int32) {
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, &conns
+}
+
+// TestDeliveryRefusesANameRebindToLoopback: a callback whose host passed
+// the submission check (it resolved to a public address) but resolves to
+// loopback when the delivery dials is refused at dial time: no connection
+// reaches the loopback listener, and the attempt records why.
+func TestDeliveryRefusesANameRebindToLoopback(t *testing.T) {
+	loopbackOnly(t)
+	ctx := context.Background()
+	db := dbtest.New(t)
+	// Insert-only: no worker runs the job; the test makes the attempt.
+	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.RiverSchema})
+	require.NoError(t, err)
+	dns := &rebinder{}
+	svc, err := callbacks.NewService(callbacks.Config{DB: db, Jobs: jobs, MasterKey: make([]byte, 32), Resolver: dns,
+		StatusEndpoint: func(id string) string { return "https://arap.example/access/v1/requests/" + id },
+		Schedule:       []time.Duration{}, // the first failed attempt is the last
+	})
+	require.NoError(t, err)
+	srv, conns := countingListener(t)
+	_, port, err := net.SplitHostPort(srv.Listener.Addr().String())
+	require.NoError(t, err)
+
+	// A client allowed any https endpoint, but no internal network.
+	c, _, err := clients.NewStore(db).Create(ctx, clients.New{Name: "pep", Scopes: []string{"request"}, Kind: "automation",
+		CallbackPrefixes: []string{"https://"}}, "test")
+	require.NoError(t, err)
+	_, err = svc.RotateSecret(ctx, c.ID, 0, "", "test")
+	require.NoError(t, err)
+
+	cb := &authzen.Callback{Endpoint: "https://localhost:" + port + "/cb"}
+	require.NoError(t, svc.CheckCallback(ctx, c.ID, cb), "registration sees a public address")
+	require.NotZero(t, dns.asked.Load(), "registration resolved through the Resolver seam")
+
+	// The request ends; its delivery is recorded as the backend records it.
+	now := time.Now()
+	r := &requests.Request{ID: "req_rebind", ClientID: c.ID, Status: requests.Approved, ExpiresAt: now.Add(time.Hour), Callback: cb}
+	_, err = db.Exec(ctx, `INSERT INTO arap.requests (id, client_id, status, rule, subject, resource, action, denial, evaluation_id,
+		binding_hash, binding_context_members, expires_at, created_at, updated_at, terminal_at)
+		VALUES ($1, $2, 'approved', 'r', '{}', '{}', '{}', '{}', 'e', 'h', '{}', $3, $4, $4, $4)`, r.ID, c.ID, r.ExpiresAt, now)
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return svc.OnTerminal(ctx, tx, []*requests.Request{r}) }))
+	ds, err := svc.Deliveries(ctx, r.ID)
+	require.NoError(t, err)
+	require.Len(t, ds, 1)
+
+	next, err := svc.Attempt(ctx, ds[0].ID)
+	require.NoError(t, err)
+	require.True(t, next.IsZero(), "no retry is scheduled")
+	require.Zero(t, conns.Load(), "the delivery reached the loopback listener")
+
+	ds, err = svc.Deliveries(ctx, r.ID)
+	require.NoError(t, err)
+	require.Equal(t, callbacks.Failed, ds[0].Status)
+	require.Len(t, ds[0].Attempts, 1)
+	require.Nil(t, ds[0].Attempts[0].StatusCode, "nothing answered")
+	require.Contains(t, ds[0].Attempts[0].Error, "127.0.0.1, a loopback address, which this client is not allowed to call")
+}
