@@ -53,6 +53,9 @@ type Store struct {
 	loaded   time.Time
 	stop     context.CancelFunc
 	done     chan struct{}
+	// afterRead, if set (tests only), runs between a reload's read and its
+	// generation check: where a change can slip in.
+	afterRead func()
 }
 
 // NewStore returns a Store on db.
@@ -89,6 +92,9 @@ func (s *Store) Snapshot(ctx context.Context) (map[string]any, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
+	}
+	if s.afterRead != nil {
+		s.afterRead()
 	}
 	s.mu.Lock()
 	if gen == s.gen {

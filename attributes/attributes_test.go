@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omcp/arap/attributes"
@@ -92,4 +93,59 @@ func TestAListeningReplicaHearsAChange(t *testing.T) {
 	require.Eventually(t, sees(true), 10*time.Second, 10*time.Millisecond) // cached again
 	require.NoError(t, writer.Set(ctx, "change_freeze", false, "op", nil))
 	require.Eventually(t, sees(false), 10*time.Second, 10*time.Millisecond, "the change after reconnecting was not heard")
+}
+
+// A reload that read the old values and ends after a change emptied the
+// cache keeps nothing: the next read sees the change, though the cache
+// would otherwise hold the stale values for an hour. The change comes from
+// the same Store (Set) and from another replica, heard by a listening one.
+func TestStaleReloadIsNotCached(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		listen bool
+		change func(t *testing.T, db *pgxpool.Pool, reader *attributes.Store)
+	}{
+		{"own change", false, func(t *testing.T, _ *pgxpool.Pool, reader *attributes.Store) {
+			require.NoError(t, reader.Set(ctx, "risk_level", "high", "op", nil))
+		}},
+		{"another replica's change, heard", true, func(t *testing.T, db *pgxpool.Pool, reader *attributes.Store) {
+			before := reader.Generation()
+			require.NoError(t, attributes.NewStore(db).Set(ctx, "risk_level", "high", "op", nil))
+			require.Eventually(t, func() bool { return reader.Generation() > before }, 10*time.Second, 10*time.Millisecond,
+				"the listening store did not hear the change")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := dbtest.New(t)
+			// Written before the reader listens, so the only emptying of
+			// its cache still to come is the change's: a later one would
+			// hide a stale cache.
+			require.NoError(t, attributes.NewStore(db).Set(ctx, "risk_level", "low", "op", nil))
+			reader := attributes.NewStore(db)
+			reader.MaxAge = time.Hour
+			if tc.listen {
+				require.NoError(t, reader.Start(ctx))
+				t.Cleanup(reader.Stop)
+				// Listening empties the cache once (Live).
+				require.Eventually(t, func() bool { return reader.Generation() >= 1 }, 10*time.Second, 10*time.Millisecond)
+			}
+
+			// The change lands after the reload's read, before it stores.
+			changed := false
+			reader.AfterRead(func() {
+				if !changed {
+					changed = true
+					tc.change(t, db, reader)
+				}
+			})
+			snap, err := reader.Snapshot(ctx)
+			require.NoError(t, err)
+			require.True(t, changed)
+			require.Equal(t, "low", snap["risk_level"], "the reload read before the change")
+			snap, err = reader.Snapshot(ctx)
+			require.NoError(t, err)
+			require.Equal(t, "high", snap["risk_level"], "the stale reload was cached")
+		})
+	}
 }
