@@ -89,6 +89,29 @@ func TestMisspeltPointIsFatal(t *testing.T) {
 	}
 }
 
+// TestUnarmedPointReturns: a point that is not armed returns, with nothing
+// armed and with another point armed. The child reaches every point but
+// the armed one, and must exit by itself, having said nothing.
 func TestUnarmedPointReturns(t *testing.T) {
-	Point("pep.after-claim") // ARAP_FAULT is not set in this process
+	if os.Getenv("FAULT_CHILD") == "3" {
+		var arms []string // read here, not by parse, which is under test
+		for _, a := range strings.Split(os.Getenv("ARAP_FAULT"), ",") {
+			name, _, _ := strings.Cut(a, "@")
+			arms = append(arms, name)
+		}
+		for _, name := range append(slices.Clone(Names), "not-a-point") {
+			if !slices.Contains(arms, name) {
+				Point(name)
+			}
+		}
+		os.Exit(0)
+	}
+	for _, arm := range []string{"", "pep.after-claim", "pep.after-claim,notify.after-send@0.5"} {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestUnarmedPointReturns$")
+		cmd.Env = append(os.Environ(), "FAULT_CHILD=3", "ARAP_FAULT="+arm, "ARAP_FAULT_SEED=7")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Run(), "ARAP_FAULT=%q: %s", arm, stderr.String())
+		require.Empty(t, stderr.String(), "ARAP_FAULT=%q", arm)
+	}
 }
