@@ -80,5 +80,5 @@ func TestWebhookRefusesATargetRebindToLoopback(t *testing.T) {
 	w := &notify.Webhook{Poster: svc}
 	err = w.Send(ctx, notify.Message{To: "tickets", ID: "evt_1.tickets", Payload: []byte(`{}`)})
 	require.Zero(t, conns.Load(), "the webhook reached the loopback listener")
-	require.ErrorContains(t, err, "127.0.0.1, a loopback address, which this client is not allowed to call")
+	require.ErrorContains(t, err, "a loopback address, which this client is not allowed to call")
 }
