@@ -263,7 +263,7 @@ func NewServer(g *Gate, o ServerOptions) (*Server, error) {
 	s.AddReceivingMiddleware(srv.route)
 
 	getServer := func(*http.Request) *sdk.Server { return s }
-	mcpHandler := byProgress(
+	mcpHandler := byNotifications(
 		sdk.NewStreamableHTTPHandler(getServer, &sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true, Logger: sdkLog}),
 		sdk.NewStreamableHTTPHandler(getServer, &sdk.StreamableHTTPOptions{Stateless: true, Logger: sdkLog}))
 	limit := perCaller.Middleware(func(r *http.Request) string { return tasks.PrincipalFrom(r.Context()) }, tooMany,
@@ -325,11 +325,13 @@ func cleanURLs(next http.Handler) http.Handler {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
-// byProgress answers a request with a single JSON response (plain), unless
-// it asks for progress (_meta.progressToken) or log messages (_meta
-// logLevel, 2026-07-28) and the client accepts an event stream: those
-// notifications can only travel on one (stream).
-func byProgress(plain, stream http.Handler) http.Handler {
+// byNotifications answers a request with a single JSON response (plain),
+// unless notifications may travel with it and the client accepts an event
+// stream, the only way they can (stream): it asks for progress
+// (_meta.progressToken) or log messages (_meta logLevel, 2026-07-28), or it
+// is a forwarded request of a revision before 2026-07-28, whose log level is
+// the session's (logging/setLevel), not the request's.
+func byNotifications(plain, stream http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || !strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
 			plain.ServeHTTP(w, r)
@@ -342,6 +344,7 @@ func byProgress(plain, stream http.Handler) http.Handler {
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		var msg struct {
+			Method string `json:"method"`
 			Params struct {
 				Meta struct {
 					ProgressToken any `json:"progressToken"`
@@ -349,12 +352,23 @@ func byProgress(plain, stream http.Handler) http.Handler {
 				} `json:"_meta"`
 			} `json:"params"`
 		}
-		if json.Unmarshal(body, &msg) == nil && (msg.Params.Meta.ProgressToken != nil || msg.Params.Meta.LogLevel != nil) {
+		if json.Unmarshal(body, &msg) == nil && (msg.Params.Meta.ProgressToken != nil || msg.Params.Meta.LogLevel != nil ||
+			forwards(msg.Method) && r.Header.Get(tasks.HeaderProtocolVersion) < tasks.ProtocolVersion) {
 			stream.ServeHTTP(w, r)
 			return
 		}
 		plain.ServeHTTP(w, r)
 	})
+}
+
+// forwards reports whether method is one an upstream answers on a caller's
+// behalf, while it may log.
+func forwards(method string) bool {
+	switch method {
+	case "tools/call", ActionGetPrompt, ActionReadResource, ActionComplete:
+		return true
+	}
+	return false
 }
 
 type resultKey struct{}
