@@ -71,9 +71,9 @@ type requestFacts struct {
 
 // VerifyRecords checks the signed decisions among records (audit events of
 // the system chain and the request chains, each chain in order): for each
-// vote carrying an assertion, the credential's key is the one the system
-// chain registered to the voter, registered before the vote and not removed
-// before it; the challenge is re-derived from the request's chain (the
+// vote carrying an assertion, the credential's registration in force at the
+// vote (its id's latest by then: a removed id can be registered again) is
+// the voter's, and was not removed before the vote; the challenge is re-derived from the request's chain (the
 // request id, the binding_hash of its request.submitted event, the vote's
 // decision and approved_until); the client data is a webauthn.get for that
 // challenge from the registered origin; the authenticator data is for the
@@ -83,7 +83,9 @@ type requestFacts struct {
 // request whose rule requires one is a failure too.
 func VerifyRecords(records []audit.Record) Report {
 	rep := Report{Failures: []Failure{}}
-	keys := map[string]*key{}
+	// Every registration of each credential id, in order: once removed, an
+	// id can be registered again, by anyone (an authenticator picks it).
+	keys := map[string][]*key{}
 	for _, r := range records {
 		if r.Chain != audit.SystemChain {
 			continue
@@ -92,14 +94,17 @@ func VerifyRecords(records []audit.Record) Report {
 		case EventRegistered:
 			var reg registration
 			if json.Unmarshal(r.Data, &reg) == nil {
-				keys[reg.CredentialID.String()] = &key{user: reg.User, rpID: reg.RPID, origin: reg.Origin, cose: reg.PublicKey, at: r.At}
+				id := reg.CredentialID.String()
+				keys[id] = append(keys[id], &key{user: reg.User, rpID: reg.RPID, origin: reg.Origin, cose: reg.PublicKey, at: r.At})
 			}
 		case EventRemoved:
 			var rm struct {
 				CredentialID string `json:"credential_id"`
 			}
 			if json.Unmarshal(r.Data, &rm) == nil {
-				if k := keys[rm.CredentialID]; k != nil && k.removed == nil {
+				// A removal ends the id's latest registration.
+				if ks := keys[rm.CredentialID]; len(ks) > 0 && ks[len(ks)-1].removed == nil {
+					k := ks[len(ks)-1]
 					at := r.At
 					k.removed = &at
 				}
@@ -160,19 +165,26 @@ func (rep *Report) fail(r audit.Record, problem string) {
 }
 
 // checkVote returns what is wrong with one signed vote, or "".
-func checkVote(keys map[string]*key, r audit.Record, f *requestFacts, decision string, until *time.Time, a *Assertion) string {
+func checkVote(keys map[string][]*key, r audit.Record, f *requestFacts, decision string, until *time.Time, a *Assertion) string {
 	if !a.Complete() {
 		return "the stored assertion is incomplete"
 	}
 	id := a.CredentialID.String()
-	k := keys[id]
+	regs := keys[id]
+	// The registration in force at the vote: the last one made by then.
+	var k *key
+	for _, reg := range regs {
+		if !reg.at.After(r.At) {
+			k = reg
+		}
+	}
 	switch {
-	case k == nil:
+	case len(regs) == 0:
 		return fmt.Sprintf("signed with passkey %s, which the audit log's system chain does not register", id)
+	case k == nil:
+		return fmt.Sprintf("signed with passkey %s, registered only after the vote (%s)", id, regs[0].at.UTC().Format(time.RFC3339))
 	case "user:"+k.user != r.Actor:
 		return fmt.Sprintf("signed with passkey %s, which is registered to user:%s, not to the voter", id, k.user)
-	case k.at.After(r.At):
-		return fmt.Sprintf("signed with passkey %s, registered only after the vote (%s)", id, k.at.UTC().Format(time.RFC3339))
 	case k.removed != nil && k.removed.Before(r.At):
 		return fmt.Sprintf("signed with passkey %s, removed before the vote (%s)", id, k.removed.UTC().Format(time.RFC3339))
 	}

@@ -155,3 +155,40 @@ func TestVerifyAuditChecksEachPart(t *testing.T) {
 	}
 	require.Len(t, got, len(want), "the correct votes verify: %v", got)
 }
+
+// TestVerifyAuditAfterACredentialIDIsReused: a credential id can be
+// registered again once removed, by anyone (an authenticator chooses its
+// ids). Each vote is checked against the registration in force when it was
+// cast: bob's vote before his key's removal still verifies once carol has
+// registered a key under the same id, and so do carol's after; bob's old
+// key after its removal does not, nor after carol's registration.
+func TestVerifyAuditAfterACredentialIDIsReused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t0 := time.Now().Add(-24 * time.Hour).Truncate(time.Second).UTC()
+	f := setupClocked(t, t0)
+	bob := f.register(t, "bob")
+	id := base64.RawURLEncoding.EncodeToString(bob.ID)
+	f.signedVote(t, "arq_bob_before", "user:bob", t0.Add(time.Hour), bob.Sign)
+
+	require.NoError(t, passkeys.RemoveByOperator(ctx, f.db, "bob", id, "operator:test"))
+	system, err := audit.Chain(ctx, f.db, audit.SystemChain)
+	require.NoError(t, err)
+	removed := system[len(system)-1].At
+	f.signedVote(t, "arq_bob_lost", "user:bob", removed.Add(time.Minute), bob.Sign)
+
+	f.now = removed.Add(time.Hour)
+	carol := passkeytest.New("localhost", "http://localhost:8480")
+	carol.ID = bob.ID
+	f.registerWith(t, "carol", carol)
+	f.signedVote(t, "arq_carol", "user:carol", f.now.Add(time.Minute), carol.Sign)
+	f.signedVote(t, "arq_bob_after", "user:bob", f.now.Add(time.Minute), bob.Sign)
+
+	got, rep := f.failures(t)
+	require.Equal(t, 4, rep.Signed)
+	require.Len(t, got["arq_bob_lost"], 1, "%v", got)
+	require.Contains(t, got["arq_bob_lost"][0], "removed before the vote")
+	require.Len(t, got["arq_bob_after"], 1, "%v", got)
+	require.Contains(t, got["arq_bob_after"][0], "registered to user:carol, not to the voter")
+	require.Len(t, got, 2, "bob's vote before the removal and carol's after her registration verify: %v", got)
+}
