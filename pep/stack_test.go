@@ -45,6 +45,9 @@ type stack struct {
 	alice  *tasks.Client
 	// offset moves the front-end's clock (not the backend's).
 	offset atomic.Int64
+	// frozen, when set, is the front-end's clock, standing still (offset
+	// is then ignored): for a check at an exact instant.
+	frozen atomic.Pointer[time.Time]
 	// hook, when set, sees every request the gate sends the backend before
 	// it is sent (with its body); it may block it.
 	hook atomic.Pointer[func(*http.Request, []byte)]
@@ -80,6 +83,9 @@ type pepOptions struct {
 	approvalTools bool
 	// agents admits OAuth access tokens (package agentauth).
 	agents *agentauth.Verifier
+	// wrap, when set, wraps the front-end's HTTP handler (to watch its
+	// answers as they are written).
+	wrap func(http.Handler) http.Handler
 }
 
 const aliceToken = "alice-token-0123"
@@ -112,7 +118,12 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 	p.gate, err = pep.NewGate(pep.Config{DB: p.db, MasterKey: make([]byte, 32), Tools: tools, Sources: o.sources,
 		Backend:   &arapclient.Client{BaseURL: p.env.URL, Token: dev.PEPToken, HTTP: &http.Client{Transport: hooked{p}, Timeout: time.Minute}},
 		MaxWindow: o.maxWindow, ExecTimeout: o.execTimeout, Log: o.log, ApprovalTools: o.approvalTools,
-		Now: func() time.Time { return time.Now().Add(time.Duration(p.offset.Load())) }})
+		Now: func() time.Time {
+			if f := p.frozen.Load(); f != nil {
+				return *f
+			}
+			return time.Now().Add(time.Duration(p.offset.Load()))
+		}})
 	require.NoError(t, err)
 	t.Cleanup(p.gate.Stop) // before the pool closes: cleanups run last first
 	require.NoError(t, p.gate.Callers().Create(context.Background(), "alice-agent", aliceToken, pep.Principal{SubjectType: "user", SubjectID: "alice", ActorID: "agent:demo"}))
@@ -128,7 +139,11 @@ func newPEP(t *testing.T, o pepOptions) *stack {
 	}
 	srv, err := pep.NewServer(p.gate, pep.ServerOptions{Name: "test", Version: "0", RequestsPerMinute: 100000, WebhookSecrets: []string{p.secret}, Upstreams: o.upstreams, Notifier: notifier, Log: o.log, Counters: counters, Agents: o.agents})
 	require.NoError(t, err)
-	h := httptest.NewServer(srv)
+	var handler http.Handler = srv
+	if o.wrap != nil {
+		handler = o.wrap(srv)
+	}
+	h := httptest.NewServer(handler)
 	t.Cleanup(h.Close)
 	p.server, p.url = h.URL, h.URL+pep.PathMCP
 	p.alice = &tasks.Client{URL: p.url, Token: aliceToken}
