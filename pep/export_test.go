@@ -57,3 +57,7 @@ const LockLimits = lockLimits
 func (g *Gate) SubmitAndBind(ctx context.Context, key string) error { return g.submitAndBind(ctx, key) }
 
 const SubmitGrace = submitGrace
+
+// WakeUps is how many callback wake-ups hold one of the gate's slots: a
+// wake-up takes its slot as it starts (wake), before anything else.
+func (g *Gate) WakeUps() int { return len(g.advance) }
