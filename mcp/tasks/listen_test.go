@@ -260,27 +260,47 @@ func TestListenStreamCap(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond, "a closed stream frees its place")
 }
 
-// TestListenLifetime: a stream ends with its listen result at its maximum
-// lifetime, though its task is live; the server's request timeouts do not
-// cut it short before that.
+// TestListenLifetime: a stream outlives the server's request timeouts, and
+// ends with its listen result at its maximum lifetime, though its task is
+// live. Each part waits for its own event: the first has no lifetime in
+// its way, the second nothing but its lifetime.
 func TestListenLifetime(t *testing.T) {
 	t.Parallel()
-	e := newListenEnv(t, tasks.ListenConfig{MaxLifetime: 3 * time.Second, Resync: 300 * time.Millisecond}, func(s *http.Server) {
-		s.ReadTimeout, s.WriteTimeout = time.Second, time.Second
+	t.Run("past the server's timeouts", func(t *testing.T) {
+		t.Parallel()
+		const timeout = time.Second
+		e := newListenEnv(t, tasks.ListenConfig{MaxLifetime: time.Hour, Resync: 300 * time.Millisecond}, func(s *http.Server) {
+			s.ReadTimeout, s.WriteTimeout = timeout, timeout
+		})
+		task := create(t, e.store, nil)
+		s := e.listen(t, alice, 5, task.ID)
+		// The server set its deadlines before it answered: they have
+		// passed once timeout has passed since the answer came.
+		answered := time.Now()
+		s.acked(t)
+		require.Equal(t, "working", s.update(t)["status"])
+		time.Sleep(time.Until(answered.Add(timeout)))
+		_, err := transition(e.store, task.ID, tasks.Change{To: tasks.InputRequired, InputRequests: map[string]any{"k": map[string]any{}}})
+		require.NoError(t, err)
+		require.Equal(t, "input_required", s.update(t)["status"])
 	})
-	task := create(t, e.store, nil)
-	s := e.listen(t, alice, 5, task.ID)
-	s.acked(t)
-	require.Equal(t, "working", s.update(t)["status"])
-	// Past the server's read and write timeouts, the stream still works.
-	time.Sleep(1500 * time.Millisecond) // outlive the timeouts, not to wait for anything
-	_, err := transition(e.store, task.ID, tasks.Change{To: tasks.InputRequired, InputRequests: map[string]any{"k": map[string]any{}}})
-	require.NoError(t, err)
-	require.Equal(t, "input_required", s.update(t)["status"])
-	s.ended(t, 5)
-	got, err := e.store.Get(context.Background(), e.store.DB, task.ID)
-	require.NoError(t, err)
-	require.False(t, got.Status.Terminal())
+	t.Run("at its maximum lifetime", func(t *testing.T) {
+		t.Parallel()
+		const lifetime = 300 * time.Millisecond
+		e := newListenEnv(t, tasks.ListenConfig{MaxLifetime: lifetime, Resync: time.Hour}, nil)
+		task := create(t, e.store, nil)
+		asked := time.Now()
+		s := e.listen(t, alice, 5, task.ID)
+		s.acked(t)
+		require.Equal(t, "working", s.update(t)["status"])
+		s.ended(t, 5)
+		// Its lifetime starts after the request: a lower bound, never a
+		// tolerance.
+		require.GreaterOrEqual(t, time.Since(asked), lifetime, "the stream ended before its lifetime")
+		got, err := e.store.Get(context.Background(), e.store.DB, task.ID)
+		require.NoError(t, err)
+		require.False(t, got.Status.Terminal())
+	})
 }
 
 // TestListenStopEndsStreams: stopping the notifier (server shutdown) ends
