@@ -84,7 +84,11 @@ func (a *App) Interact(ctx context.Context, header http.Header, body []byte) err
 	if err := sv.Ensure(); err != nil {
 		return ErrUnauthenticated
 	}
-	if fresh, err := a.firstSeen(ctx, header.Get("X-Slack-Signature")); err != nil {
+	key, ok := replayKey(header)
+	if !ok {
+		return ErrUnauthenticated
+	}
+	if fresh, err := a.firstSeen(ctx, key); err != nil {
 		return err
 	} else if !fresh {
 		return ErrUnauthenticated
@@ -105,6 +109,20 @@ func (a *App) Interact(ctx context.Context, header http.Header, body []byte) err
 		}
 	}
 	return nil // the Open button (a link) and anything else
+}
+
+// replayKey is what the verifier proved, not the header's spelling of it:
+// the HMAC decoded from its hex (accepted in either case) and written back
+// as Slack writes it, "v0=" and lower case. So one click is one key however
+// its signature is spelled, and a click as Slack sends it keeps the key
+// earlier versions stored (the raw header), whose rows still refuse it.
+func replayKey(header http.Header) (string, bool) {
+	hexSig, ok := strings.CutPrefix(header.Get("X-Slack-Signature"), "v0=")
+	mac, err := hex.DecodeString(hexSig)
+	if !ok || err != nil || len(mac) != sha256.Size {
+		return "", false
+	}
+	return "v0=" + hex.EncodeToString(mac), true
 }
 
 // firstSeen records signature and reports whether it is new. Signatures
