@@ -6,8 +6,8 @@
 //
 // A click is trusted only as far as Slack's request signature proves it
 // came from Slack (v0 HMAC-SHA256 with the signing secret, timestamp within
-// five minutes, each signature accepted once: arap.slack_signatures, which
-// this package owns). The clicking Slack user is a directory user only
+// five minutes, each signature accepted once however its hex is spelled:
+// arap.slack_signatures, which this package owns). The clicking Slack user is a directory user only
 // through the e-mail address Slack has confirmed for them (users.info,
 // is_email_confirmed); the vote is then that person's, through
 // requests.Service.Decide with channel slack: the same eligibility,
