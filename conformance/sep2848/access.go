@@ -126,13 +126,18 @@ func degraded(ctx context.Context, r *run) error {
 	}
 	_, isTask := resp.result["taskId"]
 	isErrorResult := resp.err == nil && resp.result["isError"] == true && !isTask
-	if !isErrorResult && !namesTasks(resp.err) {
-		r.fail("sep-2848-degraded-without-tasks", "without the tasks extension the call answered %v %.300s", resp.err, resp.raw)
-	} else if err := r.notRun(ctx, "sep-2848-degraded-without-tasks", before, have); err != nil {
-		return err
-	}
 	var tr toolResult
 	_ = json.Unmarshal(resp.raw, &tr)
+	switch {
+	case !isErrorResult && !namesTasks(resp.err):
+		r.fail("sep-2848-degraded-without-tasks", "without the tasks extension the call answered %v %.300s", resp.err, resp.raw)
+	case isErrorResult && requestableGuidance(tr.text()) != "":
+		r.fail("sep-2848-degraded-without-tasks", "the degraded isError result carries no requestable guidance: %s: %q", requestableGuidance(tr.text()), tr.text())
+	default:
+		if err := r.notRun(ctx, "sep-2848-degraded-without-tasks", before, have); err != nil {
+			return err
+		}
+	}
 	switch {
 	case !isErrorResult:
 		r.fail("sep-2848-degraded-preferred", "the degraded answer is not an isError CallToolResult: %v %.300s", resp.err, resp.raw)
@@ -169,6 +174,12 @@ func plainDenial(ctx context.Context, r *run) error {
 	}
 	if msg := notRequestable(resp); msg != "" {
 		r.fail(id, "a plain denial answered %s: %.300s", msg, resp.raw)
+		return nil
+	}
+	// The normal denied result describes the denial.
+	var tr toolResult
+	if err := json.Unmarshal(resp.raw, &tr); err != nil || strings.TrimSpace(tr.text()) == "" {
+		r.fail(id, "the denied result has no text describing the denial: %.300s", resp.raw)
 		return nil
 	}
 	return r.notRun(ctx, id, before, have)
@@ -271,8 +282,10 @@ func limits(ctx context.Context, r *run) error {
 
 // artifacts reads every response of the run: no backend artifacts (member
 // names of binding material and endpoints, JWTs, the backend's URL), no
-// authorizationContextId, and in every completed result a body that agrees
-// with its disposition.
+// authorizationContextId; in every completed result a body and an envelope
+// that agree with its disposition, and a disposition on every completed
+// task; and no model-facing text of any task that repeats its call's
+// client-supplied text or carries control characters.
 func artifacts(_ context.Context, r *run) error {
 	bodies := r.c.seen.all()
 	var msgs []any
@@ -280,9 +293,9 @@ func artifacts(_ context.Context, r *run) error {
 		m := jsonMessages(b)
 		if len(m) == 0 && len(bytes.TrimSpace(b)) > 0 {
 			why := fmt.Sprintf("a response is neither JSON nor an event stream of JSON, so it cannot be scanned: %.200q", b)
-			r.fail("sep-2848-no-backend-artifacts", "%s", why)
-			r.fail("sep-2848-no-authorization-context-id", "%s", why)
-			r.fail("sep-2848-body-disposition-agree", "%s", why)
+			for _, id := range checksOf(r.scenario) {
+				r.fail(id, "%s", why)
+			}
 			return nil
 		}
 		msgs = append(msgs, m...)
@@ -291,7 +304,12 @@ func artifacts(_ context.Context, r *run) error {
 		r.skipScenario("the run saw no responses to scan")
 		return nil
 	}
-	artifact, contextID, disagree, results := "", "", "", 0
+	// A SEP-2643 server is one seen emitting an envelope.
+	aware := false
+	for _, v := range msgs {
+		aware = aware || findMember(v, "$", MetaAuthorization) != ""
+	}
+	artifact, contextID, disagree, missing, tainted, results, completed := "", "", "", "", "", 0, 0
 	for _, v := range msgs {
 		if w := findArtifact(v, "$", r.cfg.BackendURL); w != "" && artifact == "" {
 			artifact = w
@@ -299,19 +317,41 @@ func artifacts(_ context.Context, r *run) error {
 		if w := findMember(v, "$", "authorizationContextId"); w != "" && contextID == "" {
 			contextID = w
 		}
-		dispositions(v, func(d, text string) {
+		dispositions(v, func(d, text string, meta map[string]any) {
 			results++
-			if msg := bodyAgrees(d, text); msg != "" && disagree == "" {
+			msg := bodyAgrees(d, text)
+			if msg == "" {
+				msg = envelopeAgrees(d, meta, aware)
+			}
+			if msg != "" && disagree == "" {
 				disagree = fmt.Sprintf("%s: %q", msg, text)
+			}
+		})
+		completedResults(v, func(taskID string, result map[string]any) {
+			completed++
+			if msg := missingDisposition(taskID, result); msg != "" && missing == "" {
+				missing = msg
+			}
+		})
+		modelTexts(v, func(taskID string, texts []string) {
+			call, _ := r.callOf(taskID) // unknown: control characters only
+			if msg := untrusted(texts, call); msg != "" && tainted == "" {
+				tainted = fmt.Sprintf("task %s: %s", taskID, msg)
 			}
 		})
 	}
 	r.expect("sep-2848-no-backend-artifacts", artifact == "", "%s", artifact)
 	r.expect("sep-2848-no-authorization-context-id", contextID == "", "%s", contextID)
+	r.expect("sep-2848-model-text-sanitized-run", tainted == "", "%s", tainted)
 	if results == 0 {
 		r.skip("sep-2848-body-disposition-agree", "the run saw no completed approval result")
 	} else {
 		r.expect("sep-2848-body-disposition-agree", disagree == "", "%s", disagree)
+	}
+	if completed == 0 {
+		r.skip("sep-2848-disposition-on-every-completed", "the run saw no completed approval task")
+	} else {
+		r.expect("sep-2848-disposition-on-every-completed", missing == "", "%s", missing)
 	}
 	return nil
 }

@@ -122,7 +122,7 @@ func TestTranscriptScans(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(`{"result":{"status":"completed","result":{"content":[{"type":"text","text":"The tool did not run."}],
 		"_meta":{"io.modelcontextprotocol/tool-approval-disposition":"approved-executed"}}}}`), &v))
 	var seen []string
-	dispositions(v, func(d, text string) { seen = append(seen, bodyAgrees(d, text)) })
+	dispositions(v, func(d, text string, _ map[string]any) { seen = append(seen, bodyAgrees(d, text)) })
 	require.Len(t, seen, 1)
 	require.NotEmpty(t, seen[0])
 }
@@ -160,4 +160,50 @@ func TestJSONMessages(t *testing.T) {
 	sse := "event: message\ndata: {\"a\":\ndata: 1}\n\ndata: {\"b\":2}\n\n"
 	require.Equal(t, []any{map[string]any{"a": 1.0}, map[string]any{"b": 2.0}}, jsonMessages([]byte(sse)))
 	require.Empty(t, jsonMessages([]byte("<html>oops</html>")))
+}
+
+// TestRunScans: the run-wide scans find a completed task without a
+// disposition, an envelope that contradicts the disposition, a task's text
+// that repeats its call's arguments, and a request of the server's own.
+func TestRunScans(t *testing.T) {
+	var v any
+	require.NoError(t, json.Unmarshal([]byte(`{"result":{"taskId":"t1","status":"completed","result":{"content":[{"type":"text","text":"Done."}],"_meta":{}}}}`), &v))
+	var missing []string
+	completedResults(v, func(id string, res map[string]any) { missing = append(missing, missingDisposition(id, res)) })
+	require.Len(t, missing, 1)
+	require.Contains(t, missing[0], "t1")
+	require.NoError(t, json.Unmarshal([]byte(`{"result":{"taskId":"t2","status":"completed","result":{"content":[],
+		"_meta":{"io.modelcontextprotocol/tool-approval-disposition":"approved-executed"}}}}`), &v))
+	missing = nil
+	completedResults(v, func(id string, res map[string]any) { missing = append(missing, missingDisposition(id, res)) })
+	require.Equal(t, []string{""}, missing)
+	require.NoError(t, json.Unmarshal([]byte(`{"result":{"taskId":"t3","status":"working"}}`), &v))
+	completedResults(v, func(string, map[string]any) { t.Fatal("a working task is not completed") })
+
+	unavailable := map[string]any{MetaAuthorization: map[string]any{"reason": ReasonInsufficientAuthorization, "remediation": "unavailable"}}
+	available := map[string]any{MetaAuthorization: map[string]any{"reason": ReasonInsufficientAuthorization, "remediation": "available"}}
+	require.Empty(t, envelopeAgrees(DeniedNotExecuted, unavailable, true))
+	require.NotEmpty(t, envelopeAgrees(DeniedNotExecuted, available, true), "a denial invites a retry")
+	require.NotEmpty(t, envelopeAgrees(DeniedNotExecuted, map[string]any{}, true), "a SEP-2643 server's denial without its envelope")
+	require.Empty(t, envelopeAgrees(DeniedNotExecuted, map[string]any{}, false), "a server without SEP-2643")
+	require.NotEmpty(t, envelopeAgrees(ExecutionError, unavailable, true))
+	require.NotEmpty(t, envelopeAgrees(ApprovedExecuted, unavailable, false))
+	require.Empty(t, envelopeAgrees(OutcomeUnknown, map[string]any{}, true))
+
+	require.NoError(t, json.Unmarshal([]byte(`{"result":{"taskId":"t4","status":"input_required","statusMessage":"Need a ticket for conf-abc123.",
+		"_meta":{"io.modelcontextprotocol/model-immediate-response":"ok"}}}`), &v))
+	call := Call{Name: "wire_transfer", Arguments: map[string]any{"to": "conf-abc123"}}
+	var tainted []string
+	modelTexts(v, func(id string, texts []string) { tainted = append(tainted, id+": "+untrusted(texts, call)) })
+	require.Len(t, tainted, 1)
+	require.Contains(t, tainted[0], "repeats the client-supplied argument")
+
+	require.Empty(t, serverRequest([]byte(`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required"}}`)))
+	require.NotEmpty(t, serverRequest([]byte("event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"elicitation/create\",\"params\":{}}\n\n"+
+		"event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n")))
+	require.Empty(t, serverRequest([]byte("data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n")), "a notification is no request")
+
+	require.Empty(t, requestableGuidance("This call needs an approval. Retry from a client that supports tasks."))
+	require.NotEmpty(t, requestableGuidance("Denied."), "no approval, no next step")
+	require.NotEmpty(t, requestableGuidance("This call needs an approval."), "no next step")
 }

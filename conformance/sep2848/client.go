@@ -67,6 +67,7 @@ type response struct {
 	result map[string]any
 	raw    json.RawMessage // the result, as sent
 	err    *rpcError
+	body   []byte // the whole HTTP response body (every event of a stream)
 }
 
 func (c *client) with(token string, exts []string) *client {
@@ -130,7 +131,7 @@ func (c *client) send(ctx context.Context, msg map[string]any, method, name stri
 		return nil, fmt.Errorf("%s: read response: %w", method, err)
 	}
 	c.seen.add(raw)
-	out := &response{}
+	out := &response{body: raw}
 	if _, isReq := msg["id"]; !isReq {
 		return out, nil
 	}

@@ -94,6 +94,9 @@ func cancel(ctx context.Context, r *run) error {
 			r.pass("sep-2848-cancelled-never-executes")
 		}
 	}
+	if err := lateApproval(ctx, r, t.TaskID, call); err != nil {
+		return err
+	}
 	for _, id := range []string{t.TaskID, fenced} {
 		if id == "" {
 			continue
@@ -102,7 +105,8 @@ func cancel(ctx context.Context, r *run) error {
 		if err != nil {
 			return err
 		}
-		if g.Status != StatusCancelled || len(g.Result) > 0 || g.Meta[MetaDisposition] != nil {
+		_, envelope := envelopeOf(g.Meta)
+		if g.Status != StatusCancelled || len(g.Result) > 0 || g.Meta[MetaDisposition] != nil || envelope {
 			r.fail("sep-2848-cancelled-no-disposition", "cancelled task %s: status %s, result %s, _meta %v", id, g.Status, g.Result, g.Meta)
 		}
 	}
@@ -134,6 +138,62 @@ func cancel(ctx context.Context, r *run) error {
 		return err
 	}
 	r.expect("sep-2848-notification-does-not-cancel", g2.Status == StatusWorking, "after notifications/cancelled the task is %s", g2.Status)
+	return nil
+}
+
+// lateApproval follows the task id, cancelled while its call waited for a
+// decision: where the resolver can read the backend's request, the
+// winning cancel must have cancelled it there; then an approval is given
+// after the cancel (the backend may refuse it), and must run nothing and
+// leave the task cancelled.
+func lateApproval(ctx context.Context, r *run, id string, call Call) error {
+	const check = "sep-2848-cancelled-never-executes"
+	if rr, ok := r.cfg.Resolver.(RequestReader); ok {
+		wctx, stop := context.WithTimeout(ctx, r.cfg.Timeout)
+		defer stop()
+		status := ""
+		for status != "cancelled" {
+			var err error
+			if status, err = rr.RequestStatus(wctx, id, call); err != nil {
+				status = err.Error()
+			}
+			if status == "cancelled" || sleep(wctx, 200*time.Millisecond) != nil {
+				break
+			}
+		}
+		if status != "cancelled" {
+			r.fail(check, "after a winning tasks/cancel the backend's request is still %s, not cancelled", status)
+		}
+	}
+	before, have, err := r.probe(ctx)
+	if err != nil {
+		return err
+	}
+	answer := "accepted by the backend"
+	if err := r.cfg.Resolver.Resolve(ctx, id, call, true, "approved after the task was cancelled"); err != nil {
+		answer = "refused by the backend: " + err.Error()
+	}
+	// Three watches, as for the approval before a cancel: a server under
+	// load acting on an accepted late approval is still seen acting.
+	if err := sleep(ctx, 3*r.settle()); err != nil {
+		return err
+	}
+	g, err := r.get(ctx, r.c, id)
+	if err != nil {
+		return err
+	}
+	if g.Status != StatusCancelled || len(g.Result) > 0 {
+		r.fail(check, "an approval given after the cancel (%s) moved the task to %s (result %.100s)", answer, g.Status, g.Result)
+	}
+	if have {
+		after, _, err := r.probe(ctx)
+		if err != nil {
+			return err
+		}
+		if after != before {
+			r.fail(check, "an approval given after the cancel (%s) ran the tool: %s went from %v to %v", answer, r.p.Probe.Field, before, after)
+		}
+	}
 	return nil
 }
 
@@ -229,7 +289,7 @@ func backendCancel(ctx context.Context, r *run) error {
 		r.fail(id, "the task did not end after its request was cancelled at the backend: %v", err)
 		return nil
 	}
-	if done.Status != StatusCancelled || len(done.Result) > 0 || done.Meta[MetaDisposition] != nil {
+	if _, envelope := envelopeOf(done.Meta); done.Status != StatusCancelled || len(done.Result) > 0 || done.Meta[MetaDisposition] != nil || envelope {
 		r.fail(id, "after a backend cancel the task is %s (result %.100s)", done.Status, done.Result)
 		return nil
 	}
@@ -264,12 +324,23 @@ func retry(ctx context.Context, r *run) error {
 	if err := r.cfg.Resolver.Resolve(ctx, t.TaskID, call, true, "approved by the conformance run"); err != nil {
 		return err
 	}
-	odd := ""
+	// Every read while the grant provisions is the retry row of the
+	// lifecycle: working, the envelope still available, no result yet.
+	odd, waiting := "", 0
 	wctx, stop := context.WithTimeout(ctx, time.Duration(r.p.Provisioning.After)+r.cfg.Timeout)
 	defer stop()
 	done, err := r.c.watch(wctx, t.TaskID, nil, func(g *task) {
-		if !terminal(g) && g.Status != StatusWorking {
-			odd = string(g.Status)
+		if terminal(g) || odd != "" {
+			return
+		}
+		waiting++
+		switch msg := envelopeIs(g.Meta, RemediationAvailable, false); {
+		case g.Status != StatusWorking:
+			odd = string(g.Status) + ", not working"
+		case len(g.Result) > 0:
+			odd = fmt.Sprintf("working with a result (%.100s)", g.Result)
+		case r.sep2643(t) && msg != "":
+			odd = "working, but " + msg
 		}
 	})
 	if err != nil {
@@ -282,7 +353,9 @@ func retry(ctx context.Context, r *run) error {
 	case disposition(res) != ApprovedExecuted:
 		r.fail(id, "a retryable outcome ended the task %s: %q", disposition(res), res.text())
 	case odd != "":
-		r.fail(id, "while retrying the task read %s, not working", odd)
+		r.fail(id, "while retrying the task read %s", odd)
+	case waiting == 0:
+		r.fail(id, "the task was never read between the approval and its end, so its state while retrying is unknown")
 	case have:
 		if err := sleep(ctx, r.settle()); err != nil {
 			return err
@@ -305,6 +378,10 @@ func expiry(ctx context.Context, r *run) error {
 		r.skipScenario("the profile has no expiring call")
 		return nil
 	}
+	before, have, err := r.probe(ctx)
+	if err != nil {
+		return err
+	}
 	call := r.p.Expiring.Fresh()
 	t, err := r.create(ctx, r.c, call)
 	if err != nil {
@@ -317,9 +394,50 @@ func expiry(ctx context.Context, r *run) error {
 		return err
 	}
 	res, rerr := done.toolResult()
+	envelope := ""
+	if rerr == nil && r.sep2643(t) {
+		envelope = envelopeIs(res.Meta, RemediationUnavailable, false)
+	}
 	r.expect(id, rerr == nil && done.Status == StatusCompleted && res.IsError &&
-		disposition(res) == DeniedNotExecuted && saysNotRan.MatchString(res.text()) && saysExpired.MatchString(res.text()),
-		"expired task: status %s, %v", done.Status, describe(res, rerr))
+		disposition(res) == DeniedNotExecuted && saysNotRan.MatchString(res.text()) && saysExpired.MatchString(res.text()) && envelope == "",
+		"expired task: status %s, %v %s", done.Status, describe(res, rerr), envelope)
+	return expiredFenced(ctx, r, done, call, before, have)
+}
+
+// expiredFenced: the expired task ran nothing, and an approval given after
+// the expiry (which the backend may refuse) changes nothing and runs
+// nothing.
+func expiredFenced(ctx context.Context, r *run, done *task, call Call, before float64, have bool) error {
+	const id = "sep-2848-expired-fenced"
+	if !terminal(done) {
+		r.fail(id, "the expired task is %s, not ended", done.Status)
+		return nil
+	}
+	answer := "accepted by the backend"
+	if err := r.cfg.Resolver.Resolve(ctx, done.TaskID, call, true, "approved after the request expired"); err != nil {
+		answer = "refused by the backend: " + err.Error()
+	}
+	// Three watches, as for an approval after a cancel.
+	if err := sleep(ctx, 3*r.settle()); err != nil {
+		return err
+	}
+	g, err := r.get(ctx, r.c, done.TaskID)
+	if err != nil {
+		return err
+	}
+	if g.Status != done.Status || string(g.Result) != string(done.Result) {
+		r.fail(id, "an approval given after the expiry (%s) changed the task from %s to %s (result %.200s)", answer, done.Status, g.Status, g.Result)
+		return nil
+	}
+	if !have {
+		r.skip(id, "the task did not change, but the profile has no probe to show the tool did not run")
+		return nil
+	}
+	after, _, err := r.probe(ctx)
+	if err != nil {
+		return err
+	}
+	r.expect(id, after == before, "the tool ran after the request expired (a late approval %s): %s went from %v to %v", answer, r.p.Probe.Field, before, after)
 	return nil
 }
 
@@ -358,6 +476,7 @@ func approvalExpiry(ctx context.Context, r *run) error {
 	// failed a correct server on a loaded machine.
 	bound := time.Duration(r.p.Outliving.After) + 2*r.settle() + 30*time.Second
 	var done *task
+	chained := ""
 	for {
 		g, err := r.get(ctx, r.c, t.TaskID)
 		if err != nil {
@@ -366,6 +485,19 @@ func approvalExpiry(ctx context.Context, r *run) error {
 		if terminal(g) {
 			done = g
 			break
+		}
+		// While the server chains requests on the expired approvals, the
+		// task is the request row of the lifecycle: waiting (working, or
+		// input_required should a new request need input), the envelope
+		// still available, no result yet.
+		switch msg := envelopeIs(g.Meta, RemediationAvailable, false); {
+		case chained != "":
+		case len(g.Result) > 0:
+			chained = fmt.Sprintf("the waiting task read %s with a result (%.100s)", g.Status, g.Result)
+		case r.sep2643(t) && msg != "":
+			chained = fmt.Sprintf("the waiting task read %s, but %s", g.Status, msg)
+		case g.Status != StatusWorking && g.Status != StatusInputRequired:
+			chained = fmt.Sprintf("the waiting task read %s, not working", g.Status)
 		}
 		if g.Status == StatusInputRequired {
 			if _, err := r.c.call(ctx, MethodUpdate, t.TaskID, map[string]any{"taskId": t.TaskID, "inputResponses": r.answers(g.InputRequests)}); err != nil {
@@ -427,6 +559,16 @@ func approvalExpiry(ctx context.Context, r *run) error {
 		r.fail("sep-2848-chain-bounded", "%d approvals, more than the bound of %d requests, and the task still waits", approvals, r.p.MaxRequests)
 	case res == nil || disposition(res) != DeniedNotExecuted || !res.IsError:
 		r.fail("sep-2848-chain-bounded", "after %d approvals the task ended %s (%s), not denied-not-executed", approvals, done.Status, describeMaybe(res))
+	case chained != "":
+		r.fail("sep-2848-chain-bounded", "while new requests were made for it, %s", chained)
+	case r.p.MaxRequests > 1 && approvals < 2:
+		r.fail("sep-2848-chain-bounded", "the task ended after its first approval expired, but the profile says the server makes up to %d requests per task", r.p.MaxRequests)
+	case r.sep2643(t) && envelopeIs(res.Meta, RemediationUnavailable, false) != "":
+		r.fail("sep-2848-chain-bounded", "the denial that ends the chain: %s", envelopeIs(res.Meta, RemediationUnavailable, false))
+	case !saysNotRan.MatchString(res.text()) || !saysExpired.MatchString(res.text()):
+		// Its last approval expired unused: the approval validity passed
+		// without a usable approval, and the body notes the expiry.
+		r.fail("sep-2848-chain-bounded", "the denial that ends the chain, after its last approval expired unused, does not say the tool did not run and that the approval expired: %q", res.text())
 	default:
 		r.pass("sep-2848-chain-bounded")
 	}

@@ -41,6 +41,8 @@ func inTaskInput(ctx context.Context, r *run) error {
 		msg = "no inputRequests"
 	case len(g.Result) > 0:
 		msg = "it carries a result"
+	case presentsDone(g.StatusMessage) != "":
+		msg = fmt.Sprintf("its statusMessage presents it as done: %q", presentsDone(g.StatusMessage))
 	case r.sep2643(t):
 		msg = envelopeIs(g.Meta, RemediationAvailable, false)
 	}
@@ -136,6 +138,11 @@ func input(ctx context.Context, r *run) error {
 	if !r.expect("sep-2848-input-before-submission", resp.err == nil && resp.result["resultType"] == ResultInputRequired && len(reqs) > 0 && state != "" && !isTask,
 		"want resultType input_required with inputRequests and requestState, got %v %.300s", resp.err, resp.raw) {
 		return fmt.Errorf("no input request")
+	}
+	// On the channel, not beside it: no request of the server's own (a
+	// standalone elicitation/create) rides the response.
+	if msg := serverRequest(resp.body); msg != "" {
+		r.fail("sep-2848-input-before-submission", "%s", msg)
 	}
 	extra := map[string]any{"requestState": state, "inputResponses": r.answers(reqs)}
 	// The retry must match the binding: changed arguments, or another

@@ -271,8 +271,8 @@ func findMember(v any, path, name string) string {
 }
 
 // dispositions calls f with every CallToolResult in v that carries a
-// disposition: its disposition and its text.
-func dispositions(v any, f func(disposition, text string)) {
+// disposition: its disposition, its text and its _meta.
+func dispositions(v any, f func(disposition, text string, meta map[string]any)) {
 	switch x := v.(type) {
 	case map[string]any:
 		meta, _ := x["_meta"].(map[string]any)
@@ -285,7 +285,7 @@ func dispositions(v any, f func(disposition, text string)) {
 						b.WriteString(s + "\n")
 					}
 				}
-				f(d, b.String())
+				f(d, b.String(), meta)
 			}
 		}
 		for _, e := range x {
@@ -296,4 +296,106 @@ func dispositions(v any, f func(disposition, text string)) {
 			dispositions(e, f)
 		}
 	}
+}
+
+// requestableGuidance reports what a degraded result's body lacks to carry
+// requestable guidance (that an approval is needed, and a next step), or
+// "".
+func requestableGuidance(body string) string {
+	switch {
+	case !saysNeedsApproval.MatchString(body):
+		return "it does not say an approval (access) is needed"
+	case !saysNextStep.MatchString(body):
+		return "it gives no next step (retry with tasks, request access, ...)"
+	}
+	return ""
+}
+
+// envelopeAgrees reports what is wrong with a completed result's SEP-2643
+// envelope given its disposition, or "": a denial carries one with
+// remediation unavailable (when the server emits envelopes at all, aware),
+// any other disposition none, since an envelope asserts the operation was
+// not performed.
+func envelopeAgrees(disposition string, meta map[string]any, aware bool) string {
+	e, ok := envelopeOf(meta)
+	switch {
+	case disposition == DeniedNotExecuted && aware:
+		if msg := envelopeIs(meta, RemediationUnavailable, false); msg != "" {
+			return "disposition denied-not-executed, but " + msg
+		}
+	case disposition != DeniedNotExecuted && ok:
+		return fmt.Sprintf("disposition %s, but the result carries the denial envelope %v", disposition, e)
+	}
+	return ""
+}
+
+// completedResults calls f with every completed task in v (an object with a
+// taskId and status completed): its id and its result, nil if it has none.
+func completedResults(v any, f func(taskID string, result map[string]any)) {
+	switch x := v.(type) {
+	case map[string]any:
+		if id, ok := x["taskId"].(string); ok && x["status"] == StatusCompleted {
+			res, _ := x["result"].(map[string]any)
+			f(id, res)
+		}
+		for _, e := range x {
+			completedResults(e, f)
+		}
+	case []any:
+		for _, e := range x {
+			completedResults(e, f)
+		}
+	}
+}
+
+// missingDisposition reports a completed task whose CallToolResult carries
+// no string disposition in its _meta, or "".
+func missingDisposition(taskID string, result map[string]any) string {
+	if result == nil {
+		return fmt.Sprintf("completed task %s carries no result", taskID)
+	}
+	meta, _ := result["_meta"].(map[string]any)
+	if _, ok := meta[MetaDisposition].(string); !ok {
+		return fmt.Sprintf("completed task %s: its result's _meta has no string %s (%v)", taskID, MetaDisposition, meta[MetaDisposition])
+	}
+	return ""
+}
+
+// modelTexts calls f with the model-facing text of every task in v (an
+// object with a taskId): its statusMessage and model-immediate-response.
+func modelTexts(v any, f func(taskID string, texts []string)) {
+	switch x := v.(type) {
+	case map[string]any:
+		if id, ok := x["taskId"].(string); ok {
+			var texts []string
+			if s, ok := x["statusMessage"].(string); ok {
+				texts = append(texts, s)
+			}
+			meta, _ := x["_meta"].(map[string]any)
+			if s, ok := meta[MetaImmediate].(string); ok {
+				texts = append(texts, s)
+			}
+			f(id, texts)
+		}
+		for _, e := range x {
+			modelTexts(e, f)
+		}
+	case []any:
+		for _, e := range x {
+			modelTexts(e, f)
+		}
+	}
+}
+
+// serverRequest reports a JSON-RPC request (a method and an id) among the
+// messages of a response body: a request from the server to the client,
+// such as a standalone elicitation/create; or "".
+func serverRequest(body []byte) string {
+	for _, m := range jsonMessages(body) {
+		x, _ := m.(map[string]any)
+		if method, ok := x["method"].(string); ok && x["id"] != nil {
+			return fmt.Sprintf("the server sent the client a %s request: %.200s", method, body)
+		}
+	}
+	return ""
 }

@@ -52,6 +52,9 @@ const (
 // error names the tasks extension.
 var codesMissingCapability = []int{-32003, -32021}
 
+// codeMethodNotFound is JSON-RPC's "Method not found".
+const codeMethodNotFound = -32601
+
 // backendArtifacts are member names of the backend's binding material and
 // endpoints (ARAP's, and generic ones) that must never reach the client.
 var backendArtifacts = []string{

@@ -40,6 +40,15 @@ type Canceller interface {
 	CancelRequest(ctx context.Context, taskID string, call Call) error
 }
 
+// RequestReader is implemented by a Resolver whose backend supports
+// cancellation and that can read the status of a call's latest approval
+// request ("pending", "cancelled", ...): its pending one, or else one that
+// ended. The cancel scenario then requires
+// a winning tasks/cancel to cancel that request at the backend.
+type RequestReader interface {
+	RequestStatus(ctx context.Context, taskID string, call Call) (string, error)
+}
+
 // DecisionAPI resolves through the arap backend's decision API: it finds the
 // pending request for the call (tool and arguments) and posts a decision
 // as a decider client (scope decide). With CancelToken (a client holding
@@ -123,6 +132,18 @@ func (d *DecisionAPI) Resolve(ctx context.Context, _ string, call Call, approve 
 	return nil
 }
 
+// RequestStatus reads the status of the call's request (its pending one,
+// or else one that ended).
+func (d *DecisionAPI) RequestStatus(ctx context.Context, _ string, call Call) (string, error) {
+	for _, status := range []string{"pending", ""} {
+		id, st, err := d.scanStatus(ctx, call, status)
+		if id != "" || err != nil {
+			return st, err
+		}
+	}
+	return "", fmt.Errorf("decision API: no request for %s %v", call.Name, call.Arguments)
+}
+
 // find waits (briefly) for the request whose resource is the call: a
 // pending one, or else one that has ended (a late decision on it must be
 // refused by the backend and change nothing at the server).
@@ -148,16 +169,23 @@ func (d *DecisionAPI) find(ctx context.Context, call Call) (string, error) {
 
 // scan looks through up to ten pages of requests in a status ("" for all).
 func (d *DecisionAPI) scan(ctx context.Context, call Call, status string) (string, error) {
+	id, _, err := d.scanStatus(ctx, call, status)
+	return id, err
+}
+
+// scanStatus is scan, returning the request's status too.
+func (d *DecisionAPI) scanStatus(ctx context.Context, call Call, status string) (string, string, error) {
 	want := normalize(call.Arguments)
 	cursor := ""
 	for range 10 {
 		code, body, err := d.do(ctx, http.MethodGet, "/v1/requests?limit=100&status="+status+"&cursor="+url.QueryEscape(cursor), d.Token, nil)
 		if err != nil {
-			return "", err
+			return "", "", err
 		}
 		var page struct {
 			Requests []struct {
 				ID       string `json:"id"`
+				Status   string `json:"status"`
 				Resource struct {
 					ID         string `json:"id"`
 					Properties struct {
@@ -169,18 +197,18 @@ func (d *DecisionAPI) scan(ctx context.Context, call Call, status string) (strin
 		}
 		err = json.Unmarshal(body, &page)
 		if code != http.StatusOK || err != nil {
-			return "", fmt.Errorf("decision API: list requests: HTTP %d %v", code, err)
+			return "", "", fmt.Errorf("decision API: list requests: HTTP %d %v", code, err)
 		}
 		for _, r := range page.Requests {
 			if r.Resource.ID == call.Name && reflect.DeepEqual(normalize(r.Resource.Properties.Arguments), want) {
-				return r.ID, nil
+				return r.ID, r.Status, nil
 			}
 		}
 		if cursor = page.NextCursor; cursor == "" {
 			break
 		}
 	}
-	return "", nil
+	return "", "", nil
 }
 
 // do sends one request with token and returns the status and the body

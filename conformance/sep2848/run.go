@@ -74,7 +74,7 @@ func Run(ctx context.Context, cfg Config) []Result {
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
 	}
-	r := &run{cfg: cfg, p: cfg.Profile, results: map[string]Result{},
+	r := &run{cfg: cfg, p: cfg.Profile, results: map[string]Result{}, calls: map[string]Call{},
 		c: &client{url: cfg.URL, token: cfg.Token, exts: tasksOnly, hc: cfg.HTTP, seen: &transcript{}}}
 	for _, s := range scenarios {
 		if len(cfg.Scenarios) > 0 && !slices.Contains(cfg.Scenarios, s.name) {
@@ -145,6 +145,10 @@ type run struct {
 	scenario string
 	mu       sync.Mutex
 	results  map[string]Result
+	// calls is the call behind each task the scenarios opened, so the
+	// run-wide scans know what client-supplied text each task's
+	// model-facing text must not repeat.
+	calls map[string]Call
 	// poll is the latest pollIntervalMs the server suggested.
 	poll atomic.Int64
 }
@@ -155,6 +159,21 @@ type run struct {
 func (r *run) settle() time.Duration {
 	d := 4 * time.Duration(r.poll.Load()) * time.Millisecond
 	return min(max(d, time.Second), 20*time.Second)
+}
+
+// opened notes the call behind task id.
+func (r *run) opened(id string, call Call) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls[id] = call
+}
+
+// callOf returns the call behind task id, if a scenario opened it.
+func (r *run) callOf(id string) (Call, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, ok := r.calls[id]
+	return c, ok
 }
 
 // saw notes a task's suggested poll interval.

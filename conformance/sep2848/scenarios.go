@@ -54,6 +54,7 @@ func (r *run) create(ctx context.Context, c *client, call Call) (*task, error) {
 	if t.ResultType != ResultTask || t.TaskID == "" {
 		return t, fmt.Errorf("tools/call %s: resultType %q, not a task: %.300s", call.Name, t.ResultType, resp.raw)
 	}
+	r.opened(t.TaskID, call)
 	return t, nil
 }
 
@@ -82,6 +83,7 @@ func (r *run) open(ctx context.Context, c *client, call Call) (*task, error) {
 	if t.ResultType != ResultTask || t.TaskID == "" {
 		return nil, fmt.Errorf("tools/call %s: resultType %q, not a task: %.300s", call.Name, t.ResultType, resp.raw)
 	}
+	r.opened(t.TaskID, call)
 	return t, nil
 }
 
@@ -185,6 +187,30 @@ func (r *run) approveCall(ctx, finish context.Context, call Call) (*task, *toolR
 	return r.finished(finish, t.TaskID)
 }
 
+// retains judges a terminal task's retention: createdAt + ttlMs must cover
+// the terminal time (lastUpdatedAt) plus the profile's result retention,
+// or ttlMs be null. It returns why it cannot judge, or what is wrong.
+func (r *run) retains(done *task) (why, msg string) {
+	switch {
+	case r.p.ResultRetention == 0:
+		return "the profile gives no result_retention", ""
+	case !done.hasTTL:
+		return "", "ttlMs is missing"
+	case done.TTLMs == nil:
+		return "", ""
+	case done.CreatedAt.IsZero() || done.LastUpdatedAt.IsZero():
+		return "", "createdAt or lastUpdatedAt is missing, so ttlMs cannot be checked against the end"
+	}
+	end := done.CreatedAt.Add(time.Duration(*done.TTLMs) * time.Millisecond)
+	need := done.LastUpdatedAt.Add(time.Duration(r.p.ResultRetention))
+	// A second for the millisecond rounding of ttlMs and timestamps.
+	if end.Before(need.Add(-time.Second)) {
+		return "", fmt.Sprintf("createdAt %s + ttlMs %d ends at %s, before the terminal time %s plus the result retention %s",
+			done.CreatedAt, *done.TTLMs, end, done.LastUpdatedAt, time.Duration(r.p.ResultRetention))
+	}
+	return "", ""
+}
+
 // skipScenario skips every check of the current scenario.
 func (r *run) skipScenario(why string) {
 	for _, id := range checksOf(r.scenario) {
@@ -213,7 +239,25 @@ func capability(ctx context.Context, r *run) error {
 	ext, _ := caps["extensions"].(map[string]any)
 	_, approval := ext[ExtToolApproval]
 	_, tasks := ext[ExtTasks]
-	r.expect(id, approval && tasks, "capabilities.extensions is %v: need both %s and %s", ext, ExtToolApproval, ExtTasks)
+	if !approval || !tasks {
+		r.fail(id, "capabilities.extensions is %v: need both %s and %s", ext, ExtToolApproval, ExtTasks)
+		return nil
+	}
+	// Supporting the tasks extension, not only declaring it: its methods
+	// are served (an unknown task is refused as such, not as an unknown
+	// method).
+	unknown := "sep2848-unknown-" + newNonce()
+	unserved := ""
+	for _, m := range []string{MethodGet, MethodCancel} {
+		resp, err := r.c.call(ctx, m, unknown, map[string]any{"taskId": unknown})
+		if err != nil {
+			return err
+		}
+		if resp.err != nil && resp.err.Code == codeMethodNotFound && unserved == "" {
+			unserved = fmt.Sprintf("%s is declared, but %s is not served: %v", ExtTasks, m, resp.err)
+		}
+	}
+	r.expect(id, unserved == "", "%s", unserved)
 	return nil
 }
 
@@ -253,11 +297,26 @@ func requestableDenial(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	if msg := envelopeIs(g.Meta, RemediationAvailable, true); g.Status != StatusWorking || msg != "" {
-		r.fail("sep-2848-envelope-repeated-on-get", "tasks/get: status %s; %s", g.Status, msg)
-	} else {
-		r.pass("sep-2848-envelope-repeated-on-get")
+	// Every tasks/get while the task waits: this client's, and a second
+	// one's that knows only the taskId, as a client resuming after a
+	// restart would.
+	resumed, err := r.get(ctx, r.c.with(r.cfg.Token, tasksOnly), t.TaskID)
+	if err != nil {
+		return err
 	}
+	repeated := ""
+	for _, read := range []*task{g, resumed} {
+		switch msg := envelopeIs(read.Meta, RemediationAvailable, true); {
+		case repeated != "":
+		case read.Status != StatusWorking:
+			repeated = fmt.Sprintf("tasks/get: status %s, not working", read.Status)
+		case msg != "":
+			repeated = "tasks/get: " + msg
+		case len(read.Result) > 0 || read.Meta[MetaDisposition] != nil:
+			repeated = fmt.Sprintf("tasks/get of an undecided task: result %.100s, disposition %v (none yet)", read.Result, read.Meta[MetaDisposition])
+		}
+	}
+	r.expect("sep-2848-envelope-repeated-on-get", repeated == "", "%s", repeated)
 	immediate, _ := t.Meta[MetaImmediate].(string)
 	texts := []string{t.StatusMessage, g.StatusMessage, immediate}
 	presented := ""
@@ -307,40 +366,17 @@ func approve(ctx context.Context, r *run) error {
 	if len(r.p.Echoes) == 0 {
 		r.skip("sep-2848-runs-from-full-binding", "the profile names no echoed arguments")
 	} else {
-		var sc struct {
-			StructuredContent any `json:"structuredContent"`
-		}
-		_ = json.Unmarshal(done.Result, &sc)
-		structured, _ := json.Marshal(sc.StructuredContent)
-		missing := ""
-		for _, name := range r.p.Echoes {
-			v, _ := call.Arguments[name].(string)
-			if v == "" || (!strings.Contains(res.text(), v) && !bytes.Contains(structured, []byte(v))) {
-				missing = name
-			}
-		}
+		missing := echoMissing(r.p.Echoes, call, done, res)
 		r.expect("sep-2848-runs-from-full-binding", missing == "",
 			"the result does not repeat argument %s (%v) of the approved call: %q", missing, call.Arguments[missing], res.text())
 	}
 	_, inTask := envelopeOf(done.Meta)
 	_, inResult := envelopeOf(res.Meta)
 	r.expect("sep-2848-no-envelope-on-success", !inTask && !inResult, "envelope on an executed task (task _meta %v, result _meta %v)", inTask, inResult)
-	switch {
-	case r.p.ResultRetention == 0:
-		r.skip("sep-2848-ttl-covers-retention", "the profile gives no result_retention")
-	case !done.hasTTL:
-		r.fail("sep-2848-ttl-covers-retention", "ttlMs is missing")
-	case done.TTLMs == nil:
-		r.pass("sep-2848-ttl-covers-retention")
-	case done.CreatedAt.IsZero() || done.LastUpdatedAt.IsZero():
-		r.fail("sep-2848-ttl-covers-retention", "createdAt or lastUpdatedAt is missing, so ttlMs cannot be checked against the end")
-	default:
-		end := done.CreatedAt.Add(time.Duration(*done.TTLMs) * time.Millisecond)
-		need := done.LastUpdatedAt.Add(time.Duration(r.p.ResultRetention))
-		// A second for the millisecond rounding of ttlMs and timestamps.
-		r.expect("sep-2848-ttl-covers-retention", !end.Before(need.Add(-time.Second)),
-			"createdAt %s + ttlMs %d ends at %s, before the terminal time %s plus the result retention %s",
-			done.CreatedAt, *done.TTLMs, end, done.LastUpdatedAt, time.Duration(r.p.ResultRetention))
+	if why, msg := r.retains(done); why != "" {
+		r.skip("sep-2848-ttl-covers-retention", why)
+	} else {
+		r.expect("sep-2848-ttl-covers-retention", msg == "", "%s", msg)
 	}
 	// Watch for a second run, then read the task again.
 	if err := sleep(ctx, r.settle()); err != nil {
@@ -351,11 +387,13 @@ func approve(ctx context.Context, r *run) error {
 		return err
 	}
 	same := again.Status == StatusCompleted && string(again.Result) == string(done.Result)
+	ranTo := before
 	if have {
 		after, _, err := r.probe(ctx)
 		if err != nil {
 			return err
 		}
+		ranTo = after
 		n := r.executions(before, after)
 		r.expect("sep-2848-executes-once", n == 1 && same, "the tool ran %v times (%s %v to %v); result unchanged: %v", n, r.p.Probe.Field, before, after, same)
 	} else if !same {
@@ -388,8 +426,21 @@ func approve(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	r.expect("sep-2848-terminal-not-reopened", newID != done.TaskID && old.Status == StatusCompleted && string(old.Result) == string(done.Result),
-		"the identical call returned task %q (the terminal one is %s), which is now %s", newID, done.TaskID, old.Status)
+	if !r.expect("sep-2848-terminal-not-reopened", newID != done.TaskID && old.Status == StatusCompleted && string(old.Result) == string(done.Result),
+		"the identical call returned task %q (the terminal one is %s), which is now %s", newID, done.TaskID, old.Status) || !have {
+		return nil
+	}
+	// Fenced against execution for good: the identical call runs nothing
+	// on the terminal task's approval.
+	if err := sleep(ctx, r.settle()); err != nil {
+		return err
+	}
+	later, _, err := r.probe(ctx)
+	if err != nil {
+		return err
+	}
+	r.expect("sep-2848-terminal-not-reopened", later == ranTo,
+		"the identical call after the task completed ran the tool: %s went from %v to %v", r.p.Probe.Field, ranTo, later)
 	return nil
 }
 
@@ -518,8 +569,10 @@ func outcomeUnknown(ctx context.Context, r *run) error {
 	} else {
 		_, inTask := envelopeOf(done.Meta)
 		_, inResult := envelopeOf(res.Meta)
-		r.expect(id, res.IsError && disposition(res) == OutcomeUnknown && !inTask && !inResult && bodyAgrees(OutcomeUnknown, res.text()) == "",
-			"isError %v, disposition %q, envelope %v/%v, body %q", res.IsError, disposition(res), inTask, inResult, res.text())
+		// The outcome-unknown result is retained like any other.
+		why, kept := r.retains(done)
+		r.expect(id, res.IsError && disposition(res) == OutcomeUnknown && !inTask && !inResult && bodyAgrees(OutcomeUnknown, res.text()) == "" && kept == "",
+			"isError %v, disposition %q, envelope %v/%v, body %q; retention: %s%s", res.IsError, disposition(res), inTask, inResult, res.text(), kept, why)
 	}
 	// Outcome unknown is never a licence to run it again.
 	switch {
@@ -543,14 +596,34 @@ func outcomeUnknown(ctx context.Context, r *run) error {
 }
 
 func changedBinding(ctx context.Context, r *run) error {
-	_, have, err := r.probe(ctx)
+	before, have, err := r.probe(ctx)
 	if err != nil {
 		return err
 	}
-	// The same nonce: the changed call differs from the approved one only
-	// in what the profile changed (the amount, not the beneficiary).
+	// The same nonce: the changed call differs from the original only in
+	// what the profile changed (the amount, not the beneficiary).
 	nonce := newNonce()
-	t, _, err := r.approveCall(ctx, ctx, r.p.Gated.With(nonce))
+	call, changed := r.p.Gated.With(nonce), r.p.Changed.With(nonce)
+	t, err := r.create(ctx, r.c, call)
+	if err != nil {
+		return err
+	}
+	// While the original waits: the changed call, which must get a task of
+	// its own, and an attempt to steer the waiting task to it (a
+	// tasks/update naming the changed call; the update defines no such
+	// members, and the binding must not move).
+	t2, err2 := r.create(ctx, r.c, changed)
+	if t2 != nil && t2.TaskID != "" && t2.TaskID != t.TaskID {
+		defer r.drop(context.WithoutCancel(ctx), r.c, t2.TaskID)
+	}
+	if _, err := r.c.call(ctx, MethodUpdate, t.TaskID, map[string]any{"taskId": t.TaskID,
+		"name": changed.Name, "arguments": changed.Arguments, "inputResponses": map[string]any{}}); err != nil {
+		return err
+	}
+	if err := r.cfg.Resolver.Resolve(ctx, t.TaskID, call, true, "approved by the conformance run"); err != nil {
+		return err
+	}
+	done, res, err := r.finished(ctx, t.TaskID)
 	if err != nil {
 		return err
 	}
@@ -558,16 +631,50 @@ func changedBinding(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	changed := r.p.Changed.With(nonce)
-	t2, err := r.create(ctx, r.c, changed)
-	if t2 == nil {
-		r.fail("sep-2848-changed-arguments-new-approval", "the changed call did not answer with a task: %v", err)
-	} else {
-		defer r.drop(context.WithoutCancel(ctx), r.c, t2.TaskID)
-		ok := err == nil && t2.TaskID != t.TaskID && t2.Status == StatusWorking
-		if !ok {
-			r.fail("sep-2848-changed-arguments-new-approval", "the changed call returned task %s (%s), the approved one was %s: %v", t2.TaskID, t2.Status, t.TaskID, err)
-		} else if err := r.notRun(ctx, "sep-2848-changed-arguments-new-approval", mid, have); err != nil {
+	// What ran is the bound call: its arguments in the result, exactly one
+	// effect of it (the changed amount would move the probe by another
+	// amount), and the changed call's task still waits.
+	var bound string
+	if disposition(res) != ApprovedExecuted {
+		bound = fmt.Sprintf("the approved original ended %s (%s)", done.Status, describe(res, nil))
+	} else if missing := echoMissing(r.p.Echoes, call, done, res); missing != "" {
+		bound = fmt.Sprintf("the result does not repeat argument %s (%v) of the bound call: %q", missing, call.Arguments[missing], res.text())
+	} else if n := r.executions(before, mid); have && n != 1 {
+		bound = fmt.Sprintf("approving the original moved %s from %v to %v: %v runs of it, not one run of exactly the bound call", r.p.Probe.Field, before, mid, n)
+	}
+	if t2 != nil && t2.TaskID != "" && t2.TaskID != t.TaskID && bound == "" {
+		if g2, err := r.get(ctx, r.c, t2.TaskID); err != nil {
+			return err
+		} else if g2.Status != StatusWorking || len(g2.Result) > 0 {
+			bound = fmt.Sprintf("the changed call's task is %s (result %.100s) after the original's approval", g2.Status, g2.Result)
+		}
+	}
+	switch {
+	case bound != "":
+		r.fail("sep-2848-binding-checked-before-run", "%s", bound)
+	case !have:
+		r.skip("sep-2848-binding-checked-before-run", "the profile has no probe, so what ran cannot be measured")
+	default:
+		r.pass("sep-2848-binding-checked-before-run")
+	}
+
+	// The changed call: its own task, before the approval and after it, and
+	// it never runs.
+	t2b, err := r.create(ctx, r.c, changed)
+	switch {
+	case t2 == nil || err2 != nil:
+		r.fail("sep-2848-changed-arguments-new-approval", "the changed call did not answer with a task: %v", err2)
+	case t2.TaskID == t.TaskID || t2.Status != StatusWorking:
+		r.fail("sep-2848-changed-arguments-new-approval", "the changed call returned task %s (%s) while the original %s waited", t2.TaskID, t2.Status, t.TaskID)
+	case t2b == nil || err != nil:
+		r.fail("sep-2848-changed-arguments-new-approval", "after the approval, the changed call did not answer with a task: %v", err)
+	case t2b.TaskID == t.TaskID || t2b.Status != StatusWorking:
+		r.fail("sep-2848-changed-arguments-new-approval", "after the approval, the changed call returned task %s (%s), the approved one was %s", t2b.TaskID, t2b.Status, t.TaskID)
+	default:
+		if t2b.TaskID != t2.TaskID {
+			defer r.drop(context.WithoutCancel(ctx), r.c, t2b.TaskID)
+		}
+		if err := r.notRun(ctx, "sep-2848-changed-arguments-new-approval", mid, have); err != nil {
 			return err
 		}
 	}
@@ -586,6 +693,8 @@ func changedBinding(ctx context.Context, r *run) error {
 		return nil
 	}
 	other := r.c.with(r.cfg.OtherToken, tasksOnly)
+	// Another principal's identical call, while the first principal's
+	// waits: a task of its own (outside the first one's dedup scope).
 	mine := r.p.Gated.Fresh()
 	t4, err := r.create(ctx, r.c, mine)
 	if err != nil {
@@ -600,7 +709,60 @@ func changedBinding(ctx context.Context, r *run) error {
 	if terr == nil && t5.TaskID != "" {
 		defer r.drop(context.WithoutCancel(ctx), other, t5.TaskID)
 	}
-	r.expect("sep-2848-changed-principal-new-approval", terr != nil || t5.TaskID != t4.TaskID,
-		"the second principal's identical call was handed the first principal's task %s", t4.TaskID)
+	if !r.expect("sep-2848-changed-principal-new-approval", terr != nil || t5.TaskID != t4.TaskID,
+		"the second principal's identical call was handed the first principal's task %s", t4.TaskID) {
+		return nil
+	}
+	// And the approved, executed call again, by the other principal: the
+	// approval was the first principal's, so it runs nothing.
+	otherBefore, _, err := r.probeAs(ctx, other)
+	if err != nil {
+		return err
+	}
+	resp, err = other.callTool(ctx, call, nil)
+	if err != nil {
+		return err
+	}
+	if t6, err := asTask(resp); err == nil && t6.TaskID != "" {
+		defer r.drop(context.WithoutCancel(ctx), other, t6.TaskID)
+		if t6.TaskID == t.TaskID || t6.Status != StatusWorking {
+			r.fail("sep-2848-changed-principal-new-approval", "the second principal's call of the approved call returned task %s (%s); the approved one was %s", t6.TaskID, t6.Status, t.TaskID)
+			return nil
+		}
+	}
+	if !have {
+		return nil
+	}
+	if err := sleep(ctx, r.settle()); err != nil {
+		return err
+	}
+	mineAfter, _, err := r.probe(ctx)
+	if err != nil {
+		return err
+	}
+	otherAfter, _, err := r.probeAs(ctx, other)
+	if err != nil {
+		return err
+	}
+	r.expect("sep-2848-changed-principal-new-approval", mineAfter == mid && otherAfter == otherBefore,
+		"the second principal's call of the first one's approved call ran the tool: %s %v to %v (first), %v to %v (second)",
+		r.p.Probe.Field, mid, mineAfter, otherBefore, otherAfter)
 	return nil
+}
+
+// echoMissing returns the first of names (arguments the tool's result
+// repeats) whose value in call the result of done does not repeat, or "".
+func echoMissing(names []string, call Call, done *task, res *toolResult) string {
+	var sc struct {
+		StructuredContent any `json:"structuredContent"`
+	}
+	_ = json.Unmarshal(done.Result, &sc)
+	structured, _ := json.Marshal(sc.StructuredContent)
+	for _, name := range names {
+		v, _ := call.Arguments[name].(string)
+		if v == "" || (!strings.Contains(res.text(), v) && !bytes.Contains(structured, []byte(v))) {
+			return name
+		}
+	}
+	return ""
 }

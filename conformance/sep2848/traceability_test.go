@@ -88,9 +88,10 @@ func TestTraceability(t *testing.T) {
 	}
 }
 
-// testRef finds pkg.TestName in an exclusion, with the subtest it may quote
+// testRef finds pkg.TestName in an exclusion (pkg a directory of the
+// repository, mcp/tasks.TestX included), with the subtest it may quote
 // right after it: e2e.TestApprovalFlows ("grant pending...").
-var testRef = regexp.MustCompile(`\b([a-z][a-z0-9]*)\.(Test[A-Za-z0-9_]+)(?:,? \(?"([^"]+)")?`)
+var testRef = regexp.MustCompile(`\b([a-z][a-z0-9]*(?:/[a-z][a-z0-9]*)*)\.(Test[A-Za-z0-9_]+)(?:,? \(?"([^"]+)")?`)
 
 // testExists reports what is missing of test name in package directory pkg
 // (relative to the repository root), and of its subtest, or "".
