@@ -39,15 +39,22 @@ import (
 // 65532; and a SIGTERM ends each cleanly.
 //
 // It is slow (a static build of both binaries) and needs podman, so it runs
-// only with ARAP_IMAGE_TEST=1, as .ci/run sets. When podman cannot run
-// containers on the machine (cgroups, rlimits, user namespaces) it says
-// exactly why and skips the running part, unless ARAP_REQUIRE_CONTAINERS=1.
+// only with ARAP_IMAGE_TEST=1, as .ci/run sets. Without podman it skips;
+// when podman cannot run containers on the machine (cgroups, rlimits, user
+// namespaces) it says exactly why and skips the running part; either skip
+// is a failure with ARAP_REQUIRE_CONTAINERS=1.
 func TestImage(t *testing.T) {
 	if os.Getenv("ARAP_IMAGE_TEST") == "" {
 		t.Skip("set ARAP_IMAGE_TEST=1 to build and run the image with podman (.ci/run does)")
 	}
 	podman, err := exec.LookPath("podman")
-	require.NoError(t, err, "ARAP_IMAGE_TEST=1 needs podman (Debian: apt-get install podman)")
+	if err != nil {
+		if os.Getenv("ARAP_REQUIRE_CONTAINERS") != "" {
+			require.NoError(t, err, "ARAP_IMAGE_TEST=1 needs podman (Debian: apt-get install podman)")
+		}
+		// Said as a skip, so that CI counts it (.ci/allowed-skips).
+		t.Skip("podman is not installed (Debian: apt-get install podman): the image was neither built nor run")
+	}
 	ctx := t.Context()
 	suffix := randomHex(4)
 	tag := "localhost/arap:imagetest-" + suffix
