@@ -27,10 +27,13 @@
 // re-evaluation and at the claim), and what the PDP sees of it. kind.go is
 // the task as a tasks.Kind (tasks/cancel, tasks/update); state.go
 // owns the tables of approval tasks and intents, lists their phases and states
-// with the transitions between them, and holds every statement on them;
+// with the transitions between them, and holds, with stateopen.go,
+// statemove.go and statesweep.go, every statement on them;
 // binding.go is what a call is bound to; background.go is the gate's own
 // goroutines (callback wake-ups, the look sweep of look.go, the
-// reconciler), which Stop waits for. The
+// reconciler), which Stop waits for. authenticate.go makes a request's
+// token its principal; toolsync.go keeps the SDK server's tools the gate's;
+// legacy.go says what a 2025-11-25 client is told besides. The
 // claim and every way a task ends are recorded, in the same transaction, in
 // the front-end's own hash-chained audit trail (audit.go), which VerifyAudit
 // (arapctl audit verify --pep) checks. ops.go serves /readyz and writes

@@ -5,17 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -98,88 +95,6 @@ type Server struct {
 
 	pass    *passthrough // nil without upstreams
 	changes changes      // what listen streams hear of besides tasks
-}
-
-// ToolsChanged tells the server that a source's tools changed (an
-// upstream's list): it offers the current ones now, and the listen streams
-// that opted in hear of what changed (notifications/tools/list_changed,
-// and prompts' and resources'). NewServer follows the upstream registry's
-// changes with it.
-func (s *Server) ToolsChanged() {
-	s.syncTools()
-	s.syncOffers()
-}
-
-// syncTools makes the gate's tools registered on the SDK server (which
-// answers tools/list and routes tools/call to relay) the sources' current
-// ones, definitions as they give them: a tool added, changed or gone
-// upstream is listed so at the next tools/list.
-func (s *Server) syncTools() {
-	tools, skipped := s.gate.catalog.list()
-	s.toolsMu.Lock()
-	defer s.toolsMu.Unlock()
-	now := make(map[string]string, len(tools))
-	changed := false
-	for _, t := range tools {
-		if s.shown[t.Name] == t.Digest {
-			now[t.Name] = t.Digest
-			continue
-		}
-		changed = true
-		if err := addTool(s.sdk, t); err != nil {
-			skipped = append(skipped, err)
-			continue
-		}
-		now[t.Name] = t.Digest
-	}
-	var gone []string
-	for name := range s.shown {
-		if _, ok := now[name]; !ok {
-			gone = append(gone, name)
-		}
-	}
-	if len(gone) > 0 {
-		changed = true
-		s.sdk.RemoveTools(gone...)
-	}
-	if !maps.Equal(s.shown, now) {
-		s.changes.listChanged(tasks.NotificationToolsListChanged)
-	}
-	s.shown = now
-	if changed {
-		for _, err := range skipped {
-			s.log.Warn("tool not offered", "error", err.Error())
-		}
-	}
-}
-
-// syncTool registers the gate's tool t on the SDK server if it is not, as
-// it is now, so a tools/call of a tool new since the last tools/list
-// reaches relay.
-func (s *Server) syncTool(t *offered) {
-	s.toolsMu.Lock()
-	defer s.toolsMu.Unlock()
-	if s.shown[t.Name] == t.Digest {
-		return
-	}
-	if err := addTool(s.sdk, t); err != nil {
-		s.log.Warn("tool not offered", "error", err.Error())
-		return
-	}
-	s.shown[t.Name] = t.Digest
-	s.changes.listChanged(tasks.NotificationToolsListChanged)
-}
-
-// addTool registers t on the SDK server, which panics on a definition it
-// cannot take (an upstream's): that tool is left out instead.
-func addTool(s *sdk.Server, t *offered) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("pep: tool %q of %s: %v", t.Name, upstreamName(t.Upstream), r)
-		}
-	}()
-	s.AddTool(t.sdkTool(), relay)
-	return nil
 }
 
 // NewServer builds the MCP server around g: the SDK server (stateless
@@ -385,97 +300,6 @@ func relay(ctx context.Context, _ *sdk.CallToolRequest) (*sdk.CallToolResult, er
 	return res, nil
 }
 
-type principalKey struct{}
-
-// authenticate requires a caller token and records its principal. The SDK
-// passes it to handlers as TokenInfo (via auth.RequireBearerToken, which
-// here only relays what was already checked). With an anonymous principal
-// configured (conformance fixture mode), a request with no Authorization
-// header at all gets that principal.
-func (s *Server) authenticate(next http.Handler) http.Handler {
-	relay := auth.RequireBearerToken(func(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
-		p, ok := r.Context().Value(principalKey{}).(Principal)
-		if !ok {
-			return nil, auth.ErrInvalidToken
-		}
-		return &auth.TokenInfo{UserID: p.Key(), Expiration: time.Now().Add(time.Hour), Extra: map[string]any{"principal": p}}, nil
-	}, nil)(next)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := r.Header.Get("Authorization")
-		if h == "" && s.anon != nil {
-			anon := *s.anon
-			anon.anonymous = true
-			ctx := context.WithValue(r.Context(), principalKey{}, anon)
-			r = r.Clone(tasks.WithPrincipal(ctx, s.anon.Key()))
-			r.Header.Set("Authorization", "Bearer anonymous") // the SDK's relay wants one; the principal is already decided
-			relay.ServeHTTP(w, r)
-			return
-		}
-		scheme, token, _ := strings.Cut(h, " ")
-		token = strings.TrimSpace(token)
-		if !strings.EqualFold(scheme, "Bearer") || token == "" {
-			unauthorized(w, s.challenge(nil), "a bearer token is required")
-			return
-		}
-		var p Principal
-		var err error
-		if s.agents != nil && agentauth.LooksLikeJWT(token) {
-			p, err = s.agent(r.Context(), token)
-		} else {
-			p, err = s.gate.callers.Authenticate(r.Context(), token)
-			if errors.Is(err, ErrUnknownCaller) && s.agents != nil {
-				p, err = s.agent(r.Context(), token) // an opaque OAuth token, introspected
-			}
-		}
-		if errors.Is(err, agentauth.ErrInsufficientScope) {
-			s.log.InfoContext(r.Context(), "access token refused", "reason", err.Error())
-			w.Header().Set("WWW-Authenticate", s.challenge(err))
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusForbidden)
-			_ = json.NewEncoder(w).Encode(map[string]string{"error": "insufficient_scope", "error_description": err.Error()})
-			return
-		}
-		if errors.Is(err, agentauth.ErrInvalidToken) {
-			s.log.InfoContext(r.Context(), "access token refused", "reason", err.Error())
-			unauthorized(w, s.challenge(err), "the access token is not accepted: "+strings.TrimPrefix(err.Error(), agentauth.ErrInvalidToken.Error()+": "))
-			return
-		}
-		if errors.Is(err, ErrUnknownCaller) {
-			unauthorized(w, s.challenge(err), "the bearer token is unknown or revoked")
-			return
-		}
-		if err != nil {
-			if dbdown.Is(err) {
-				s.log.WarnContext(r.Context(), "caller lookup: database unavailable", "error", err)
-				tasks.WriteUnavailable(w, r, tasks.WhatDatabase)
-				return
-			}
-			s.log.ErrorContext(r.Context(), "caller lookup failed", "error", err)
-			http.Error(w, "internal error", http.StatusInternalServerError)
-			return
-		}
-		noteCaller(r.Context(), p.Name)
-		ctx := context.WithValue(r.Context(), principalKey{}, p)
-		relay.ServeHTTP(w, r.WithContext(tasks.WithPrincipal(ctx, p.Key())))
-	})
-}
-
-// tooMany answers a caller over its budget (HTTP 429; the limiter has set
-// Retry-After).
-func tooMany(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusTooManyRequests)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": "rate_limited",
-		"error_description": "too many requests; retry after the number of seconds in Retry-After"})
-}
-
-func unauthorized(w http.ResponseWriter, challenge, msg string) {
-	w.Header().Set("WWW-Authenticate", challenge)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusUnauthorized)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": "unauthorized", "error_description": msg})
-}
-
 // unserved are the methods of features this server does not offer unless
 // an upstream does (passthrough.go: served). The SDK would answer them (an
 // empty prompts/list, say), which would contradict the capabilities in
@@ -581,77 +405,4 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// legacyInitialize is an initialize result at 2025-11-25: it says the
-// server serves that revision's tasks (mcp/tasks legacy.go), which the
-// SDK's capabilities cannot say.
-type legacyInitialize struct{ *sdk.InitializeResult }
-
-func (r legacyInitialize) MarshalJSON() ([]byte, error) {
-	return withMember(r.InitializeResult, func(m map[string]any) {
-		caps, _ := m["capabilities"].(map[string]any)
-		if caps == nil {
-			caps = map[string]any{}
-		}
-		caps["tasks"] = tasks.LegacyCapabilities()
-		m["capabilities"] = caps
-	})
-}
-
-// legacyTools is a tools/list result at 2025-11-25: every gated tool may
-// be called as a task (execution.taskSupport), as an approval may need
-// one; approval_status never.
-type legacyTools struct{ *sdk.ListToolsResult }
-
-func (r legacyTools) MarshalJSON() ([]byte, error) {
-	return withMember(r.ListToolsResult, func(m map[string]any) {
-		list, _ := m["tools"].([]any)
-		for _, t := range list {
-			if tool, ok := t.(map[string]any); ok && tool["name"] != ToolApprovalStatus {
-				tool["execution"] = map[string]any{"taskSupport": "optional"}
-			}
-		}
-	})
-}
-
-// withMember is v as JSON, changed by edit.
-func withMember(v any, edit func(map[string]any)) ([]byte, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
-	}
-	edit(m)
-	return json.Marshal(m)
-}
-
-// challenge is the WWW-Authenticate value of a refusal for err (nil: no
-// token was given): with OAuth on, it names the protected resource
-// metadata (RFC 9728).
-func (s *Server) challenge(err error) string {
-	if s.agents != nil {
-		return s.agents.Challenge(err)
-	}
-	if err != nil {
-		return `Bearer realm="arap-mcp", error="invalid_token"`
-	}
-	return `Bearer realm="arap-mcp"`
-}
-
-// agent authenticates an OAuth access token: its subject, through its
-// actor chain, for its issuer.
-func (s *Server) agent(ctx context.Context, token string) (Principal, error) {
-	id, err := s.agents.Verify(ctx, token)
-	if err != nil {
-		return Principal{}, err
-	}
-	p := Principal{Name: "oauth:" + id.ClientID, SubjectType: "user", SubjectID: id.Subject, Issuer: id.Issuer, ClientID: id.ClientID}
-	if len(id.Actors) > 0 {
-		p.ActorID, p.Prior = id.Actors[0], id.Actors[1:]
-	}
-	return p, nil
 }
