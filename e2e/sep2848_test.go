@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"net/http"
 	"os"
@@ -378,7 +379,33 @@ func TestForgedCallbackCannotExecute(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, send(forged, "msg_forged"))
 	real, err := webhook.ParseSecret(s.secret)
 	require.NoError(t, err)
+	// The woken task re-reads the status endpoint, which still says
+	// pending: it must not act. With no look scheduled, only the wake-up
+	// moves the task, and its look, once done, schedules the next one
+	// (pep.Gate.Advance): that is the event to wait for.
+	_, err = s.pool.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = NULL WHERE task_id = $1`, id)
+	require.NoError(t, err)
+	acted := func() error {
+		d, _, err := alice.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		ran, err := s.ledgerCount(id)
+		if err != nil {
+			return err
+		}
+		if d.Status != tasks.Working || ran != 0 {
+			return fmt.Errorf("the task acted on a callback while its request is pending: %s, %d runs", d.Status, ran)
+		}
+		return nil
+	}
 	require.Equal(t, http.StatusNoContent, send(real, "msg_authentic"), "authentic: accepted as a wake-up")
+	require.Eventually(t, func() bool {
+		var looked bool
+		err := s.pool.QueryRow(ctx, `SELECT look_at IS NOT NULL FROM pep.approval_tasks WHERE task_id = $1`, id).Scan(&looked)
+		return err != nil || looked || acted() != nil
+	}, 60*time.Second, 20*time.Millisecond, "the wake-up never looked at the task")
+	require.NoError(t, acted())
 	require.Equal(t, http.StatusOK, send(real, "msg_authentic"), "replayed: answered as handled")
 	// The replay memory is the database's, not the process's: a restarted
 	// front-end still knows the id was handled.
@@ -386,13 +413,7 @@ func TestForgedCallbackCannotExecute(t *testing.T) {
 	require.Equal(t, 0, s.mcp.wait(30*time.Second))
 	s.mcp = s.startMCP()
 	require.Equal(t, http.StatusOK, send(real, "msg_authentic"), "replayed after a restart: answered as handled")
-	// The woken task re-reads the status endpoint, which still says
-	// pending: it must not act. A pending task writes nothing when it is
-	// right (its next poll is the 30 s safety poll), so there is no event to
-	// wait for; the window is watched instead, failing as soon as it acts.
-	require.Never(t, func() bool {
-		d, _, err := alice.Get(ctx, id)
-		ran, lerr := s.ledgerCount(id)
-		return err != nil || d.Status != tasks.Working || lerr != nil || ran != 0
-	}, 3*time.Second, 100*time.Millisecond, "the task acted on a callback while its request is pending")
+	// The front-end that was woken exited cleanly, which waits for every
+	// wake-up in flight (pep.Gate.Stop), and the replays woke nothing.
+	require.NoError(t, acted())
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -188,12 +189,8 @@ func (s *stack) callbacksSettled(taskID string) {
 const reconcileEvery = time.Second
 
 // nothingMoreRuns checks that ended tasks never run their tool again:
-// executed maps each task to the executions its ledger holds. It waits for
-// every event that could still act on a task, failing as soon as a ledger
-// changes: its callbacks answered (callbacksSettled). What is left is
-// periodic with no event to wait for, the look sweep and the reconciler:
-// the ledgers are then watched over two and a half of the reconciler's
-// periods and one of the sweep's, the ended tasks' looks due.
+// executed maps each task to the executions its ledger holds. See
+// nothingMoreHappens for what it waits for.
 func (s *stack) nothingMoreRuns(executed map[string]int) {
 	s.t.Helper()
 	ids := make([]string, 0, len(executed))
@@ -216,22 +213,71 @@ func (s *stack) nothingMoreRuns(executed map[string]int) {
 
 // nothingMoreHappens is nothingMoreRuns for tools whose effects the test
 // observes itself (an upstream's): changed reports an effect that differs
-// from what the ended tasks ids left, waiting for the same events.
+// from what the ended tasks ids left. It waits for the events after which
+// nothing could still act on them, instead of watching a window:
+//   - callbacks: every delivery of their requests answered (callbacksSettled);
+//   - the look sweep: their looks are brought forward, as if due long ago,
+//     ahead of a canary's, and a sweep has since looked at the canary (it
+//     takes due tasks oldest first), passing over them;
+//   - the reconciler: it takes only intents left open (or abandoned, which
+//     it only settles), and none of theirs is open.
 func (s *stack) nothingMoreHappens(ids []string, changed func() error) {
 	s.t.Helper()
 	ctx := context.Background()
 	for _, id := range ids {
 		s.callbacksSettled(id)
 	}
-	// The look sweep takes only tasks that wait or run: the ended tasks'
-	// looks are brought forward, as if their time had come, and none may
-	// act. What is left is periodic (the sweep each second, the reconciler)
-	// with no event to wait for.
-	_, err := s.pool.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = now() WHERE task_id = ANY($1)`, ids)
+	const longAgo = "2000-01-01T00:00:00Z"
+	_, err := s.pool.Exec(ctx, `UPDATE pep.approval_tasks SET look_at = $2 WHERE task_id = ANY($1)`, ids, longAgo)
 	require.NoError(s.t, err)
-	require.Never(s.t, func() bool { return changed() != nil }, 5*reconcileEvery/2+time.Second, 50*time.Millisecond,
-		"an ended task's effects changed")
-	require.NoError(s.t, changed())
+	canary := s.lookCanary(ids[0])
+	require.Eventually(s.t, func() bool {
+		var looked bool
+		err := s.pool.QueryRow(ctx, `SELECT look_at = deadline FROM pep.approval_tasks WHERE task_id = $1`, canary).Scan(&looked)
+		return err == nil && looked
+	}, 60*time.Second, 20*time.Millisecond, "no sweep looked at the canary")
+	var taken []string
+	require.NoError(s.t, s.pool.QueryRow(ctx, `SELECT coalesce(array_agg(task_id), '{}') FROM pep.approval_tasks
+		WHERE task_id = ANY($1) AND look_at IS DISTINCT FROM $2`, ids, longAgo).Scan(&taken))
+	require.Empty(s.t, taken, "the sweep took ended tasks")
+	var open []string
+	require.NoError(s.t, s.pool.QueryRow(ctx, `SELECT coalesce(array_agg(task_id), '{}') FROM pep.intents
+		WHERE task_id = ANY($1) AND state = 'intent'`, ids).Scan(&open))
+	require.Empty(s.t, open, "ended tasks with an intent the reconciler would bind")
+	require.NoError(s.t, changed(), "an ended task's effects changed")
+}
+
+// lookCanary adds a task (a copy of task like, whose rows give every
+// column a valid value) that waits for input until a day from now, its
+// look due now but later than anything brought forward to the past: a
+// look at it, once done, schedules the next one at that deadline. It is
+// deleted at the end of the test.
+func (s *stack) lookCanary(like string) string {
+	s.t.Helper()
+	ctx := context.Background()
+	id := tasks.NewID()
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		for _, q := range []struct {
+			sql  string
+			args []any
+		}{
+			{`CREATE TEMP TABLE canary_task ON COMMIT DROP AS SELECT * FROM pep.tasks WHERE id = $1`, []any{like}},
+			{`UPDATE canary_task SET id = $1, status = 'input_required', updated_at = now()`, []any{id}},
+			{`INSERT INTO pep.tasks SELECT * FROM canary_task`, nil},
+			{`CREATE TEMP TABLE canary_approval ON COMMIT DROP AS SELECT * FROM pep.approval_tasks WHERE task_id = $1`, []any{like}},
+			{`UPDATE canary_approval SET task_id = $1, dedup_key = $1, phase = 'input', disposition = NULL,
+				claimed_at = NULL, exec_deadline = NULL, deadline = now() + interval '1 day', look_at = now()`, []any{id}},
+			{`INSERT INTO pep.approval_tasks SELECT * FROM canary_approval`, nil},
+		} {
+			if _, err := tx.Exec(ctx, q.sql, q.args...); err != nil {
+				return fmt.Errorf("look canary: %s: %w", q.sql, err)
+			}
+		}
+		return nil
+	})
+	require.NoError(s.t, err)
+	s.t.Cleanup(func() { _, _ = s.pool.Exec(context.Background(), `DELETE FROM pep.tasks WHERE id = $1`, id) })
+	return id
 }
 
 // deliveryAnswered waits until callback delivery id has more than after
