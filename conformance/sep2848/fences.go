@@ -326,7 +326,7 @@ func retry(ctx context.Context, r *run) error {
 	}
 	// Every read while the grant provisions is the retry row of the
 	// lifecycle: working, the envelope still available, no result yet.
-	odd, waiting := "", 0
+	odd, waiting, aware := "", 0, r.sep2643(t)
 	wctx, stop := context.WithTimeout(ctx, time.Duration(r.p.Provisioning.After)+r.cfg.Timeout)
 	defer stop()
 	done, err := r.c.watch(wctx, t.TaskID, nil, func(g *task) {
@@ -339,7 +339,7 @@ func retry(ctx context.Context, r *run) error {
 			odd = string(g.Status) + ", not working"
 		case len(g.Result) > 0:
 			odd = fmt.Sprintf("working with a result (%.100s)", g.Result)
-		case r.sep2643(t) && msg != "":
+		case aware && msg != "":
 			odd = "working, but " + msg
 		}
 	})
@@ -476,7 +476,7 @@ func approvalExpiry(ctx context.Context, r *run) error {
 	// failed a correct server on a loaded machine.
 	bound := time.Duration(r.p.Outliving.After) + 2*r.settle() + 30*time.Second
 	var done *task
-	chained := ""
+	chained, aware := "", r.sep2643(t)
 	for {
 		g, err := r.get(ctx, r.c, t.TaskID)
 		if err != nil {
@@ -494,7 +494,7 @@ func approvalExpiry(ctx context.Context, r *run) error {
 		case chained != "":
 		case len(g.Result) > 0:
 			chained = fmt.Sprintf("the waiting task read %s with a result (%.100s)", g.Status, g.Result)
-		case r.sep2643(t) && msg != "":
+		case aware && msg != "":
 			chained = fmt.Sprintf("the waiting task read %s, but %s", g.Status, msg)
 		case g.Status != StatusWorking && g.Status != StatusInputRequired:
 			chained = fmt.Sprintf("the waiting task read %s, not working", g.Status)
@@ -563,7 +563,7 @@ func approvalExpiry(ctx context.Context, r *run) error {
 		r.fail("sep-2848-chain-bounded", "while new requests were made for it, %s", chained)
 	case r.p.MaxRequests > 1 && approvals < 2:
 		r.fail("sep-2848-chain-bounded", "the task ended after its first approval expired, but the profile says the server makes up to %d requests per task", r.p.MaxRequests)
-	case r.sep2643(t) && envelopeIs(res.Meta, RemediationUnavailable, false) != "":
+	case aware && envelopeIs(res.Meta, RemediationUnavailable, false) != "":
 		r.fail("sep-2848-chain-bounded", "the denial that ends the chain: %s", envelopeIs(res.Meta, RemediationUnavailable, false))
 	case !saysNotRan.MatchString(res.text()) || !saysExpired.MatchString(res.text()):
 		// Its last approval expired unused: the approval validity passed

@@ -219,10 +219,21 @@ func (r *run) skipScenario(why string) {
 }
 
 // sep2643 reports whether the server has been seen emitting SEP-2643
-// envelopes (on a CreateTaskResult of this run).
+// envelopes: on t, or anywhere in the run's responses so far.
 func (r *run) sep2643(t *task) bool {
-	_, ok := envelopeOf(t.Meta)
-	return ok
+	if _, ok := envelopeOf(t.Meta); ok {
+		return true
+	}
+	for _, b := range r.c.seen.all() {
+		if bytes.Contains(b, []byte(MetaAuthorization)) {
+			for _, m := range jsonMessages(b) {
+				if findMember(m, "$", MetaAuthorization) != "" {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 func capability(ctx context.Context, r *run) error {
