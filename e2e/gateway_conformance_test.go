@@ -5,6 +5,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -18,28 +22,6 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// gatewayScenarios are the official suite's server scenarios of revision
-// 2026-07-28 and the extension scenarios (run with --force).
-var gatewayScenarios = []string{
-	"server-stateless", "completion-complete",
-	"tools-list", "tools-call-simple-text", "tools-call-image", "tools-call-audio", "tools-call-embedded-resource",
-	"tools-call-mixed-content", "tools-call-error", "tools-call-with-progress", "json-schema-2020-12",
-	"server-sse-multiple-streams",
-	"resources-list", "resources-read-text", "resources-read-binary", "resources-templates-read", "sep-2164-resource-not-found",
-	"prompts-list", "prompts-get-simple", "prompts-get-with-args", "prompts-get-embedded-resource", "prompts-get-with-image",
-	"dns-rebinding-protection", "caching", "http-header-validation", "http-custom-header-server-validation",
-	"input-required-result-basic-elicitation", "input-required-result-basic-sampling", "input-required-result-basic-list-roots",
-	"input-required-result-request-state", "input-required-result-multiple-input-requests", "input-required-result-multi-round",
-	"input-required-result-missing-input-response", "input-required-result-non-tool-request", "input-required-result-result-type",
-	"input-required-result-unsupported-methods", "input-required-result-tampered-state", "input-required-result-capability-check",
-	"input-required-result-ignore-extra-params", "input-required-result-validate-input",
-	// extensions
-	"sep-2640-skills-directory", "sep-2640-skills-enumeration", "sep-2640-skills-manifest",
-	"tasks-lifecycle", "tasks-capability-negotiation", "tasks-wire-fields", "tasks-request-state-removal", "tasks-mrtr-input",
-	"tasks-request-headers", "tasks-dispatch-and-envelope", "tasks-status-notifications", "tasks-required-task-error",
-	"tasks-mrtr-composition",
-}
-
 // allowAll is the backend policy of the comparison: the suite checks the
 // protocol, not decisions.
 const allowAll = `
@@ -51,45 +33,100 @@ rules:
     effect: allow
 `
 
-// gatewayDifference is one entry of the expected-differences file.
+// The ways the comparison runs the suite: against the go-sdk's
+// everything-server directly; against arapd mcp --conformance-fixtures in
+// front of it (its tools left out, the fixtures' being the suite's); and
+// against arapd mcp as a plain pass-through gateway in front of it (every
+// upstream tool offered, an allow-all policy, a proxy adding the caller's
+// token, as an agent's client would).
+const (
+	targetDirect      = "direct"
+	targetFixtures    = "fixtures"
+	targetPassthrough = "passthrough"
+)
+
+// suiteScenario is one server scenario of the suite and the revision it is
+// run at: 2026-07-28 where it applies, the extensions (--force) at
+// 2026-07-28 too, the others at 2025-11-25.
+type suiteScenario struct {
+	name, version string
+	extension     bool
+}
+
+var scenarioLine = regexp.MustCompile(`^\s+- ([a-z0-9-]+) \[([^\]]+)\]$`)
+
+// serverScenarios lists the suite's server scenarios (conformance list).
+func serverScenarios(t *testing.T, node, cli string) []suiteScenario {
+	out, err := osexec.Command(node, cli, "list", "--server").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var list []suiteScenario
+	for _, line := range strings.Split(string(out), "\n") {
+		m := scenarioLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		sc := suiteScenario{name: m[1], version: "2025-11-25"}
+		switch {
+		case m[2] == "extension":
+			sc.version, sc.extension = "2026-07-28", true
+		case strings.Contains(m[2], "2026-07-28"):
+			sc.version = "2026-07-28"
+		}
+		list = append(list, sc)
+	}
+	return list
+}
+
+// checkStatus ranks what the suite reported of a check: the worst of its
+// occurrences counts.
+var checkRank = map[string]int{"SUCCESS": 0, "INFO": 1, "SKIPPED": 2, "WARNING": 3, "FAILURE": 4}
+
+// checkLine is one check as the suite prints it: "[id   ] STATUS text".
+var checkLine = regexp.MustCompile(`\[([a-z0-9][a-z0-9:_.-]*)\s*\]\s+(SUCCESS|FAILURE|WARNING|INFO|SKIPPED)\b`)
+
+// scenarioRun is one run of one scenario: each check's worst status, or
+// why the scenario did not run.
+type scenarioRun struct {
+	checks   map[string]string
+	didNot   string // "" when it ran
+	exitCode int
+}
+
+// gatewayDifference is one entry of conformance/gateway-differences.yaml:
+// a check that passes against the everything-server directly and not
+// through target (fixtures or passthrough), at level (failure, warning,
+// info, skipped, or missing: the check was not reached); or, through
+// fixtures, any check that fails.
 type gatewayDifference struct {
 	Scenario string `yaml:"scenario"`
-	Direct   string `yaml:"direct"`  // pass, fail or no checks
-	Gateway  string `yaml:"gateway"` // pass, fail or no checks
+	Check    string `yaml:"check"`
+	Target   string `yaml:"target"`
+	Level    string `yaml:"level"`
 	Reason   string `yaml:"reason"`
 }
 
-// scenarioOutcome is one run of one scenario: pass, or fail with the
-// failed checks' ids.
-type scenarioOutcome struct {
-	passed, total int
-	failedChecks  []string
-	ok            bool
-	note          string
+// gatewayListing is conformance/gateway-differences.yaml.
+type gatewayListing struct {
+	// NotApplicable are scenarios a target does not run, with why.
+	NotApplicable []struct {
+		Scenario string `yaml:"scenario"`
+		Target   string `yaml:"target"`
+		Reason   string `yaml:"reason"`
+	} `yaml:"not_applicable"`
+	// Failing are checks that fail or warn directly and through the
+	// gateway alike (the server's own), or only through one target where
+	// the gateway adds what the server lacks (the tasks extension).
+	Differences []gatewayDifference `yaml:"differences"`
 }
 
-func (o scenarioOutcome) verdict() string {
-	if o.ok && o.total == 0 {
-		return "no checks" // the scenario ran none: nothing passed
-	}
-	if o.ok {
-		return "pass"
-	}
-	return "fail"
-}
-
-// failedCheck is a check the suite reports failed: "[check-id] FAILURE ...".
-var failedCheck = regexp.MustCompile(`\[([a-z0-9-]+)\] FAILURE`)
-
-// TestGatewayConformance runs the official MCP conformance suite against the
-// go-sdk's own conformance everything-server (v1.8.0, built from
-// third_party/go-sdk) directly, and against `arapd mcp --conformance-fixtures
-// --upstreams` in front of it (its resources, prompts and completions passed
-// through, each decided by an allow-all policy; its tools left out, the
-// fixtures' tools being the suite's), in the same test, and compares them
-// scenario by scenario. Every difference must be listed, with its reason, in
-// testdata/gateway-conformance-differences.yaml, and every listed one must
-// still occur. ARAP_CONFORMANCE_SUITE as for TestOfficialConformanceSuite.
+// TestGatewayConformance runs every server scenario of the official MCP
+// conformance suite three ways (targetDirect, targetFixtures,
+// targetPassthrough) and compares them check by check: a check that passes
+// directly and not through a gateway, a check that fails through a
+// gateway, and a scenario a gateway does not run, each fail the test unless
+// conformance/gateway-differences.yaml lists it with its reason and level;
+// a listed entry that no longer occurs fails it too.
+// ARAP_CONFORMANCE_SUITE as for TestOfficialConformanceSuite.
 func TestGatewayConformance(t *testing.T) {
 	t.Parallel()
 	dir := os.Getenv("ARAP_CONFORMANCE_SUITE")
@@ -102,23 +139,29 @@ func TestGatewayConformance(t *testing.T) {
 		_, err := os.Stat(f)
 		require.NoError(t, err)
 	}
-	raw, err := os.ReadFile(filepath.Join("testdata", "gateway-conformance-differences.yaml"))
+	raw, err := os.ReadFile(filepath.Join("..", "conformance", "gateway-differences.yaml"))
 	require.NoError(t, err)
-	var listed struct {
-		Differences []gatewayDifference `yaml:"differences"`
-	}
-	require.NoError(t, yaml.Unmarshal(raw, &listed))
+	var listed gatewayListing
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	require.NoError(t, dec.Decode(&listed))
 
 	direct := everythingServer(t)
-	upstreams := everythingUpstreams(t, direct)
-	s := newStack(t, stackOptions{policy: allowAll, mcpArgs: []string{"--conformance-fixtures", "--upstreams", upstreams}})
+	s := newStack(t, stackOptions{policy: allowAll, mcpArgs: []string{"--conformance-fixtures", "--upstreams", everythingUpstreams(t, direct)}})
 	s.mcp.waitLog("conformance fixture mode: serving the MCP conformance suite's fixture tools and accepting requests without a token as an anonymous caller; this is for conformance testing only, never run it in production", 60*time.Second)
-	gateway := s.mcp.url() + "/mcp"
+	plain := startArapd(t, []string{"DATABASE_URL=" + s.dbURL, "ARAP_PEP_MASTER_KEY=" + pepMasterKey, "ARAP_BACKEND_TOKEN=" + s.pepToken,
+		"ARAP_WEBHOOK_SECRETS=" + s.secret}, "mcp", "--addr", "127.0.0.1:0", "--backend-url", s.api, "--upstreams", passthroughUpstreams(t, direct))
+	plain.waitLog("mcp front-end started", 60*time.Second)
+	targets := map[string]string{
+		targetDirect:      direct,
+		targetFixtures:    s.mcp.url() + "/mcp",
+		targetPassthrough: withToken(t, plain.url(), s.alice) + "/mcp",
+	}
 	work := t.TempDir()
 
-	run := func(url, scenario string) scenarioOutcome {
-		args := []string{cli, "server", "--url", url, "--spec-version", "2026-07-28", "--scenario", scenario, "--timeout", "60000"}
-		if strings.HasPrefix(scenario, "tasks-") || strings.HasPrefix(scenario, "sep-2640-") {
+	run := func(url string, sc suiteScenario) scenarioRun {
+		args := []string{cli, "server", "--url", url, "--spec-version", sc.version, "--scenario", sc.name, "--timeout", "60000"}
+		if sc.extension {
 			args = append(args, "--force")
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -129,74 +172,131 @@ func TestGatewayConformance(t *testing.T) {
 		cmd.WaitDelay = 5 * time.Second
 		var buf bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &buf, &buf
-		runErr := cmd.Run()
+		_ = cmd.Run()
 		text := ansi.ReplaceAllString(buf.String(), "")
-		var o scenarioOutcome
-		switch m := totals.FindStringSubmatch(text); {
+		r := scenarioRun{checks: map[string]string{}, exitCode: cmd.ProcessState.ExitCode()}
+		switch {
 		case strings.Contains(text, "SKIPPED: scenario"):
-			o.note = "did not run"
-		case m != nil:
-			fmt.Sscan(m[1], &o.passed)
-			fmt.Sscan(m[2], &o.total)
-			o.ok = m[3] == "0" && runErr == nil
-		default:
-			o.note = "no totals in the suite's output"
+			r.didNot = "skipped"
+		case totals.FindStringSubmatch(text) == nil:
+			r.didNot = "no totals in the suite's output"
 		}
-		for _, f := range failedCheck.FindAllStringSubmatch(text, -1) {
-			o.failedChecks = append(o.failedChecks, f[1])
+		for _, m := range checkLine.FindAllStringSubmatch(text, -1) {
+			if old, ok := r.checks[m[1]]; !ok || checkRank[m[2]] > checkRank[old] {
+				r.checks[m[1]] = m[2]
+			}
 		}
-		return o
+		return r
 	}
 
-	var summary, problems []string
-	seen := map[string]bool{}
-	dPass, gPass := 0, 0
-	for _, sc := range gatewayScenarios {
-		d, g := run(direct, sc), run(gateway, sc)
-		if d.verdict() == "pass" {
-			dPass++
+	type key struct{ scenario, check, target, level string }
+	found := map[key]bool{}
+	notRun := map[[2]string]bool{}
+	var summary []string
+	scenarios := serverScenarios(t, node, cli)
+	require.Len(t, scenarios, 65, "the suite's server scenarios")
+	for _, sc := range scenarios {
+		runs := map[string]scenarioRun{}
+		for _, tg := range []string{targetDirect, targetFixtures, targetPassthrough} {
+			runs[tg] = run(targets[tg], sc)
 		}
-		if g.verdict() == "pass" {
-			gPass++
-		}
-		if g.verdict() == "fail" {
-			// The issue's bar: behind the gateway nothing fails, whatever
-			// the server alone does, and nothing is baselined.
-			problems = append(problems, sc+": fails behind arapd mcp")
-		}
-		line := fmt.Sprintf("%-48s direct %s %d/%d   gateway %s %d/%d", sc, d.verdict(), d.passed, d.total, g.verdict(), g.passed, g.total)
-		if !d.ok {
-			line += fmt.Sprintf("  direct failed: %v %s", d.failedChecks, d.note)
-		}
-		if !g.ok {
-			line += fmt.Sprintf("  gateway failed: %v %s", g.failedChecks, g.note)
+		d := runs[targetDirect]
+		line := fmt.Sprintf("%-48s %s", sc.name, sc.version)
+		for _, tg := range []string{targetDirect, targetFixtures, targetPassthrough} {
+			r := runs[tg]
+			pass := 0
+			for _, st := range r.checks {
+				if st == "SUCCESS" {
+					pass++
+				}
+			}
+			line += fmt.Sprintf("  %s %d/%d", tg, pass, len(r.checks))
+			if r.didNot != "" {
+				line += " (" + r.didNot + ")"
+			}
 		}
 		summary = append(summary, line)
-		i := slices.IndexFunc(listed.Differences, func(x gatewayDifference) bool { return x.Scenario == sc })
-		switch {
-		case d.verdict() == g.verdict() && i >= 0:
-			problems = append(problems, sc+": listed as a difference but both "+d.verdict())
-		case d.verdict() != g.verdict() && i < 0:
-			problems = append(problems, fmt.Sprintf("%s: direct %s, gateway %s: not listed", sc, d.verdict(), g.verdict()))
-		case i >= 0 && (listed.Differences[i].Direct != d.verdict() || listed.Differences[i].Gateway != g.verdict()):
-			problems = append(problems, fmt.Sprintf("%s: listed as direct %s, gateway %s; now direct %s, gateway %s", sc,
-				listed.Differences[i].Direct, listed.Differences[i].Gateway, d.verdict(), g.verdict()))
-		}
-		if i >= 0 {
-			seen[sc] = true
+		for _, tg := range []string{targetFixtures, targetPassthrough} {
+			g := runs[tg]
+			if g.didNot != "" && d.didNot == "" {
+				notRun[[2]string{sc.name, tg}] = true
+				continue
+			}
+			// Fixtures: nothing fails, whatever the server alone does.
+			// Both: a check that passes directly passes through the
+			// gateway too (warning, skipped, info or missing otherwise).
+			for check, st := range g.checks {
+				if st == "FAILURE" && (tg == targetFixtures || d.checks[check] != "FAILURE") {
+					found[key{sc.name, check, tg, "failure"}] = true
+				}
+			}
+			for check, st := range d.checks {
+				gs, ok := g.checks[check]
+				switch {
+				case st != "SUCCESS" || gs == "SUCCESS" || gs == "FAILURE":
+				case !ok:
+					found[key{sc.name, check, tg, "missing"}] = true
+				default:
+					found[key{sc.name, check, tg, strings.ToLower(gs)}] = true
+				}
+			}
 		}
 	}
+	var problems []string
 	for _, x := range listed.Differences {
-		if !slices.Contains(gatewayScenarios, x.Scenario) {
-			problems = append(problems, x.Scenario+": listed but not run")
+		require.NotEmpty(t, strings.TrimSpace(x.Reason), "%s %s: a listed difference needs its reason", x.Scenario, x.Check)
+		k := key{x.Scenario, x.Check, x.Target, x.Level}
+		if !found[k] {
+			problems = append(problems, fmt.Sprintf("listed, no longer seen: %s %s through %s (%s)", x.Scenario, x.Check, x.Target, x.Level))
 		}
-		require.NotEmpty(t, strings.TrimSpace(x.Reason), "%s: a listed difference needs its reason", x.Scenario)
+		delete(found, k)
 	}
-	t.Logf("official MCP conformance suite, %d scenarios: everything-server directly %d passed; arapd mcp in front of it %d passed\n  %s",
-		len(gatewayScenarios), dPass, gPass, strings.Join(summary, "\n  "))
+	for k := range found {
+		problems = append(problems, fmt.Sprintf("not listed: %s %s through %s (%s)", k.scenario, k.check, k.target, k.level))
+	}
+	for _, x := range listed.NotApplicable {
+		require.NotEmpty(t, strings.TrimSpace(x.Reason), "%s: a scenario not applicable needs its reason", x.Scenario)
+		k := [2]string{x.Scenario, x.Target}
+		if !notRun[k] {
+			problems = append(problems, fmt.Sprintf("listed as not applicable through %s, but runs: %s", x.Target, x.Scenario))
+		}
+		delete(notRun, k)
+	}
+	for k := range notRun {
+		problems = append(problems, fmt.Sprintf("not run through %s, not listed: %s", k[1], k[0]))
+	}
+	slices.Sort(problems)
+	t.Logf("official MCP conformance suite, %d server scenarios, checks passed per way:\n  %s", len(scenarios), strings.Join(summary, "\n  "))
 	if len(problems) > 0 {
-		t.Errorf("differences not as listed in testdata/gateway-conformance-differences.yaml:\n  %s", strings.Join(problems, "\n  "))
+		t.Errorf("differences from conformance/gateway-differences.yaml:\n  %s", strings.Join(problems, "\n  "))
 	}
+}
+
+// passthroughUpstreams writes an --upstreams file naming the
+// everything-server at url with every tool offered, unprefixed.
+func passthroughUpstreams(t *testing.T, url string) string {
+	t.Helper()
+	upstreams := filepath.Join(t.TempDir(), "upstreams.yaml")
+	require.NoError(t, os.WriteFile(upstreams, []byte(fmt.Sprintf("upstreams:\n  - name: everything\n    http: {url: %s}\n", url)), 0o600))
+	return upstreams
+}
+
+// withToken serves a reverse proxy to base that adds the caller's token, as
+// an agent's MCP client would; it returns the proxy's URL.
+func withToken(t *testing.T, base, token string) string {
+	t.Helper()
+	u, err := url.Parse(base)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	proxy.FlushInterval = -1 // event streams as they come
+	inner := proxy.Director
+	proxy.Director = func(r *http.Request) {
+		inner(r)
+		r.Header.Set("Authorization", "Bearer "+token)
+	}
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(srv.Close)
+	return srv.URL
 }
 
 // everythingServer starts the go-sdk's conformance everything-server, as
