@@ -172,10 +172,10 @@ func lateApproval(ctx context.Context, r *run, id string, call Call) error {
 	answer := "accepted by the backend"
 	if err := r.cfg.Resolver.Resolve(ctx, id, call, true, "approved after the task was cancelled"); err != nil {
 		answer = "refused by the backend: " + err.Error()
-	}
-	// Three watches, as for the approval before a cancel: a server under
-	// load acting on an accepted late approval is still seen acting.
-	if err := sleep(ctx, 3*r.settle()); err != nil {
+	} else if err := sleep(ctx, 3*r.settle()); err != nil {
+		// Accepted, it may reach the server: three watches, as for the
+		// approval before a cancel, so a server under load acting on it is
+		// still seen acting. Refused, it reaches nothing: no wait.
 		return err
 	}
 	g, err := r.get(ctx, r.c, id)
@@ -416,9 +416,8 @@ func expiredFenced(ctx context.Context, r *run, done *task, call Call, before fl
 	answer := "accepted by the backend"
 	if err := r.cfg.Resolver.Resolve(ctx, done.TaskID, call, true, "approved after the request expired"); err != nil {
 		answer = "refused by the backend: " + err.Error()
-	}
-	// Three watches, as for an approval after a cancel.
-	if err := sleep(ctx, 3*r.settle()); err != nil {
+	} else if err := sleep(ctx, 3*r.settle()); err != nil {
+		// Accepted: three watches, as for an approval after a cancel.
 		return err
 	}
 	g, err := r.get(ctx, r.c, done.TaskID)
