@@ -2,7 +2,10 @@
 // could not see, or could take for others: controls, bidirectional
 // formatting, zero-width and other default-ignorable code points, private-use
 // and unassigned code points, space look-alikes, bytes that are not UTF-8,
-// and letters of another script inside a word (a Cyrillic "а" in "pаypal").
+// letters of another script inside a word (a Cyrillic "а" in "pаypal"), and
+// compatibility characters: every character whose NFKC form is not itself
+// (fullwidth "ａ", superscript "²", the ligature "ﬁ", circled "①"), which
+// looks like another character or string but is not it.
 //
 // An approver must read exactly what will run, so everything that shows a
 // request to a person (the web UI today; e-mail and chat later) renders these
@@ -18,20 +21,24 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"golang.org/x/text/unicode/norm"
 	"golang.org/x/text/unicode/runenames"
 )
 
 // Reasons a character is reported.
 const (
-	Control      = "control character"
-	Bidi         = "bidirectional formatting"
-	Invisible    = "invisible character"
-	PrivateUse   = "private-use character"
-	Unassigned   = "unassigned code point"
-	SpaceLike    = "space other than U+0020"
-	InvalidUTF8  = "byte that is not UTF-8"
-	MixedScript  = "letter of another script"
-	markerPrefix = "U+"
+	Control     = "control character"
+	Bidi        = "bidirectional formatting"
+	Invisible   = "invisible character"
+	PrivateUse  = "private-use character"
+	Unassigned  = "unassigned code point"
+	SpaceLike   = "space other than U+0020"
+	InvalidUTF8 = "byte that is not UTF-8"
+	MixedScript = "letter of another script"
+	// Compatibility: a character NFKC replaces (UAX #15), such as fullwidth
+	// "ａ" for "a".
+	Compatibility = "compatibility character"
+	markerPrefix  = "U+"
 )
 
 // Finding is one character a person could not see or could mistake.
@@ -110,7 +117,49 @@ func Scan(s string, multiline bool) []Finding {
 		}
 		i += size
 	}
-	return merge(out, mixedScript(s))
+	return merge(merge(out, mixedScript(s)), compatibility(s))
+}
+
+// compatibility reports every character whose NFKC form differs from it.
+// Each character is normalized on its own, never the text around it: the
+// composition of a base letter with the combining marks after it ("e" and
+// U+0301) is canonical and changes nothing a reader sees, while a
+// compatibility character is found wherever it stands, before a combining
+// mark or as one (U+0340).
+func compatibility(s string) []Finding {
+	var out []Finding
+	for i, r := range s {
+		if r < utf8.RuneSelf || r == utf8.RuneError {
+			continue // ASCII is its own NFKC form; invalid bytes are found by Scan
+		}
+		c := string(r)
+		nf := norm.NFKC.String(c)
+		if nf == c {
+			continue
+		}
+		f := finding(i, len(c), r, Compatibility)
+		f.Name += " (NFKC " + readable(nf) + ")"
+		out = append(out, f)
+	}
+	return out
+}
+
+// readable writes an NFKC form for a finding's name: quoted as it is when
+// nothing in it could be missed, otherwise as code points ("U+0020 U+0308"
+// for the spacing diaeresis).
+func readable(nf string) string {
+	plain := len(Scan(nf, false)) == 0 // nf is NFKC: this does not recurse further
+	for _, r := range nf {
+		plain = plain && unicode.IsGraphic(r) && !unicode.IsMark(r) && !unicode.IsSpace(r)
+	}
+	if plain {
+		return "“" + nf + "”"
+	}
+	codes := make([]string, 0, len(nf))
+	for _, r := range nf {
+		codes = append(codes, fmt.Sprintf("%s%04X", markerPrefix, r))
+	}
+	return strings.Join(codes, " ")
 }
 
 func finding(offset, size int, r rune, why string) Finding {

@@ -44,6 +44,18 @@ func TestScanFindsEveryHiddenClass(t *testing.T) {
 		{"a\xffb", "0xFF", InvalidUTF8},
 		{"p\u0430ypal", "U+0430", MixedScript},
 		{"\u0440aypal", "U+0440", MixedScript},
+		{"\uff41cct", "U+FF41", Compatibility},    // fullwidth a
+		{"acct\uff0d1", "U+FF0D", Compatibility},  // fullwidth hyphen-minus
+		{"acct-\uff11", "U+FF11", Compatibility},  // fullwidth digit one
+		{"m\u00b2", "U+00B2", Compatibility},      // superscript two
+		{"\ufb01le", "U+FB01", Compatibility},     // ligature fi
+		{"\u2460", "U+2460", Compatibility},       // circled digit one
+		{"\U0001d41a", "U+1D41A", Compatibility},  // mathematical bold a
+		{"10\u2126", "U+2126", Compatibility},     // ohm sign (canonically omega)
+		{"\u212b", "U+212B", Compatibility},       // angstrom sign
+		{"\uff71", "U+FF71", Compatibility},       // halfwidth katakana a
+		{"a\u0340", "U+0340", Compatibility},      // a combining mark NFKC replaces
+		{"\u1e9b\u0323", "U+1E9B", Compatibility}, // long s with dot above, then a mark
 	}
 	for _, c := range cases {
 		fs := Scan(c.in, false)
@@ -57,9 +69,43 @@ func TestScanFindsEveryHiddenClass(t *testing.T) {
 
 func TestPlainTextIsClean(t *testing.T) {
 	for _, s := range []string{"", "acct-991", "Zürich", "ÅngströM", "Москва", "Αθήνα", "東京タワー", "ラーメン", "Tokyo 東京", "서울",
-		"naïve café", "e\u0301", "50,000 €", "a-b_c.d/e:f", "אבג", "مرحبا", "emoji 🙂"} {
+		"naïve café", "e\u0301", "50,000 €", "日本語のテキスト、全角句読点。", "Ελληνικά", "Straße", "Ørsted", "a-b_c.d/e:f", "אבג", "مرحبا", "emoji 🙂"} {
 		require.True(t, Clean(s), "%q: %+v", s, Scan(s, false))
 	}
+}
+
+// TestCompatibilityPerCharacter: each character is compared with its own
+// NFKC form, so a combining sequence neither hides a compatibility character
+// nor makes ordinary decomposed text one; the finding names the NFKC form.
+func TestCompatibilityPerCharacter(t *testing.T) {
+	fs := Scan("\uff43\uff0d\uff11\uff12\uff13", false)
+	require.Len(t, fs, 5)
+	for i, f := range fs {
+		require.Equal(t, Compatibility, f.Why)
+		require.Equal(t, 3*i, f.Offset)
+		require.Equal(t, 3, f.Size)
+	}
+	require.Equal(t, "U+FF43 FULLWIDTH LATIN SMALL LETTER C (NFKC “c”)", fs[0].Label())
+	require.Equal(t, "<U+FF43><U+FF0D><U+FF11><U+FF12><U+FF13>", Marked("\uff43\uff0d\uff11\uff12\uff13", false))
+
+	// A compatibility character before combining marks is found, and only it.
+	fs = Scan("\uff41\u0301\u0323x", false)
+	require.Len(t, fs, 1)
+	require.Equal(t, "U+FF41", fs[0].Code)
+	// Decomposed accents compose under NFKC (and NFC) but are no
+	// compatibility characters; neither are their composed forms.
+	for _, s := range []string{"e\u0301", "\u00e9", "a\u0308\u0301", "\u1100\u1161\u11a8", "\uac01", "\u30ac", "\u30ab\u3099"} {
+		require.True(t, Clean(s), "%q: %+v", s, Scan(s, false))
+	}
+	// An NFKC form that could be missed is written as code points.
+	fs = Scan("\u00a8", false) // DIAERESIS: NFKC is a space and a combining mark
+	require.Len(t, fs, 1)
+	require.Equal(t, "DIAERESIS (NFKC U+0020 U+0308)", fs[0].Name)
+	require.Equal(t, "TRADE MARK SIGN (NFKC “TM”)", Scan("\u2122", false)[0].Name)
+	// A character another class reports keeps that reason.
+	fs = Scan("a\u00a0b", false)
+	require.Len(t, fs, 1)
+	require.Equal(t, SpaceLike, fs[0].Why)
 }
 
 func TestMultilineKeepsLineBreaks(t *testing.T) {
