@@ -3,9 +3,11 @@ package pep
 import (
 	"context"
 	"fmt"
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -155,13 +157,14 @@ func demoTools() []Tool {
 			Description: "Return the account balance.",
 			InputSchema: object(map[string]any{}),
 			Run: func(ctx context.Context, x Invocation) (Output, error) {
-				var spent float64
-				err := x.DB.QueryRow(ctx, `SELECT coalesce(sum((effect->>'amount')::numeric), 0) FROM pep.ledger WHERE tool = 'wire_transfer' AND principal = $1`,
-					x.Principal.Key()).Scan(&spent)
+				// Subtracted in numeric, so that cents stay cents: the
+				// balance is the decimal it reads.
+				var bal float64
+				err := x.DB.QueryRow(ctx, `SELECT 1000000 - coalesce(sum((effect->>'amount')::numeric), 0) FROM pep.ledger WHERE tool = 'wire_transfer' AND principal = $1`,
+					x.Principal.Key()).Scan(&bal)
 				if err != nil {
 					return Output{}, err
 				}
-				bal := 1_000_000 - spent
 				return Output{Text: fmt.Sprintf("Balance: $%s.", money(bal)), Structured: map[string]any{"balance": bal, "currency": "USD"}}, nil
 			},
 		},
@@ -170,7 +173,7 @@ func demoTools() []Tool {
 			Description: "Transfer money to an account. Transfers over $25,000 need treasury approval; accounts named closed-... are refused by the bank.",
 			InputSchema: object(map[string]any{
 				"to":     map[string]any{"type": "string", "minLength": 1, "maxLength": 64, "description": "Beneficiary account"},
-				"amount": map[string]any{"type": "number", "exclusiveMinimum": 0, "description": "Amount in USD"},
+				"amount": amountSchema(),
 			}, "to", "amount"),
 			Run: func(ctx context.Context, x Invocation) (Output, error) {
 				amount, _ := x.Args["amount"].(float64)
@@ -229,20 +232,50 @@ func demoTools() []Tool {
 	}
 }
 
-// money formats 50000 as 50,000 (and keeps cents when there are any).
+// maxAmount is the largest amount wire_transfer takes (its schema's
+// maximum); the dev policy refuses far less (over 1,000,000), but that is
+// policy, this is what a number may be.
+const maxAmount = 1_000_000_000
+
+// amountSchema is wire_transfer's amount: whole cents from 0.01 to
+// maxAmount. Anything else is refused with -32602 before the policy sees
+// it: a subnormal such as 1e-320 (a positive amount to the policy that read
+// "$0"), fractions of a cent (0.001, 100.015, which the result once
+// rounded), numbers past float64's exact digits (12345678901234567890,
+// which the call carries as 12345678901234567000). Within these bounds the
+// number has at most 12 significant digits, so the approver's page (the
+// shortest decimal of the value, internal/summary.Number), the binding
+// hash (its RFC 8785 text) and the result (money) read the same digits.
+// The schema judges the value, not its spelling: 1e2 is 100 everywhere.
+func amountSchema() map[string]any {
+	return map[string]any{"type": "number", "minimum": 0.01, "maximum": maxAmount, "multipleOf": 0.01,
+		"description": "Amount in USD: whole cents, from 0.01 to 1000000000 (at most two decimals)"}
+}
+
+// money writes v exactly, never rounded (the shortest decimal that is v,
+// as the binding hash and the approver see it), with thousands separators:
+// 50000 is 50,000 and 50000.25 is 50,000.25; cents are written with two
+// digits (50,000.20).
 func money(v float64) string {
-	whole := int64(v)
-	cents := int64((v-float64(whole))*100 + 0.5)
-	s := fmt.Sprint(whole)
+	s := strconv.FormatFloat(v, 'f', -1, 64)
+	sign := ""
+	if strings.HasPrefix(s, "-") {
+		sign, s = "-", s[1:]
+	}
+	whole, frac, fractional := strings.Cut(s, ".")
 	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
+	b.WriteString(sign)
+	for i, c := range whole {
+		if i > 0 && (len(whole)-i)%3 == 0 {
 			b.WriteByte(',')
 		}
 		b.WriteRune(c)
 	}
-	if cents > 0 {
-		fmt.Fprintf(&b, ".%02d", cents)
+	if fractional {
+		if len(frac) == 1 {
+			frac += "0"
+		}
+		b.WriteString("." + frac)
 	}
 	return b.String()
 }
