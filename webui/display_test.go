@@ -23,6 +23,8 @@ var classes = []struct{ in, code string }{
 	{"a\u2028b", "U+2028"}, {"a\u00a0b", "U+00A0"}, {"a\u3000b", "U+3000"}, {"a\ue000b", "U+E000"},
 	{"a\U000f0000b", "U+F0000"}, {"a\U000e0080b", "U+E0080"}, {"a\U0003fffdb", "U+3FFFD"}, {"a\u0378b", "U+0378"},
 	{"a\xffb", "0xFF"}, {"p\u0430ypal", "U+0430"}, {"\u0440aypal", "U+0440"},
+	{"\uff43-123", "U+FF43"}, {"c\uff0d123", "U+FF0D"}, {"c-\uff11", "U+FF11"}, {"m\u00b2", "U+00B2"},
+	{"\ufb01le", "U+FB01"}, {"\u2460", "U+2460"}, {"\uff41\u0301", "U+FF41"},
 }
 
 // raw reports the first character of page that a person could not see or

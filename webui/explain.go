@@ -66,8 +66,17 @@ const (
 
 // keyArgList is a row's arguments and how many more there are.
 type keyArgList struct {
-	Fields []Field
+	Fields []keyArg
 	More   int
+}
+
+// keyArg is one key argument; Clipped says its value was cut short. The
+// template writes the ellipsis (&hellip;) after the value, outside show:
+// U+2026 is a compatibility character, and in the value it would be marked
+// as if the requester had written it.
+type keyArg struct {
+	Field
+	Clipped bool
 }
 
 func keyArgs(args []Field) keyArgList {
@@ -81,10 +90,11 @@ func keyArgs(args []Field) keyArgList {
 		if f.Multiline {
 			v = strings.Join(strings.Fields(v), " ") // indented JSON on one line
 		}
+		clipped := false
 		if r := []rune(v); len(r) > keyArgRunes {
-			v = string(r[:keyArgRunes-1]) + "…"
+			v, clipped = string(r[:keyArgRunes-1]), true
 		}
-		out.Fields = append(out.Fields, Field{Name: f.Name, Value: v})
+		out.Fields = append(out.Fields, keyArg{Field: Field{Name: f.Name, Value: v}, Clipped: clipped})
 	}
 	return out
 }

@@ -89,7 +89,7 @@ func TestRowsShowKeyArgumentsAndOutcomesInWords(t *testing.T) {
 	queue := bob.get("/ui/")
 	row := section(t, queue.body, `data-request="`+id+`"`, "</li>")
 	require.Contains(t, row, `<span class="args"><span class="arg"><span class="arg-name"><bdi class="val">amount</bdi></span> <bdi class="val">1,200</bdi></span>`)
-	require.Contains(t, row, `<span class="arg-name"><bdi class="val">memo</bdi></span> <bdi class="val">`+strings.Repeat("x", 47)+`…</bdi>`, "long values are cut")
+	require.Contains(t, row, `<span class="arg-name"><bdi class="val">memo</bdi></span> <bdi class="val">`+strings.Repeat("x", 47)+`</bdi>&hellip;</span>`, "long values are cut, the ellipsis outside the value")
 	require.Contains(t, row, `<bdi class="val">acct-<mark class="hidden-char" title="U+202E RIGHT-TO-LEFT OVERRIDE: bidirectional formatting">U+202E</mark>199`, "marked")
 	require.Contains(t, row, "and 1 more")
 	require.NotContains(t, row, "fourth")

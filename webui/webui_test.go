@@ -408,6 +408,57 @@ func TestRequestPageMarksHiddenCharactersAndLabelsSources(t *testing.T) {
 	require.Contains(t, p.body, "in <bdi class=\"val\">the reason of user:bob</bdi>")
 }
 
+// TestCompatibilityCharactersMarked (issue 39): an argument written in
+// fullwidth forms ("ｃ－１２３") is marked character by character in the
+// queue row, on the request page and in the history, with the warning at
+// the top listing each code point, while ordinary Japanese and accented
+// text beside it is shown as it is.
+func TestCompatibilityCharactersMarked(t *testing.T) {
+	env := backendtest.Start(t, backendtest.Options{Policy: []byte(displayPolicy)})
+	id := env.Submit(t, map[string]any{
+		"subject": map[string]any{"type": "user", "id": "alice"},
+		"action":  map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{
+			"to": "\uff43\uff0d\uff11\uff12\uff13", "memo": "東京タワー、Zürich café"}}},
+	})
+	bob := newBrowser(t, env.URL)
+	require.Equal(t, http.StatusSeeOther, bob.signIn("bob", dev.Password).status)
+	const fullwidth = `<bdi class="val"><mark class="hidden-char" title="U+FF43 FULLWIDTH LATIN SMALL LETTER C (NFKC “c”): compatibility character">U+FF43</mark>` +
+		`<mark class="hidden-char" title="U+FF0D FULLWIDTH HYPHEN-MINUS (NFKC “-”): compatibility character">U+FF0D</mark>` +
+		`<mark class="hidden-char" title="U+FF11 FULLWIDTH DIGIT ONE (NFKC “1”): compatibility character">U+FF11</mark>` +
+		`<mark class="hidden-char" title="U+FF12 FULLWIDTH DIGIT TWO (NFKC “2”): compatibility character">U+FF12</mark>` +
+		`<mark class="hidden-char" title="U+FF13 FULLWIDTH DIGIT THREE (NFKC “3”): compatibility character">U+FF13</mark></bdi>`
+	const memo = `<bdi class="val">東京タワー、Zürich café</bdi>`
+
+	p := bob.get("/ui/requests/" + id)
+	require.Equal(t, 200, p.status)
+	require.Empty(t, rawHidden(p.body), "no compatibility character reaches the page")
+	require.Contains(t, p.body, `id="hidden-warning"`)
+	warning := p.body[strings.Index(p.body, `id="hidden-warning"`):strings.Index(p.body, "<h1>")]
+	for _, c := range []string{"U+FF43</mark> <span class=\"code-name\">FULLWIDTH LATIN SMALL LETTER C (NFKC “c”)</span> (compatibility character) in <bdi class=\"val\">argument “to”</bdi>",
+		"U+FF0D", "U+FF11", "U+FF12", "U+FF13"} {
+		require.Contains(t, warning, c)
+	}
+	require.NotContains(t, warning, "memo", "ordinary text is no finding")
+	require.Contains(t, p.body, "<dd>"+fullwidth+"</dd>")
+	require.Contains(t, p.body, "<dd>"+memo+"</dd>")
+
+	queue := bob.get("/ui/")
+	require.Empty(t, rawHidden(queue.body))
+	row := queue.body[strings.Index(queue.body, `data-request="`+id+`"`):]
+	row = row[:strings.Index(row, "</li>")]
+	require.Contains(t, row, "hidden-badge")
+	require.Contains(t, row, fullwidth)
+	require.Contains(t, row, `data-live-text="New request: expense for user alice, memo 東京タワー、Zürich café, to &lt;U&#43;FF43&gt;&lt;U&#43;FF0D&gt;&lt;U&#43;FF11&gt;&lt;U&#43;FF12&gt;&lt;U&#43;FF13&gt;"`)
+
+	require.Equal(t, http.StatusSeeOther, bob.post("/ui/requests/"+id+"/decide", url.Values{"decision": {"deny"}, "csrf": {csrf(t, p)}}).status)
+	hist := bob.get("/ui/history")
+	require.Empty(t, rawHidden(hist.body))
+	require.Contains(t, hist.body, "hidden-badge")
+	require.Contains(t, hist.body, fullwidth)
+	require.Contains(t, hist.body, memo)
+}
+
 // channelPolicy: repository deletion is decided in the web UI only;
 // deployments only through a client on a person's behalf. An ITSM client
 // is named in both, so only the channel refuses it.
