@@ -245,6 +245,51 @@ rules:
 	}
 }
 
+// TestCompatibilityCharactersMarked (issue 39): an argument in fullwidth
+// forms ("ｃ－１２３") is marked character by character in the text and
+// HTML parts, each code point is listed in the warning of both, and
+// ordinary Japanese and accented text beside it is left as it is.
+func TestCompatibilityCharactersMarked(t *testing.T) {
+	sink := startSink(t)
+	env := backendtest.Start(t, backendtest.Options{Mail: mailTo(sink), Policy: []byte(`version: 1
+rules:
+  - name: expense
+    match: {resource_id: expense}
+    effect: request
+    display: {title: Expense approval}
+    approval: {groups: [treasury]}
+`)})
+	const to, memo = "\uff43\uff0d\uff11\uff12\uff13", "東京タワー、Zürich café"
+	id := env.Submit(t, map[string]any{
+		"subject":  map[string]any{"type": "user", "id": "alice"},
+		"action":   map[string]any{"name": "tools/call"},
+		"resource": map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{"to": to, "memo": memo}}},
+	})
+	for _, m := range waitFor(t, sink, 2, about(id)) {
+		require.Contains(t, m.Text, "  to: <U+FF43><U+FF0D><U+FF11><U+FF12><U+FF13>\n")
+		require.Contains(t, m.Text, "  memo: "+memo+"\n", "ordinary text as it is")
+		require.Contains(t, m.Text, "WARNING: this request contains hidden or look-alike characters")
+		for _, line := range []string{
+			"  - U+FF43 FULLWIDTH LATIN SMALL LETTER C (NFKC “c”) (compatibility character) in argument “to”\n",
+			"  - U+FF0D FULLWIDTH HYPHEN-MINUS (NFKC “-”) (compatibility character) in argument “to”\n",
+			"  - U+FF11 FULLWIDTH DIGIT ONE (NFKC “1”) (compatibility character) in argument “to”\n",
+			"  - U+FF12 FULLWIDTH DIGIT TWO (NFKC “2”) (compatibility character) in argument “to”\n",
+			"  - U+FF13 FULLWIDTH DIGIT THREE (NFKC “3”) (compatibility character) in argument “to”\n",
+		} {
+			require.Contains(t, m.Text, line)
+		}
+		require.NotContains(t, m.Text, "in argument “memo”")
+		require.Contains(t, m.HTML, "<dd>"+string(summary.Show(to))+"</dd>", "the HTML part marks it as the page does")
+		require.Contains(t, m.HTML, `<mark class="hidden-char" title="U+FF43 FULLWIDTH LATIN SMALL LETTER C (NFKC “c”): compatibility character">U+FF43</mark><mark`)
+		require.Contains(t, m.HTML, `<h2>This request contains hidden or look-alike characters</h2>`)
+		require.Contains(t, m.HTML, `U+FF13</mark> FULLWIDTH DIGIT THREE (NFKC “3”) (compatibility character) in <bdi class="val">argument “to”</bdi>`)
+		require.Contains(t, m.HTML, "<dd><bdi class=\"val\">"+memo+"</bdi></dd>")
+		for _, r := range to {
+			require.NotContains(t, m.Text+m.HTML+m.Subject, string(r), "%U is in no part raw", r)
+		}
+	}
+}
+
 // TestNoChannelsTellsNobody: a rule with notify: {channels: []} (arguments
 // that must not leave arap) sends nothing, though e-mail is configured and
 // its approvers have addresses: the empty list survives being stored with

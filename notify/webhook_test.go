@@ -285,12 +285,13 @@ rules:
 	env.Submit(t, map[string]any{
 		"subject":  map[string]any{"type": "user", "id": "alice"},
 		"action":   map[string]any{"name": "tools/call"},
-		"resource": map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{"to": "acct-\u202e199"}}},
+		"resource": map[string]any{"type": "mcp_tool", "id": "expense", "properties": map[string]any{"arguments": map[string]any{"to": "acct-\u202e199\uff11\uff11"}}},
 	})
 	var p notify.Payload
 	require.NoError(t, json.Unmarshal([]byte(waitPosts(t, rcv, 1)[0].Body), &p))
-	require.Equal(t, []notify.HiddenCharacter{{Code: "U+202E", Name: "RIGHT-TO-LEFT OVERRIDE", Where: "argument “to”", Count: 1}}, p.Request.HiddenCharacters)
-	require.Equal(t, "acct-\u202e199", p.Request.Arguments[0].Value, "the value is unchanged")
+	require.Equal(t, []notify.HiddenCharacter{{Code: "U+202E", Name: "RIGHT-TO-LEFT OVERRIDE", Where: "argument “to”", Count: 1},
+		{Code: "U+FF11", Name: "FULLWIDTH DIGIT ONE (NFKC “1”)", Where: "argument “to”", Count: 2}}, p.Request.HiddenCharacters)
+	require.Equal(t, "acct-\u202e199\uff11\uff11", p.Request.Arguments[0].Value, "the value is unchanged")
 	require.Empty(t, p.Request.Agent)
 	require.Empty(t, p.Request.Title)
 }
