@@ -66,6 +66,38 @@ rules:
 	}
 }
 
+// TestCompatibilityCharactersMarked (issue 39): an argument in fullwidth
+// forms ("ｃ－１２３") is shown with each character's marker in the blocks,
+// each code point is listed in the warning, ordinary Japanese and accented
+// text beside it is left as it is, and no raw fullwidth character is in any
+// block or the notification text.
+func TestCompatibilityCharactersMarked(t *testing.T) {
+	e := startWith(t, `version: 1
+rules:
+  - name: any_tool
+    match: {resource_type: mcp_tool}
+    effect: request
+    approval: {groups: [treasury]}
+`)
+	const to, memo = "\uff43\uff0d\uff11\uff12\uff13", "東京タワー、Zürich café"
+	e.Submit(t, toolCall("expense", map[string]any{"to": to, "memo": memo}))
+	for _, c := range e.slack.wait(t, 2, "chat.postMessage", nil) {
+		all := allText(blocksOf(t, c))
+		require.Contains(t, all, "  to: <U+FF43><U+FF0D><U+FF11><U+FF12><U+FF13>\n")
+		require.Contains(t, all, "  memo: "+memo+"\n")
+		require.Contains(t, all, "WARNING: this request contains hidden or look-alike characters")
+		require.Contains(t, all, "• U+FF43 FULLWIDTH LATIN SMALL LETTER C (NFKC “c”) (compatibility character) in argument “to”\n")
+		require.Contains(t, all, "• U+FF0D FULLWIDTH HYPHEN-MINUS (NFKC “-”) (compatibility character) in argument “to”\n")
+		require.Contains(t, all, "• U+FF11 FULLWIDTH DIGIT ONE (NFKC “1”) (compatibility character) in argument “to”\n")
+		require.Contains(t, all, "• U+FF12 FULLWIDTH DIGIT TWO (NFKC “2”) (compatibility character) in argument “to”\n")
+		require.Contains(t, all, "• U+FF13 FULLWIDTH DIGIT THREE (NFKC “3”) (compatibility character) in argument “to”\n")
+		require.NotContains(t, all, "in argument “memo”")
+		for _, r := range to {
+			require.NotContains(t, c.Form["blocks"]+c.Form["text"], string(r), "%U is in no block raw", r)
+		}
+	}
+}
+
 // markupPolicy puts <, &, " and ' in the rule's title and description
 // and names a client with them, whose vote puts them in the lead line.
 const markupPolicy = `version: 1
