@@ -12,7 +12,10 @@ import (
 // FuncHiddenCharacters is the CEL function hidden_characters(value): true
 // when any string in value, or any member name of a map in it, holds a
 // character a person reading the request could not see or could mistake
-// (see package visible). A rule can refuse such calls outright:
+// (see package visible): every character the approver's page, e-mail and
+// Slack message mark, compatibility characters such as fullwidth "ａ" or
+// superscript "²" (whose NFKC form differs) among them. A rule can refuse
+// such calls outright:
 //
 //	when: hidden_characters(resource.properties.arguments)
 //	effect: deny

@@ -24,7 +24,7 @@ rules:
     effect: allow
   - name: literal
     match: {resource_id: literal}
-    when: 'hidden_characters({"a": ["x", "y\u202e"]}) && !hidden_characters("plain") && !hidden_characters(42)'
+    when: 'hidden_characters({"a": ["x", "y\u202e"]}) && hidden_characters("\uff41") && !hidden_characters("plain") && !hidden_characters(42)'
     effect: allow
 `
 
@@ -59,6 +59,12 @@ func TestHiddenCharactersFunction(t *testing.T) {
 		{"in an argument name", map[string]any{"t\u200bo": "acct-991"}, true},
 		{"nested in a list", map[string]any{"to": []any{"a", map[string]any{"x": "b\u2066"}}}, true},
 		{"nested too deeply to check", map[string]any{"to": deep}, true},
+		{"fullwidth letters and digits", map[string]any{"to": "\uff43\uff0d\uff11\uff12\uff13"}, true},
+		{"one fullwidth digit", map[string]any{"to": "acct-99\uff11"}, true},
+		{"superscript", map[string]any{"memo": "10 m\u00b2"}, true},
+		{"ligature", map[string]any{"memo": "\ufb01le"}, true},
+		{"fullwidth argument name", map[string]any{"\uff54o": "acct-991"}, true},
+		{"decomposed accents and kana", map[string]any{"to": "Zu\u0308rich", "memo": "\u30ab\u3099 東京タワー、"}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
