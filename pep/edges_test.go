@@ -57,7 +57,7 @@ func TestBadBytesAtTheFrontEnd(t *testing.T) {
 	status, body := send(t, url, "Bearer alice-token-0123", "tools/call", `{"name":"wire_transfer","arguments":{"to":991,"amount":-5,"memo":"x"}}`)
 	require.Less(t, status, 500, body)
 	require.Contains(t, body, `"code":-32602`, body)
-	require.Contains(t, body, "invalid arguments for wire_transfer: amount: must be greater than 0; use a larger number. "+
+	require.Contains(t, body, "invalid arguments for wire_transfer: amount: must be at least 0.01; use a larger number. "+
 		"memo: is not a field here; remove it. to: must be a string, not a number; send it as a string", body)
 	require.NotContains(t, body, "jsonschema", "not the validator's own text")
 
