@@ -65,8 +65,9 @@ const checkMarkers = `(() => {
 
 // TestBrowserShowsHiddenCharacters is issue 13's deception in a real
 // browser: a request whose argument is "acct-<RLO>199<PDF>" (which renders
-// as acct-991), with a zero-width space in an argument's name and a
-// Cyrillic letter in a Latin word. The approver's page must show each as a
+// as acct-991), with a zero-width space in an argument's name, a Cyrillic
+// letter in a Latin word and (issue 39) an argument in fullwidth forms,
+// "ｃ－１２３", beside ordinary Japanese and accented text. The approver's page must show each as a
 // visible, labelled marker in the DOM text, warn at the top with the exact
 // code points, isolate every value, never carry the raw override, and fold
 // away the context nobody asked for. A screenshot is saved as an artifact.
@@ -78,7 +79,8 @@ func TestBrowserShowsHiddenCharacters(t *testing.T) {
 
 	// As the dev PEP would: evaluate, then submit. delete_repository is
 	// requestable whatever its arguments hold (wire_transfer refuses them).
-	call := toolCall("delete_repository", map[string]any{"repo": "acct-\u202e199\u202c", "n\u200bote": "p\u0430ypal"})
+	call := toolCall("delete_repository", map[string]any{"repo": "acct-\u202e199\u202c", "n\u200bote": "p\u0430ypal",
+		"tag": "\uff43\uff0d\uff11\uff12\uff13", "memo": "東京タワー、Zürich café"})
 	call["context"] = map[string]any{"approved_by": "CFO"}
 	status, dec := postJSON(t, d.api+"/access/v1/evaluation", dev.PEPToken, call)
 	require.Equal(t, 200, status, "%v", dec)
@@ -100,7 +102,7 @@ func TestBrowserShowsHiddenCharacters(t *testing.T) {
 	got, err := chromedp.Run(ctx, chromedp.Evaluate[pageCheck](checkMarkers))
 	require.NoError(t, err)
 
-	for _, r := range []string{"\u202e", "\u202c", "\u200b", "\u0430"} {
+	for _, r := range []string{"\u202e", "\u202c", "\u200b", "\u0430", "\uff43", "\uff0d", "\uff11", "\uff12", "\uff13"} {
 		require.NotContains(t, got.Text, r, "the rendered text holds no raw %U", []rune(r)[0])
 		require.NotContains(t, got.DOM, r, "the DOM holds no raw %U", []rune(r)[0])
 	}
@@ -120,17 +122,22 @@ func TestBrowserShowsHiddenCharacters(t *testing.T) {
 		require.NotContains(t, []string{"rgba(0, 0, 0, 0)", "transparent"}, m.Background, "%s: highlighted", m.Text)
 		require.Contains(t, m.Title, m.Text+" ", "labelled with its name")
 	}
-	require.ElementsMatch(t, []string{"U+202E", "U+202C", "U+200B", "U+0430"}, texts)
+	require.ElementsMatch(t, []string{"U+202E", "U+202C", "U+200B", "U+0430", "U+FF43", "U+FF0D", "U+FF11", "U+FF12", "U+FF13"}, texts)
 
 	require.NotEmpty(t, got.Isolation)
 	for _, b := range got.Isolation {
 		require.Contains(t, []string{"isolate", "isolate-override", "plaintext"}, b, "every value is a bidi isolate")
 	}
 	for _, want := range []string{"This request contains hidden or look-alike characters",
-		"U+202E RIGHT-TO-LEFT OVERRIDE", "U+202C POP DIRECTIONAL FORMATTING", "U+200B ZERO WIDTH SPACE", "U+0430 CYRILLIC SMALL LETTER A"} {
+		"U+202E RIGHT-TO-LEFT OVERRIDE", "U+202C POP DIRECTIONAL FORMATTING", "U+200B ZERO WIDTH SPACE", "U+0430 CYRILLIC SMALL LETTER A",
+		"U+FF43 FULLWIDTH LATIN SMALL LETTER C (NFKC “c”) (compatibility character) in argument “tag”",
+		"U+FF0D FULLWIDTH HYPHEN-MINUS", "U+FF11 FULLWIDTH DIGIT ONE", "U+FF12 FULLWIDTH DIGIT TWO", "U+FF13 FULLWIDTH DIGIT THREE"} {
 		require.Contains(t, strings.Join(strings.Fields(got.Warning), " "), want)
 	}
 	require.Contains(t, got.Text, "acct-U+202E199U+202C", "the reader sees the characters' places")
+	require.Contains(t, got.Text, "U+FF43U+FF0DU+FF11U+FF12U+FF13", "each fullwidth character is marked in its place")
+	require.Contains(t, got.Text, "東京タワー、Zürich café", "ordinary Japanese and accented text is shown as it is")
+	require.NotContains(t, got.Warning, "memo", "and is no finding")
 	require.False(t, got.Extra.Open, "context nobody asked for is folded away")
 	require.Equal(t, "Extra, not asked for, not checked (1)", got.Extra.Summary)
 	require.Contains(t, got.Text, "Stated by the requester")
@@ -143,15 +150,15 @@ func TestBrowserShowsHiddenCharacters(t *testing.T) {
 
 // TestMCPRefusesHiddenCharactersInTransfers: through the MCP front-end, a
 // wire_transfer whose beneficiary holds a right-to-left override (or a
-// zero-width space, or a Cyrillic look-alike) is refused outright by the dev
-// policy: a plain denial, no task, no request for anyone to approve, and
-// nothing runs.
+// zero-width space, a Cyrillic look-alike, or fullwidth forms) is refused
+// outright by the dev policy: a plain denial, no task, no request for
+// anyone to approve, and nothing runs.
 func TestMCPRefusesHiddenCharactersInTransfers(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, stackOptions{})
 	alice := s.client(s.alice)
 	ctx := context.Background()
-	for _, to := range []string{"acct-\u202e199\u202c", "acct\u200b-991", "p\u0430ypal"} {
+	for _, to := range []string{"acct-\u202e199\u202c", "acct\u200b-991", "p\u0430ypal", "\uff43\uff0d\uff11\uff12\uff13"} {
 		for _, amount := range []float64{100, 50000} {
 			r, err := alice.CallTool(ctx, "wire_transfer", map[string]any{"to": to, "amount": amount}, nil)
 			require.NoError(t, err)
