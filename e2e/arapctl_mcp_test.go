@@ -77,7 +77,7 @@ func TestArapctlMCPResumesAfterKill(t *testing.T) {
 	require.Contains(t, out, `--arg "amount": want name=value`)
 	code, out = startArapctl(t, alice, "mcp", "call", "wire_transfer", "--arg", "to=acct-1", "--arg", "amount=-5").exit(t)
 	require.Equal(t, 1, code, out)
-	require.Contains(t, out, "invalid arguments for wire_transfer: amount: must be greater than 0; use a larger number")
+	require.Contains(t, out, "invalid arguments for wire_transfer: amount: must be at least 0.01; use a larger number")
 }
 
 // approveOnlyPending approves the one pending request through the decision

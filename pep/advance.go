@@ -361,6 +361,9 @@ func (g *Gate) reevaluate(ctx context.Context, a *approvalTask, approval *authze
 // longer act; the number of chained requests is bounded.
 func (g *Gate) chain(ctx context.Context, a *approvalTask, tool *offered, b binding, d authzen.Decision, hint *authzen.AccessRequestHint) error {
 	if a.Chained+1 >= g.cfg.MaxChained && !(brokenBuild && broken(violateChainUnbounded)) {
+		if d.Context[authzen.CtxReason] == authzen.ReasonApprovalExpired {
+			return g.deny(ctx, a, "The approval expired before it could be used, and too many new approval requests were made for this call; the tool did not run.")
+		}
 		return g.deny(ctx, a, "The approval did not cover this call and too many new approval requests were made for it; the tool did not run.")
 	}
 	var schema map[string]any

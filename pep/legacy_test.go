@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,7 +37,21 @@ func (p *stack) legacyCall(t *testing.T, method string, params map[string]any) (
 		Result map[string]any  `json:"result"`
 		Error  *tasks.RPCError `json:"error"`
 	}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	// A forwarded request may be answered on an event stream (the
+	// upstream's log messages travel with it); the answer is its last
+	// data line.
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		var last string
+		for _, line := range strings.Split(string(raw), "\n") {
+			if d, ok := strings.CutPrefix(line, "data: "); ok {
+				last = d
+			}
+		}
+		raw = []byte(last)
+	}
+	require.NoError(t, json.Unmarshal(raw, &out), "%s", raw)
 	return out.Result, out.Error
 }
 
