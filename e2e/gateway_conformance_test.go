@@ -190,9 +190,45 @@ func TestGatewayConformance(t *testing.T) {
 	}
 
 	type key struct{ scenario, check, target, level string }
+	isListed := map[key]bool{}
+	for _, x := range listed.Differences {
+		isListed[key{x.Scenario, x.Check, x.Target, x.Level}] = true
+	}
+	// differences are the checks of g (a run through tg) that differ from
+	// d (the direct run) as the listing counts them.
+	differences := func(sc suiteScenario, tg string, d, g scenarioRun) map[key]bool {
+		out := map[key]bool{}
+		// Fixtures: nothing fails, whatever the server alone does. Both: a
+		// check that passes directly passes through the gateway too
+		// (warning, skipped, info or missing otherwise).
+		for check, st := range g.checks {
+			if st == "FAILURE" && (tg == targetFixtures || d.checks[check] != "FAILURE") {
+				out[key{sc.name, check, tg, "failure"}] = true
+			}
+		}
+		for check, st := range d.checks {
+			gs, ok := g.checks[check]
+			switch {
+			case st != "SUCCESS" || gs == "SUCCESS" || gs == "FAILURE":
+			case !ok:
+				out[key{sc.name, check, tg, "missing"}] = true
+			default:
+				out[key{sc.name, check, tg, strings.ToLower(gs)}] = true
+			}
+		}
+		return out
+	}
+	unlisted := func(diffs map[key]bool) bool {
+		for k := range diffs {
+			if !isListed[k] {
+				return true
+			}
+		}
+		return false
+	}
 	found := map[key]bool{}
 	notRun := map[[2]string]bool{}
-	var summary []string
+	var summary, retried []string
 	scenarios := serverScenarios(t, node, cli)
 	require.Len(t, scenarios, 65, "the suite's server scenarios")
 	for _, sc := range scenarios {
@@ -201,6 +237,20 @@ func TestGatewayConformance(t *testing.T) {
 			runs[tg] = run(targets[tg], sc)
 		}
 		d := runs[targetDirect]
+		diffs := map[string]map[key]bool{}
+		for _, tg := range []string{targetFixtures, targetPassthrough} {
+			diffs[tg] = differences(sc, tg, d, runs[tg])
+			// Some of the suite's checks wait a fixed time for an event
+			// (1.5 s for a list_changed on a listen stream), which a loaded
+			// machine can miss through one more hop: an unlisted
+			// difference is run again, at most twice, and every retry is
+			// logged. A difference that persists fails the test.
+			for attempt := 2; attempt <= 3 && unlisted(diffs[tg]); attempt++ {
+				retried = append(retried, fmt.Sprintf("%s through %s: attempt %d", sc.name, tg, attempt))
+				runs[tg] = run(targets[tg], sc)
+				diffs[tg] = differences(sc, tg, d, runs[tg])
+			}
+		}
 		line := fmt.Sprintf("%-48s %s", sc.name, sc.version)
 		for _, tg := range []string{targetDirect, targetFixtures, targetPassthrough} {
 			r := runs[tg]
@@ -217,30 +267,17 @@ func TestGatewayConformance(t *testing.T) {
 		}
 		summary = append(summary, line)
 		for _, tg := range []string{targetFixtures, targetPassthrough} {
-			g := runs[tg]
-			if g.didNot != "" && d.didNot == "" {
+			if runs[tg].didNot != "" && d.didNot == "" {
 				notRun[[2]string{sc.name, tg}] = true
 				continue
 			}
-			// Fixtures: nothing fails, whatever the server alone does.
-			// Both: a check that passes directly passes through the
-			// gateway too (warning, skipped, info or missing otherwise).
-			for check, st := range g.checks {
-				if st == "FAILURE" && (tg == targetFixtures || d.checks[check] != "FAILURE") {
-					found[key{sc.name, check, tg, "failure"}] = true
-				}
-			}
-			for check, st := range d.checks {
-				gs, ok := g.checks[check]
-				switch {
-				case st != "SUCCESS" || gs == "SUCCESS" || gs == "FAILURE":
-				case !ok:
-					found[key{sc.name, check, tg, "missing"}] = true
-				default:
-					found[key{sc.name, check, tg, strings.ToLower(gs)}] = true
-				}
+			for k := range diffs[tg] {
+				found[k] = true
 			}
 		}
+	}
+	if len(retried) > 0 {
+		t.Logf("run again after an unlisted difference:\n  %s", strings.Join(retried, "\n  "))
 	}
 	var problems []string
 	for _, x := range listed.Differences {
