@@ -86,7 +86,7 @@ func TestTransferAmountsAnApproverCanRead(t *testing.T) {
 		"-5":                     "amount: must be at least 0.01",
 		"100.015":                "amount: must be a multiple of 0.01",
 		"25000.001":              "amount: must be a multiple of 0.01",
-		"12345678901234567890":   "amount: must be at most 1000000000",
+		"12345678901234567890":   "amount: the number 12345678901234567890 cannot be kept exactly",
 		"1000000000.01":          "amount: must be at most 1000000000",
 		"1e300":                  "amount: must be at most 1000000000",
 		"1.7976931348623157e308": "amount: must be at most 1000000000",

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -370,6 +371,10 @@ func (g *Gate) arguments(req *sdk.CallToolRequest, tool *offered) (map[string]an
 	}
 	if len(raw) == 0 || string(raw) == "null" {
 		raw = []byte("{}")
+	}
+	if p, text := inexactNumber(raw); p != "" || text != "" {
+		return nil, rpcError(tasks.CodeInvalidParams, "invalid arguments for "+req.Params.Name+": "+strings.TrimPrefix(p, "/")+
+			": the number "+text+" cannot be kept exactly (beyond a 64-bit float's range or precision); send fewer digits, or a string")
 	}
 	if err := json.Unmarshal(raw, &args); err != nil {
 		return nil, rpcError(tasks.CodeInvalidParams, "arguments must be a JSON object")
