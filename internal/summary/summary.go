@@ -13,6 +13,7 @@ package summary
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -139,8 +140,14 @@ func Fields(m map[string]any) []Field {
 
 // Number writes v exactly as the call carries it (the shortest decimal
 // that is v), with thousands separators in its integer part: never rounded,
-// so what an approver reads is what runs.
+// so what an approver reads is what runs. Where RFC 8785 writes a number
+// with an exponent (below 1e-6 or from 1e21 on), so does Number: its
+// canonical JSON text, as the binding hash sees it, not 300 zeros.
 func Number(v float64) string {
+	if a := math.Abs(v); a != 0 && (a < 1e-6 || a >= 1e21) {
+		// Go pads the exponent to two digits (1e-07); RFC 8785 does not.
+		return strings.NewReplacer("e-0", "e-", "e+0", "e+").Replace(strconv.FormatFloat(v, 'g', -1, 64))
+	}
 	s := strconv.FormatFloat(v, 'f', -1, 64)
 	sign := ""
 	if strings.HasPrefix(s, "-") {
