@@ -271,7 +271,12 @@ func (v *Verifier) keysOf(ctx context.Context, iss *issuer) (keyfunc.Keyfunc, er
 	// context): every hour, and at once, rate-limited, for an unknown key.
 	k, err := keyfunc.NewDefaultOverrideCtx(context.Background(), []string{iss.meta.JWKSURI}, keyfunc.Override{
 		Client: v.cfg.HTTP, HTTPTimeout: 5 * time.Second, RefreshUnknownKID: rate.NewLimiter(rate.Every(unknownKID), 1),
-		RateLimitWaitMax: time.Millisecond, RefreshErrorHandlerFunc: func(string) func(context.Context, error) {
+		// jwkset bounds both the wait for the limiter and the refetch itself
+		// by this one deadline, so it is the fetch's own timeout (1 ms
+		// failed the refetch on a busy machine); a flood still costs one
+		// refetch per unknownKID, as a wait longer than the deadline is
+		// refused at once.
+		RateLimitWaitMax: 5 * time.Second, RefreshErrorHandlerFunc: func(string) func(context.Context, error) {
 			return func(context.Context, error) {} // a token that needs the keys says why it was refused
 		},
 	})
