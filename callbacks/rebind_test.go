@@ -4,9 +4,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"net/netip"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,68 +16,29 @@ import (
 	"github.com/omcp/arap/callbacks"
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/internal/dbtest"
+	"github.com/omcp/arap/internal/rebindtest"
 	"github.com/omcp/arap/migrations"
 	"github.com/omcp/arap/requests"
 )
-
-// rebinder is the DNS a rebinding attacker runs, as the registration-time
-// check sees it: every name resolves to a public address. The delivery's
-// dialler does not ask it; it resolves through the system, where
-// "localhost" is loopback, so the name that passed the check leads to
-// loopback at dial time.
-type rebinder struct{ asked atomic.Int32 }
-
-func (r *rebinder) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
-	r.asked.Add(1)
-	return []netip.Addr{netip.MustParseAddr("93.184.216.34")}, nil
-}
-
-// loopbackOnly requires that the system resolves "localhost" to loopback
-// addresses only, which the rebinding tests rely on.
-func loopbackOnly(t *testing.T) {
-	t.Helper()
-	ips, err := net.DefaultResolver.LookupNetIP(context.Background(), "ip", "localhost")
-	require.NoError(t, err, "the test needs the system to resolve localhost")
-	require.NotEmpty(t, ips)
-	for _, ip := range ips {
-		require.True(t, ip.Unmap().IsLoopback(), "the system resolves localhost to %s; the test needs loopback", ip)
-	}
-}
-
-// countingListener is a real server on loopback that counts the
-// connections it accepts; the count is taken before anything is read, so
-// it is final once the dialler's attempt has ended.
-func countingListener(t *testing.T) (*httptest.Server, *atomic.Int32) {
-	var conns atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv, &conns
-}
 
 // TestDeliveryRefusesANameRebindToLoopback: a callback whose host passed
 // the submission check (it resolved to a public address) but resolves to
 // loopback when the delivery dials is refused at dial time: no connection
 // reaches the loopback listener, and the attempt records why.
 func TestDeliveryRefusesANameRebindToLoopback(t *testing.T) {
-	loopbackOnly(t)
+	rebindtest.LocalhostIsLoopback(t)
 	ctx := context.Background()
 	db := dbtest.New(t)
 	// Insert-only: no worker runs the job; the test makes the attempt.
 	jobs, err := river.NewClient(riverpgxv5.New(db), &river.Config{Schema: migrations.RiverSchema})
 	require.NoError(t, err)
-	dns := &rebinder{}
+	dns := &rebindtest.PublicDNS{}
 	svc, err := callbacks.NewService(callbacks.Config{DB: db, Jobs: jobs, MasterKey: make([]byte, 32), Resolver: dns,
 		StatusEndpoint: func(id string) string { return "https://arap.example/access/v1/requests/" + id },
 		Schedule:       []time.Duration{}, // the first failed attempt is the last
 	})
 	require.NoError(t, err)
-	srv, conns := countingListener(t)
+	srv, conns := rebindtest.CountingServer(t, http.StatusOK)
 	_, port, err := net.SplitHostPort(srv.Listener.Addr().String())
 	require.NoError(t, err)
 
@@ -93,7 +51,7 @@ func TestDeliveryRefusesANameRebindToLoopback(t *testing.T) {
 
 	cb := &authzen.Callback{Endpoint: "https://localhost:" + port + "/cb"}
 	require.NoError(t, svc.CheckCallback(ctx, c.ID, cb), "registration sees a public address")
-	require.NotZero(t, dns.asked.Load(), "registration resolved through the Resolver seam")
+	require.NotZero(t, dns.Asked.Load(), "registration resolved through the Resolver seam")
 
 	// The request ends; its delivery is recorded as the backend records it.
 	now := time.Now()
