@@ -10,17 +10,27 @@
 // the draws repeatable. Before it kills, a point writes
 // "arap-fault: NAME" on stderr, so a supervisor can count which window each
 // kill hit.
+//
+// ARAP_FAULT_HOLD (same syntax) holds the process at a point instead: it
+// writes "arap-fault-hold: NAME TOKEN" on stderr and waits until the file
+// TOKEN exists in ARAP_FAULT_HOLD_DIR, which the supervisor creates once it
+// has done what the window is for (a failover run kills the database's
+// primary while a replica holds just after its execution claim). A hold
+// that nobody releases ends after HoldMax, so a lost supervisor cannot
+// stall a process for ever.
 package fault
 
 import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Names lists every point, one per window where a crash must not lose or
@@ -42,10 +52,20 @@ var Names = []string{
 // Prefix starts the line a point writes on stderr before it kills.
 const Prefix = "arap-fault: "
 
+// HoldPrefix starts the line a held point writes: "arap-fault-hold: NAME
+// TOKEN".
+const HoldPrefix = "arap-fault-hold: "
+
+// HoldMax bounds a hold nobody releases.
+const HoldMax = time.Minute
+
 var (
-	armed = parse(os.Getenv("ARAP_FAULT"))
-	mu    sync.Mutex
-	rng   = newRand(os.Getenv("ARAP_FAULT_SEED"))
+	armed   = parse(os.Getenv("ARAP_FAULT"))
+	held    = parse(os.Getenv("ARAP_FAULT_HOLD"))
+	holdDir = os.Getenv("ARAP_FAULT_HOLD_DIR")
+	holds   int
+	mu      sync.Mutex
+	rng     = newRand(os.Getenv("ARAP_FAULT_SEED"))
 )
 
 // parse reads ARAP_FAULT into point -> probability. A malformed entry is
@@ -90,21 +110,45 @@ func newRand(seed string) *rand.Rand {
 	return rand.New(rand.NewPCG(s, s^0x9e3779b97f4a7c15))
 }
 
-// Point kills the process if name is armed (and its draw says so).
+// Point kills the process if name is armed (and its draw says so), or
+// holds it there until released if name is held.
 func Point(name string) {
-	p, ok := armed[name]
-	if !ok {
-		return
+	if draw(armed, name) {
+		_, _ = os.Stderr.WriteString(Prefix + name + "\n")
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // never returns
 	}
-	if p < 1 {
-		mu.Lock()
-		hit := rng.Float64() < p
-		mu.Unlock()
-		if !hit {
+	if holdDir != "" && draw(held, name) {
+		hold(name)
+	}
+}
+
+func draw(points map[string]float64, name string) bool {
+	p, ok := points[name]
+	if !ok {
+		return false
+	}
+	if p >= 1 {
+		return true
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return rng.Float64() < p
+}
+
+// hold announces the point with a token unique in this process and waits
+// for the release file.
+func hold(name string) {
+	mu.Lock()
+	holds++
+	token := fmt.Sprintf("%d-%d", os.Getpid(), holds)
+	mu.Unlock()
+	release := filepath.Join(holdDir, token)
+	_, _ = os.Stderr.WriteString(HoldPrefix + name + " " + token + "\n")
+	for end := time.Now().Add(HoldMax); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(release); err == nil {
+			_ = os.Remove(release)
 			return
 		}
 	}
-	_, _ = os.Stderr.WriteString(Prefix + name + "\n")
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {} // never returns
 }

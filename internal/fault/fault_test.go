@@ -1,6 +1,7 @@
 package fault
 
 import (
+	"bufio"
 	"errors"
 	"os"
 	"os/exec"
@@ -114,4 +115,36 @@ func TestUnarmedPointReturns(t *testing.T) {
 		require.NoError(t, cmd.Run(), "ARAP_FAULT=%q: %s", arm, stderr.String())
 		require.Empty(t, stderr.String(), "ARAP_FAULT=%q", arm)
 	}
+}
+
+// TestPointHolds: a held point says where and with which token, waits
+// until the supervisor creates the release file, and then goes on: the
+// child reaches the point and goes on only when it finds (and removes)
+// the release file.
+func TestPointHolds(t *testing.T) {
+	if os.Getenv("FAULT_CHILD") == "4" {
+		Point("pep.after-claim")
+		_, _ = os.Stderr.WriteString("after\n")
+		os.Exit(0)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestPointHolds$")
+	cmd.Env = append(os.Environ(), "FAULT_CHILD=4", "ARAP_FAULT_HOLD=pep.after-claim", "ARAP_FAULT_HOLD_DIR="+dir)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	r := bufio.NewReader(stderr)
+	line, err := r.ReadString('\n')
+	require.NoError(t, err)
+	rest, ok := strings.CutPrefix(line, HoldPrefix+"pep.after-claim ")
+	require.True(t, ok, "the hold line: %q", line)
+	token := strings.TrimSpace(rest)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, token), nil, 0o600))
+	after, err := r.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "after\n", after)
+	require.NoError(t, cmd.Wait())
+	_, err = os.Stat(filepath.Join(dir, token))
+	// The held process consumed the release: it was waiting for it.
+	require.ErrorIs(t, err, os.ErrNotExist, "the held process removes its release file")
 }
