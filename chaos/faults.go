@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"time"
 )
 
@@ -59,6 +60,19 @@ func schedule(seed int64, n int, d time.Duration, procs, proxies []string) []pla
 	return out
 }
 
+// failoverHoldWait is how long a due failover waits for a front-end held
+// inside the claim window before it strikes at a random moment.
+const failoverHoldWait = 3 * time.Second
+
+// withFailovers adds n failovers, evenly spread over d, to plans.
+func withFailovers(plans []plan, n int, d time.Duration) []plan {
+	for i := range n {
+		plans = append(plans, plan{At: d * time.Duration(i) / time.Duration(max(n, 1)), Kind: FaultFailover, Target: "postgresql"})
+	}
+	sort.SliceStable(plans, func(i, j int) bool { return plans[i].At < plans[j].At })
+	return plans
+}
+
 func toxicOf(kind string, rng *rand.Rand) (string, string) {
 	switch kind {
 	case FaultLatency:
@@ -96,7 +110,13 @@ func (s *system) inject(ctx context.Context, plans []plan, seed int64) {
 			case FaultKill:
 				byName[p.Target].kill()
 				s.events.fault(p.Kind, p.Target, t0, t0.Add(time.Second))
+			case FaultFailover:
+				s.pair.scheduled(ctx, failoverHoldWait)
 			case FaultPGFast, FaultPGCrash:
+				if s.pair != nil {
+					s.pair.scheduled(ctx, failoverHoldWait)
+					return
+				}
 				if err := s.pgFault(ctx, p.Kind == FaultPGCrash, p.For); err != nil {
 					fmt.Fprintf(s.log, "chaos: PostgreSQL did not restart: %v\n", err)
 				}

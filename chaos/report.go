@@ -18,9 +18,12 @@ type Summary struct {
 	OutcomeUnknown int
 	Retryable      int // retryable answers the clients saw (lost, unavailable, internal)
 	Internal       int // of which internal errors (-32603, code 0): an outage answered as a bug
-	Dispositions   map[string]int
-	Violations     int
-	Deferred       int // callbacks not yet received, retry scheduled after the settle
+	// ApproverInternal: the approver's decisions answered 5xx other than
+	// 503 (an outage must be 503 with Retry-After).
+	ApproverInternal int
+	Dispositions     map[string]int
+	Violations       int
+	Deferred         int // callbacks not yet received, retry scheduled after the settle
 }
 
 // Failures says why a run fails, if it does: violations, tasks not terminal
@@ -91,6 +94,11 @@ func Summarize(h *History, v []Violation, hits map[string]int) *Summary {
 			}
 		}
 	}
+	for _, d := range h.Decisions {
+		if d.Status >= 500 && d.Status != 503 {
+			s.ApproverInternal++
+		}
+	}
 	for _, f := range h.Faults {
 		k := s.PerKind[f.Kind]
 		if k == nil {
@@ -130,6 +138,7 @@ func (s *Summary) Print(w io.Writer, h *History, v []Violation) {
 	}
 	fmt.Fprintf(w, "calls %d, tasks %d, executions %d (upstream %d, ledger %d), outcome-unknown %d, retryable answers seen by clients %d (internal errors among them %d)\n",
 		s.Calls, s.Tasks, s.Executions, len(h.Executions), len(h.Ledger), s.OutcomeUnknown, s.Retryable, s.Internal)
+	fmt.Fprintf(w, "approver decisions answered 5xx other than 503: %d\n", s.ApproverInternal)
 	fmt.Fprintf(w, "task endings: %s\n", counts(s.Dispositions))
 	fmt.Fprintf(w, "audit: backend %d chains / %d events, front-end %d chains / %d events\n", h.Audit.BackendChains, h.Audit.BackendEvents, h.Audit.PEPChains, h.Audit.PEPEvents)
 	fmt.Fprintf(w, "settle: %s of at most %s; unsettled tasks %d; callbacks deferred to a later retry %d\n", h.Settle.Took.Round(100e6), h.Settle.Bound, len(h.Settle.Unsettled), s.Deferred)

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,10 +43,18 @@ type Options struct {
 	// SettleBound is how long the system has, after the faults stop, to
 	// bring every task and request to a terminal state.
 	SettleBound time.Duration
-	Bin         string // arapd/arapctl directory; empty builds them
-	Keep        bool   // keep the work directory
-	HistoryFile string // write the history as JSON here
-	Log         io.Writer
+	// Failover (FailoverSync, FailoverAsync) runs PostgreSQL as a primary
+	// with a streaming standby; its PostgreSQL faults are failovers, and
+	// Failovers more are scheduled.
+	Failover  string
+	Failovers int
+	// ReplicationLatency delays WAL on its way to the standby (a standby in
+	// another zone): what an asynchronous failover can lose.
+	ReplicationLatency time.Duration
+	Bin                string // arapd/arapctl directory; empty builds them
+	Keep               bool   // keep the work directory
+	HistoryFile        string // write the history as JSON here
+	Log                io.Writer
 
 	jitterMu sync.Mutex
 	jitterR  *rand.Rand
@@ -66,6 +75,11 @@ type Result struct {
 	Violations []Violation
 	PointHits  map[string]int
 	Elapsed    time.Duration
+	// Failover runs: each failover's timings, and the processes whose
+	// /readyz did not answer 200 after the settle (each must have found
+	// the new primary by itself).
+	Failovers []FailoverStat
+	NotReady  []string
 }
 
 // Run starts the system, runs the load under faults, settles, snapshots and
@@ -87,6 +101,9 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 		procs = append(procs, p.name)
 	}
 	plans := schedule(o.Seed, o.Faults, o.Duration, procs, s.px.list())
+	if o.Failover != "" {
+		plans = withFailovers(plans, o.Failovers, o.Duration)
+	}
 
 	httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 5 * time.Second}}
 	stopNew, settled := make(chan struct{}), make(chan struct{})
@@ -152,6 +169,10 @@ func Run(ctx context.Context, o *Options) (*Result, error) {
 	events.mu.Unlock()
 	h.Executions = s.up.executions()
 	r := &Result{History: h, Violations: Check(h), PointHits: s.pointHits(), Elapsed: time.Since(t0)}
+	if s.pair != nil {
+		r.Failovers = s.pair.statsCopy()
+		r.NotReady = s.notReady(ctx)
+	}
 	if o.HistoryFile != "" {
 		b, _ := json.MarshalIndent(struct {
 			*History
@@ -168,8 +189,8 @@ func (s *system) disarm() {
 	for _, p := range s.procs {
 		p.mu.Lock()
 		for i, e := range p.env {
-			if len(e) > 11 && e[:11] == "ARAP_FAULT=" {
-				p.env[i] = "ARAP_FAULT="
+			if name, _, ok := strings.Cut(e, "="); ok && (name == "ARAP_FAULT" || name == "ARAP_FAULT_HOLD") {
+				p.env[i] = name + "="
 			}
 		}
 		cur := p.cur

@@ -37,8 +37,9 @@ type system struct {
 
 	pgMu    sync.Mutex
 	pgPort  int
-	cluster *pgembed.Cluster
-	db      *pgxpool.Pool // the chaos process's own, direct (approvers, snapshots)
+	cluster *pgembed.Cluster // the primary
+	pair    *pgPair          // with Options.Failover: the primary and its standby
+	db      *pgxpool.Pool    // the chaos process's own, direct (approvers, snapshots)
 
 	px       *proxies
 	lb       *balancer
@@ -108,14 +109,33 @@ func (s *system) start(ctx context.Context) error {
 	if s.up, err = startUpstream(); err != nil {
 		return err
 	}
-	fmt.Fprintln(s.log, "starting PostgreSQL (durable)")
-	if err := s.pgStart(ctx); err != nil {
-		return err
+	if o.Failover != "" {
+		fmt.Fprintf(s.log, "starting PostgreSQL (durable): a primary and a streaming standby (%s replication)\n", o.Failover)
+		if err := os.MkdirAll(s.holdDir(), 0o700); err != nil {
+			return err
+		}
+		if err := s.startPair(ctx); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintln(s.log, "starting PostgreSQL (durable)")
+		if err := s.pgStart(ctx); err != nil {
+			return err
+		}
 	}
 	dbURL, db, err := bench.Database(ctx, s.cluster)
 	s.db = db // closed by stop, even on an error
 	if err != nil {
 		return err
+	}
+	if s.pair != nil {
+		// Every client of the database lists both nodes and finds the
+		// writable one by itself, as after a failover it must.
+		db.Close()
+		dbURL = s.pair.url(func(n *pgNode) string { return fmt.Sprintf("127.0.0.1:%d", n.port) })
+		if s.db, err = pgxpool.New(ctx, dbURL); err != nil {
+			return err
+		}
 	}
 	env := bench.Env(dbURL)
 	if s.creds, err = bench.Provision(ctx, s.bin, env, s.db, o.Callers, "chaos"); err != nil {
@@ -141,6 +161,18 @@ func (s *system) start(ctx context.Context) error {
 	}
 	pgAddr := fmt.Sprintf("127.0.0.1:%d", s.pgPort)
 	dbVia := func(name string) (string, error) {
+		if s.pair != nil {
+			// A proxy to each node.
+			via := map[string]string{}
+			for _, n := range s.pair.nodes {
+				a, err := s.px.add("db:"+name+":"+n.name, fmt.Sprintf("127.0.0.1:%d", n.port))
+				if err != nil {
+					return "", err
+				}
+				via[n.name] = a
+			}
+			return s.pair.url(func(n *pgNode) string { return via[n.name] }), nil
+		}
 		a, err := s.px.add("db:"+name, pgAddr)
 		return fmt.Sprintf("postgres://postgres@%s/arap?sslmode=disable&connect_timeout=5", a), err
 	}
@@ -211,9 +243,9 @@ func (s *system) start(ctx context.Context) error {
 			return err
 		}
 		s.procs = append(s.procs, &proc{s: s, name: name, addr: addr,
-			env: []string{"DATABASE_URL=" + url, env[2], "ARAP_FAULT=" + armed,
+			env: append([]string{"DATABASE_URL=" + url, env[2], "ARAP_FAULT=" + armed,
 				"ARAP_BACKEND_TOKEN=" + s.creds.PEPToken, "ARAP_WEBHOOK_SECRETS=" + s.creds.WebhookSecret,
-				"ARAP_EXEC_TIMEOUT=" + o.ExecTimeout.String(), "ARAP_INTENT_GRACE=3s"},
+				"ARAP_EXEC_TIMEOUT=" + o.ExecTimeout.String(), "ARAP_INTENT_GRACE=3s"}, s.holdEnv()...),
 			args: []string{"mcp", "--backend-url", public, "--public-url", "http://" + cb,
 				"--log-level", "warn", "--poll-interval", "1s", "--reconcile-every", "2s", "--upstreams", upstreams, "--demo-tools"}})
 	}
@@ -244,6 +276,17 @@ func (s *system) pgStart(ctx context.Context) error {
 		_, _ = fmt.Sscanf(cs[strings.LastIndex(cs, ":")+1:], "%d", &s.pgPort)
 	}
 	return nil
+}
+
+// freePort is a loopback port free now.
+func freePort() (int, error) {
+	a, err := bench.FreeAddr()
+	if err != nil {
+		return 0, err
+	}
+	var port int
+	_, err = fmt.Sscanf(a[strings.LastIndex(a, ":")+1:], "%d", &port)
+	return port, err
 }
 
 // pgFault stops PostgreSQL (fast: sessions disconnected, a checkpoint; or
@@ -306,7 +349,9 @@ func (s *system) stop() {
 	if s.db != nil {
 		s.db.Close()
 	}
-	if s.cluster != nil {
+	if s.pair != nil {
+		s.pair.stop()
+	} else if s.cluster != nil {
 		_ = s.cluster.Stop(context.Background())
 	}
 	if !s.o.Keep {
@@ -411,6 +456,11 @@ func (w *pointWriter) Write(b []byte) (int, error) {
 		if name, ok := strings.CutPrefix(line, fault.Prefix); ok {
 			w.p.s.hit(name)
 			w.p.s.events.fault("point:"+name, w.p.name, time.Now(), time.Now().Add(2*time.Second))
+		}
+		if rest, ok := strings.CutPrefix(line, fault.HoldPrefix); ok && w.p.s.pair != nil {
+			if name, token, ok := strings.Cut(rest, " "); ok {
+				go w.p.s.pair.held(context.Background(), name, token)
+			}
 		}
 	}
 	if len(w.buf) > 64<<10 {
