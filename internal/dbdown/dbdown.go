@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -23,9 +24,11 @@ const RetryAfter = 2 * time.Second
 var RetryAfterHeader = strconv.Itoa(int(RetryAfter / time.Second))
 
 // Is reports whether err says the database is unavailable: it could not be
-// reached, refused a connection while starting or shutting down, or dropped
-// the connection. An error the server gave about the statement itself (a
-// unique violation, a syntax error) is not: retrying would not help.
+// reached, refused a connection while starting or shutting down, dropped
+// the connection, or is read-only (ReadOnly: a standby, as a stale DNS name
+// or a pooler pointing at a former primary gives after a failover). An
+// error the server gave about the statement itself (a unique violation, a
+// syntax error) is not: retrying would not help.
 func Is(err error) bool {
 	if err == nil {
 		return false
@@ -35,7 +38,10 @@ func Is(err error) bool {
 	// outage).
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
-		return unavailableCode(pe.Code)
+		return unavailableCode(pe.Code) || refusedInRecovery(pe)
+	}
+	if errors.Is(err, ErrReadOnly) {
+		return true
 	}
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) {
@@ -64,12 +70,54 @@ func unavailableCode(code string) bool {
 	return len(code) == 5 && code[:2] == "08"
 }
 
+// ErrReadOnly says the database refuses writes: it is in recovery (a
+// standby) or its transactions are read-only (default_transaction_read_only).
+// Host readiness checks wrap it; Is counts it as unavailable.
+var ErrReadOnly = errors.New("the database is read-only")
+
+// ReadOnly reports whether err is a read-only server's refusal (ReadOnly
+// errors, and the SQLSTATEs refusedInRecovery lists).
+func ReadOnly(err error) bool {
+	if errors.Is(err, ErrReadOnly) {
+		return true
+	}
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && refusedInRecovery(pe)
+}
+
+// refusedInRecovery: a server that cannot write now refused the statement,
+// which therefore did not apply (NotSent): 25006 read_only_sql_transaction
+// (a write, LISTEN or NOTIFY on a hot standby or in a read-only
+// transaction), 40001 when it is a standby's "conflict with recovery" (a
+// read cancelled because replay needed what it held; a serialization
+// failure of a primary is not: its transaction is the one to retry), and
+// XX000 "cannot assign TransactionIds|OIDs during recovery" (elog, not
+// translated). Not 55000 object_not_in_prerequisite_state: a primary
+// answers it too.
+func refusedInRecovery(pe *pgconn.PgError) bool {
+	switch pe.Code {
+	case "25006":
+		return true
+	case "40001":
+		return strings.Contains(pe.Message, "conflict with recovery")
+	case "XX000":
+		return strings.Contains(pe.Message, "during recovery")
+	}
+	return false
+}
+
 // NotSent reports whether err (an unavailability, Is) happened before the
-// statement reached the server, so that sending it again cannot apply it
+// statement reached the server, or reached a server that refused it
+// without applying anything, so that sending it again cannot apply it
 // twice: no connection could be made (or the server refused one while
-// starting, or had too many), or the driver says nothing was sent. A
-// connection lost mid-statement is not: the statement may have committed.
+// starting, or had too many), the driver says nothing was sent, or a
+// read-only server refused it (ReadOnly: nothing of its transaction can
+// have been written there). A connection lost mid-statement is not: the
+// statement may have committed.
 func NotSent(err error) bool {
+	if ReadOnly(err) {
+		return true
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && (pe.Code == "57P03" || pe.Code == "53300") {
 		return true
