@@ -50,13 +50,17 @@ type stackOptions struct {
 	mcpBinary string   // default: the arapd this test binary built
 	mcpArgs   []string // more flags for arapd mcp
 	mcpEnv    []string // more environment for arapd mcp
+	dbURL     string   // default: a fresh database of the shared test cluster
 }
 
 func token(out string) string { return regexp.MustCompile(`token: (\S+)`).FindStringSubmatch(out)[1] }
 
 func newStack(t *testing.T, o stackOptions) *stack {
 	t.Helper()
-	s := &stack{t: t, dbURL: dbtest.URL(t), mcpBinary: o.mcpBinary, mcpArgs: o.mcpArgs, mcpEnv: o.mcpEnv}
+	s := &stack{t: t, dbURL: o.dbURL, mcpBinary: o.mcpBinary, mcpArgs: o.mcpArgs, mcpEnv: o.mcpEnv}
+	if s.dbURL == "" {
+		s.dbURL = dbtest.URL(t)
+	}
 	s.env = []string{"DATABASE_URL=" + s.dbURL, "ARAP_MASTER_KEY=" + masterKey}
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	doc := o.policy
