@@ -98,18 +98,27 @@ func (s *system) startPair(ctx context.Context) error {
 		if n.repl, err = pp.repl.add("repl:"+n.name, fmt.Sprintf("127.0.0.1:%d", n.port)); err != nil {
 			return err
 		}
-		if o.ReplicationLatency > 0 {
-			attrs := fmt.Sprintf(`{"latency":%d,"jitter":0}`, o.ReplicationLatency.Milliseconds())
-			// WAL flows downstream, from the primary to the standby.
-			body := fmt.Sprintf(`{"name":"lag","type":"latency","stream":"downstream","toxicity":1,"attributes":%s}`, attrs)
-			if _, err := pp.repl.byName["repl:"+n.name].Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
-				return fmt.Errorf("chaos: replication latency: %w", err)
-			}
+		if err := pp.lag(n); err != nil {
+			return err
 		}
 	}
 	s.cluster = a
 	s.pgPort = a.Port()
 	return pp.startStandby(ctx, pp.nodes[1], pp.nodes[0])
+}
+
+// lag puts the replication latency on n's link: WAL flows downstream, from
+// the primary to the standby.
+func (pp *pgPair) lag(n *pgNode) error {
+	if pp.s.o.ReplicationLatency <= 0 {
+		return nil
+	}
+	body := fmt.Sprintf(`{"name":"lag","type":"latency","stream":"downstream","toxicity":1,"attributes":{"latency":%d,"jitter":0}}`,
+		pp.s.o.ReplicationLatency.Milliseconds())
+	if _, err := pp.repl.byName["repl:"+n.name].Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
+		return fmt.Errorf("chaos: replication latency: %w", err)
+	}
+	return nil
 }
 
 // startStandby makes n a standby of primary, streaming through primary's
@@ -203,6 +212,9 @@ func (pp *pgPair) failover(ctx context.Context, where string, afterKill func()) 
 	defer pp.mu.Unlock()
 	old, next := pp.nodes[pp.primary], pp.nodes[1-pp.primary]
 	t0 := time.Now()
+	// The primary is lost with its network, as in a zone's failure: WAL
+	// still on its way to the standby (in the link's latency) is lost too.
+	_ = pp.repl.toxic("repl:"+old.name, "cut", "")
 	err := old.c.Kill()
 	if afterKill != nil {
 		afterKill()
@@ -211,6 +223,10 @@ func (pp *pgPair) failover(ctx context.Context, where string, afterKill func()) 
 		return err
 	}
 	if err := next.c.Promote(ctx); err != nil {
+		return err
+	}
+	pp.repl.heal("repl:" + old.name)
+	if err := pp.lag(old); err != nil {
 		return err
 	}
 	promoted := time.Since(t0)
