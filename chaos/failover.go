@@ -368,6 +368,13 @@ func PrintFailovers(w io.Writer, r *Result) {
 	}
 	fmt.Fprintf(w, "failovers: %d (%s); kill -9 to promoted: %s; to a new standby streaming: %s\n",
 		len(r.Failovers), counts(where), spread(promoted), spread(rebuilt))
+	for _, c := range r.History.Calls {
+		for _, a := range c.Attempts {
+			if a.Outcome == "internal" {
+				fmt.Fprintf(w, "INTERNAL %s %s %s: %s\n", a.At.Format("15:04:05.000"), c.ID, a.Method, a.Detail)
+			}
+		}
+	}
 }
 
 // spread is "median / max" of ds.
