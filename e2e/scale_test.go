@@ -277,20 +277,14 @@ func insertPending(t *testing.T, pool *pgxpool.Pool, templateID string, n int, d
 			pgx.CopyFromSlice(n, func(i int) ([]any, error) { return []any{ids[i], evals[i], keys[i], jtis[i]}, nil })); err != nil {
 			return fmt.Errorf("copy clone ids: %w", err)
 		}
-		// The key and jti rows come first, as create writes them.
-		if _, err := tx.Exec(ctx, `INSERT INTO arap.idempotency_keys (client_id, key, body_hash, request_id, created_at)
-			SELECT k.client_id, c.key, k.body_hash, c.id, $2 FROM arap.idempotency_keys k, scale_clones c WHERE k.request_id = $1`,
-			templateID, now); err != nil {
-			return fmt.Errorf("clone idempotency keys: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO arap.binding_jtis (jti, expires_at, request_id)
-			SELECT c.jti, j.expires_at, c.id FROM arap.binding_jtis j, scale_clones c WHERE j.request_id = $1`, templateID); err != nil {
-			return fmt.Errorf("clone jtis: %w", err)
-		}
 		// Every column of the template, but for the ones that make a request
 		// itself (listed from the catalog, so a new column is cloned too).
+		// Its Idempotency-Key and jti (columns since arap/0022) are its own
+		// too, where the template has them.
 		overrides := map[string]string{"id": "c.id", "evaluation_id": "c.evaluation_id", "status": "'pending'",
-			"status_reason": "NULL", "result": "NULL", "terminal_at": "NULL", "expires_at": "$2", "created_at": "$3", "updated_at": "$3"}
+			"idempotency_key": "CASE WHEN r.idempotency_key IS NOT NULL THEN c.key END",
+			"binding_jti":     "CASE WHEN r.binding_jti IS NOT NULL THEN c.jti END",
+			"status_reason":   "NULL", "result": "NULL", "terminal_at": "NULL", "expires_at": "$2", "created_at": "$3", "updated_at": "$3"}
 		rows, err := tx.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = 'arap.requests'::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`)
 		if err != nil {
 			return fmt.Errorf("list request columns: %w", err)

@@ -5,7 +5,6 @@ import (
 
 	"context"
 
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,7 +76,12 @@ func (w *ExpireWorker) Work(ctx context.Context, job *river.Job[ExpireArgs]) err
 	}
 }
 
-// PurgeArgs is the periodic retention job.
+// PurgeArgs was the periodic retention job, which deleted the idempotency
+// keys of requests ended more than the idempotency retention ago and the
+// spent jti values of expired tokens. Since migration 0022 both are columns
+// of the request row: a key past its retention is reclaimed by the
+// submission that reuses it (Submit), and a jti stays with its request.
+// The worker stays for jobs an earlier version queued, and does nothing.
 type PurgeArgs struct{}
 
 // Kind implements river.JobArgs.
@@ -86,35 +90,14 @@ func (PurgeArgs) Kind() string { return "requests.purge" }
 // InsertOpts puts the purge on the maintenance queue.
 func (PurgeArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{Queue: QueueMaintenance} }
 
-// PurgeWorker deletes idempotency keys of requests that ended more than the
-// idempotency retention ago, and spent jti values whose tokens have expired.
+// PurgeWorker runs PurgeArgs: nothing is left to purge.
 type PurgeWorker struct {
 	river.WorkerDefaults[PurgeArgs]
 	Service *Service
 }
 
-// Work runs one purge.
-func (w *PurgeWorker) Work(ctx context.Context, _ *river.Job[PurgeArgs]) error {
-	_, _, err := w.Service.Purge(ctx)
-	return err
-}
-
-// Purge removes expired retention state and reports how much.
-func (s *Service) Purge(ctx context.Context) (keys, jtis int64, err error) {
-	now := s.now()
-	tag, err := s.cfg.DB.Exec(ctx, `DELETE FROM arap.idempotency_keys k USING arap.requests r
-		WHERE k.request_id = r.id AND r.terminal_at < $1`, now.Add(-s.cfg.IdempotencyRetention))
-	if err != nil {
-		return 0, 0, fmt.Errorf("requests: purge keys: %w", err)
-	}
-	keys = tag.RowsAffected()
-	// A spent jti is useless once its token has expired (plus skew).
-	tag, err = s.cfg.DB.Exec(ctx, `DELETE FROM arap.binding_jtis WHERE expires_at < $1`, now.Add(-s.cfg.ClockSkew-time.Minute))
-	if err != nil {
-		return keys, 0, fmt.Errorf("requests: purge jtis: %w", err)
-	}
-	return keys, tag.RowsAffected(), nil
-}
+// Work does nothing.
+func (w *PurgeWorker) Work(context.Context, *river.Job[PurgeArgs]) error { return nil }
 
 // AddWorkers registers the package's job workers.
 func (s *Service) AddWorkers(w *river.Workers) {
@@ -130,8 +113,5 @@ func (s *Service) PeriodicJobs() []*river.PeriodicJob {
 	return []*river.PeriodicJob{
 		expirySweep(),
 		remindSweep(),
-		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
-			return PurgeArgs{}, nil
-		}, &river.PeriodicJobOpts{RunOnStart: true}),
 	}
 }

@@ -148,6 +148,42 @@ func TestConcurrentDuplicatesCreateOneRequest(t *testing.T) {
 	require.Equal(t, 1, count(t, f, "arap.audit_events WHERE kind = 'request.submitted'"))
 }
 
+// TestConcurrentKeyDifferentBodiesCreateOne: submissions racing under one
+// Idempotency-Key with different bodies (each its own denial, so no jti is
+// shared and only the key can stop them) create one request; the others get
+// duplicate_request and leave nothing behind.
+func TestConcurrentKeyDifferentBodiesCreateOne(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	const n = 8
+	bodies := make([][]byte, n)
+	for i := range n {
+		bodies[i] = f.fresh("wire_transfer", map[string]any{"to": fmt.Sprint("acct-", i), "amount": 50000})
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			_, errs[i] = f.svc.Submit(ctx, f.pep, "one-key", bodies[i])
+		})
+	}
+	close(start)
+	wg.Wait()
+	created := 0
+	for _, err := range errs {
+		if err == nil {
+			created++
+			continue
+		}
+		require.Equal(t, authzen.ProblemDuplicateRequest, requests.ErrorCode(err), "%v", err)
+	}
+	require.Equal(t, 1, created)
+	require.Equal(t, 1, count(t, f, "arap.requests"))
+	require.Equal(t, 1, count(t, f, "arap.audit_events WHERE kind = 'request.submitted'"))
+}
+
 // TestDuplicateCommittedDuringChecksIsReplayed forces the interleaving the
 // 50-goroutine test above only sometimes hits: a duplicate is still being
 // checked when its twin commits, so its creating batch finds the key taken.
@@ -289,7 +325,7 @@ func TestSubmissionErrors(t *testing.T) {
 			require.Equal(t, before, count(t, f, "arap.requests"), "a refused submission changes nothing")
 		})
 	}
-	require.Zero(t, count(t, f, "arap.binding_jtis"), "refused submissions do not spend the token")
+	require.Zero(t, count(t, f, "arap.requests WHERE binding_jti IS NOT NULL"), "refused submissions do not spend the token")
 }
 
 // TestConcurrentReplayCreatesOne: the same binding_token submitted at once
@@ -322,8 +358,8 @@ func TestConcurrentReplayCreatesOne(t *testing.T) {
 	}
 	require.Equal(t, 1, created)
 	require.Equal(t, 1, count(t, f, "arap.requests"))
-	require.Equal(t, 1, count(t, f, "arap.idempotency_keys"))
-	require.Equal(t, 1, count(t, f, "arap.binding_jtis"))
+	require.Equal(t, 1, count(t, f, "arap.requests WHERE idempotency_key IS NOT NULL"))
+	require.Equal(t, 1, count(t, f, "arap.requests WHERE binding_jti IS NOT NULL"))
 	require.Equal(t, 1, count(t, f, "arap.audit_events WHERE kind = 'request.submitted'"))
 }
 
@@ -338,7 +374,7 @@ func TestBindingTokenReplayAndExpiry(t *testing.T) {
 	require.Equal(t, authzen.ProblemInvalidDenialBinding, requests.ErrorCode(err))
 	require.Contains(t, err.Error(), "jti replay")
 	require.Equal(t, 1, count(t, f, "arap.requests"), "the refused replay wrote nothing")
-	require.Equal(t, 1, count(t, f, "arap.idempotency_keys"))
+	require.Equal(t, 1, count(t, f, "arap.requests WHERE idempotency_key IS NOT NULL"))
 	require.Equal(t, 1, count(t, f, "arap.audit_events WHERE kind = 'request.submitted'"))
 
 	// A denial past its expiry (10 minutes by default, plus 30s of skew).
@@ -541,29 +577,106 @@ func TestExpiryJob(t *testing.T) {
 	require.Equal(t, 1, count(t, f, fmt.Sprintf("arap.audit_events WHERE chain = '%s' AND kind = 'request.expired'", id)))
 }
 
-func TestPurge(t *testing.T) {
+// TestIdempotencyKeyReclaimedAfterRetention: a key is remembered while its
+// request is pending and until 24 h after it ended (ARAP's minimum); after
+// that it is reclaimable and treated as new: a new body under it creates a
+// new request, and the old request no longer holds it. The retry of the
+// old body is then judged as new too (its token has long expired).
+func TestIdempotencyKeyReclaimedAfterRetention(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
-	done, err := f.svc.Submit(ctx, f.pep, "old", f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000}))
+	oldRaw := f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000})
+	done, err := f.svc.Submit(ctx, f.pep, "old", oldRaw)
 	require.NoError(t, err)
 	_, err = f.svc.Cancel(ctx, f.pep, done.Request.ID, "", "")
 	require.NoError(t, err)
+	f.clock.Advance(23 * time.Hour)
 	pending, err := f.svc.Submit(ctx, f.pep, "live", f.fresh("wire_transfer", map[string]any{"to": "b", "amount": 50000}))
 	require.NoError(t, err)
 
-	keys, jtis, err := f.svc.Purge(ctx)
+	// Within the retention: the ended request's key still answers.
+	again, err := f.svc.Submit(ctx, f.pep, "old", oldRaw)
 	require.NoError(t, err)
-	require.Zero(t, keys, "keys are kept at least 24 h after the request ends")
-	require.Zero(t, jtis)
+	require.True(t, again.Replayed)
+	require.Equal(t, done.Request.ID, again.Request.ID)
+	_, err = f.svc.Submit(ctx, f.pep, "old", f.fresh("wire_transfer", map[string]any{"to": "c", "amount": 50000}))
+	require.Equal(t, authzen.ProblemDuplicateRequest, requests.ErrorCode(err), "%v", err)
 
-	f.clock.Advance(25 * time.Hour)
-	keys, jtis, err = f.svc.Purge(ctx)
+	f.clock.Advance(2 * time.Hour) // 25 h after the cancel
+	_, err = f.svc.Submit(ctx, f.pep, "old", oldRaw)
+	require.Equal(t, authzen.ProblemExpiredDenial, requests.ErrorCode(err), "a forgotten key's retry is judged as new: %v", err)
+	reused, err := f.svc.Submit(ctx, f.pep, "old", f.fresh("wire_transfer", map[string]any{"to": "d", "amount": 50000}))
+	require.NoError(t, err, "the key is reclaimed")
+	require.False(t, reused.Replayed)
+	require.NotEqual(t, done.Request.ID, reused.Request.ID)
+	var held *string
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT idempotency_key FROM arap.requests WHERE id = $1`, done.Request.ID).Scan(&held))
+	require.Nil(t, held, "the ended request no longer holds the key")
+	again, err = f.svc.Submit(ctx, f.pep, "old", f.fresh("wire_transfer", map[string]any{"to": "d", "amount": 50000}))
+	require.Equal(t, authzen.ProblemDuplicateRequest, requests.ErrorCode(err), "the key is the new request's now: %v", err)
+
+	// A request that has not ended keeps its key however old it is.
+	_, err = f.svc.Submit(ctx, f.pep, "live", f.fresh("wire_transfer", map[string]any{"to": "e", "amount": 50000}))
+	require.Equal(t, authzen.ProblemDuplicateRequest, requests.ErrorCode(err), "%v", err)
+	require.Equal(t, 1, count(t, f, fmt.Sprintf("arap.requests WHERE id = '%s' AND idempotency_key = 'live'", pending.Request.ID)))
+}
+
+// TestConcurrentReclaimCreatesOne: submissions racing to reuse a key past
+// its retention, with one body, make one new request and all get its handle.
+func TestConcurrentReclaimCreatesOne(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	done, err := f.svc.Submit(ctx, f.pep, "k", f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000}))
 	require.NoError(t, err)
-	require.EqualValues(t, 1, keys, "only the ended request's key goes; the pending one's stays")
-	require.EqualValues(t, 2, jtis)
-	var n int
-	require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM arap.idempotency_keys WHERE request_id = $1`, pending.Request.ID).Scan(&n))
-	require.Equal(t, 1, n)
+	_, err = f.svc.Cancel(ctx, f.pep, done.Request.ID, "", "")
+	require.NoError(t, err)
+	f.clock.Advance(25 * time.Hour)
+	raw := f.fresh("wire_transfer", map[string]any{"to": "b", "amount": 50000})
+	const n = 8
+	ids := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			res, err := f.svc.Submit(ctx, f.pep, "k", raw)
+			errs[i] = err
+			if err == nil {
+				ids[i] = res.Request.ID
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, ids[0], ids[i])
+	}
+	require.NotEqual(t, done.Request.ID, ids[0])
+	require.Equal(t, 2, count(t, f, "arap.requests"))
+	require.Equal(t, 1, count(t, f, "arap.requests WHERE idempotency_key IS NOT NULL"))
+}
+
+// TestJTISpentOnce: a binding_token creates one request, whether the
+// submissions carry no key, different keys, or a key and none; a refused
+// replay records nothing, not even its key.
+func TestJTISpentOnce(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	raw := f.fresh("wire_transfer", map[string]any{"to": "a", "amount": 50000})
+	_, err := f.svc.Submit(ctx, f.pep, "", raw)
+	require.NoError(t, err)
+	for _, key := range []string{"", "x"} {
+		_, err = f.svc.Submit(ctx, f.pep, key, raw)
+		require.Equal(t, authzen.ProblemInvalidDenialBinding, requests.ErrorCode(err), "key %q: %v", key, err)
+		require.ErrorContains(t, err, "jti replay")
+	}
+	require.Equal(t, 1, count(t, f, "arap.requests"))
+	// "x" was not taken by the refused replay: a fresh denial may use it.
+	res, err := f.svc.Submit(ctx, f.pep, "x", f.fresh("wire_transfer", map[string]any{"to": "b", "amount": 50000}))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
 }
 
 func count(t *testing.T, f *fixture, from string) int {
@@ -759,6 +872,6 @@ func TestResolverRuleSubmissionIsAtomic(t *testing.T) {
 	_, err = f.svc.Submit(ctx, f.pep, "deploy-2", raw)
 	require.Equal(t, authzen.ProblemInvalidDenialBinding, requests.ErrorCode(err))
 	require.Equal(t, 1, count(t, f, "arap.requests"))
-	require.Equal(t, 1, count(t, f, "arap.idempotency_keys"))
+	require.Equal(t, 1, count(t, f, "arap.requests WHERE idempotency_key IS NOT NULL"))
 	require.Equal(t, 1, count(t, f, "river.river_job WHERE kind = 'requests.resolve'"))
 }

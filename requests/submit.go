@@ -41,12 +41,14 @@ const MaxIdempotencyKeyLen = 255
 // Submit accepts an access request. The checks run in this order, and the
 // first that fails decides the error: body syntax; structure; actor chain;
 // binding_token signature, issuer and audience; freshness; binding; request
-// schema; then, in the creating transaction, the Idempotency-Key and the jti.
+// schema; then, in the creating INSERT, the Idempotency-Key and the jti.
 // A submission that fails in any of them, or on a passing fault, whose
 // Idempotency-Key is already recorded is answered from that record instead:
 // a retry after a lost response repeats its binding_token's jti, and may come
 // after the token expired, and still gets the original handle back (or
-// duplicate_request for a different body).
+// duplicate_request for a different body). A key whose request ended more
+// than the idempotency retention ago is forgotten: the submission clears it
+// from that request and is judged as new.
 //
 // key is the Idempotency-Key ("" for none: every such submission is new).
 // body is the raw request body.
@@ -62,17 +64,27 @@ func (s *Service) Submit(ctx context.Context, caller Caller, key string, body []
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.checkAndCreate(ctx, caller, key, bodyHash[:], body, doc)
-	if key != "" && err != nil {
-		if sub, rerr := s.replay(ctx, s.cfg.DB, caller, key, bodyHash[:]); sub != nil || rerr != nil {
+	for reclaimed := false; ; reclaimed = true {
+		res, err := s.checkAndCreate(ctx, caller, key, bodyHash[:], body, doc)
+		if key == "" || err == nil {
+			return res, err
+		}
+		sub, stale, rerr := s.replay(ctx, s.cfg.DB, caller, key, bodyHash[:])
+		if sub != nil || rerr != nil {
 			return sub, rerr
 		}
-		if errors.Is(err, errKeyTaken) {
-			// The key's holder was purged between the conflict and the read.
+		if !errors.Is(err, errKeyTaken) {
+			return nil, err
+		}
+		if !stale || reclaimed {
+			// Between the conflict and the read, another submission
+			// reclaimed the key and has not committed its request yet.
 			return nil, errors.New("requests: idempotency key vanished")
 		}
+		if err := s.reclaim(ctx, caller, key); err != nil {
+			return nil, err
+		}
 	}
-	return res, err
 }
 
 func (s *Service) checkAndCreate(ctx context.Context, caller Caller, key string, bodyHash, body []byte, doc any) (*Submitted, error) {
@@ -140,26 +152,61 @@ func parseIdempotencyKey(k string) (string, error) {
 
 // replay answers a repeated Idempotency-Key: the original handle for an
 // equivalent body, duplicate_request for a different one, nothing if unseen.
-func (s *Service) replay(ctx context.Context, q Querier, caller Caller, key string, bodyHash []byte) (*Submitted, error) {
-	var stored []byte
-	var id string
-	err := q.QueryRow(ctx, `SELECT body_hash, request_id FROM arap.idempotency_keys WHERE client_id = $1 AND key = $2`,
-		caller.ID, key).Scan(&stored, &id)
+// A key whose request ended more than the idempotency retention ago is
+// answered with nothing and stale: it is reclaimable.
+func (s *Service) replay(ctx context.Context, q Querier, caller Caller, key string, bodyHash []byte) (sub *Submitted, stale bool, err error) {
+	r, stored, err := loadByKey(ctx, q, caller.ID, key)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("requests: idempotency lookup: %w", err)
+		return nil, false, fmt.Errorf("requests: idempotency lookup: %w", err)
+	}
+	if r.TerminalAt != nil && r.TerminalAt.Before(s.keyCutoff()) {
+		return nil, true, nil
 	}
 	if subtle.ConstantTimeCompare(stored, bodyHash) != 1 {
-		return nil, refuse(authzen.ProblemDuplicateRequest,
-			"Idempotency-Key %q was already used with a different body (request %s); use a new key for a new request", key, id)
+		return nil, false, refuse(authzen.ProblemDuplicateRequest,
+			"Idempotency-Key %q was already used with a different body (request %s); use a new key for a new request", key, r.ID)
 	}
-	r, err := load(ctx, q, id)
+	return &Submitted{Request: r, Replayed: true}, false, nil
+}
+
+// loadByKey reads the request holding client clientID's Idempotency-Key
+// key, and the hash of the body it was submitted with.
+func loadByKey(ctx context.Context, q Querier, clientID, key string) (*Request, []byte, error) {
+	var hash []byte
+	r, err := scanRequest(prefixRow{q.QueryRow(ctx, `SELECT idempotency_hash, `+requestColumns+`
+		FROM arap.requests WHERE client_id = $1 AND idempotency_key = $2`, clientID, key), &hash})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return &Submitted{Request: r, Replayed: true}, nil
+	return r, hash, nil
+}
+
+// prefixRow scans its first column into first, the rest into Scan's dest.
+type prefixRow struct {
+	pgx.Row
+	first any
+}
+
+func (p prefixRow) Scan(dest ...any) error { return p.Row.Scan(append([]any{p.first}, dest...)...) }
+
+// keyCutoff is when a request must have ended for its Idempotency-Key to be
+// reclaimable.
+func (s *Service) keyCutoff() time.Time { return s.now().Add(-s.cfg.IdempotencyRetention) }
+
+// reclaim clears key from the request holding it, if that request ended
+// more than the idempotency retention ago (ARAP: reclaimable after it, and
+// then treated as new). Changing nothing is not an error: a concurrent
+// submission reclaimed it first.
+func (s *Service) reclaim(ctx context.Context, caller Caller, key string) error {
+	_, err := s.cfg.DB.Exec(ctx, `UPDATE arap.requests SET idempotency_key = NULL, idempotency_hash = NULL
+		WHERE client_id = $1 AND idempotency_key = $2 AND terminal_at < $3`, caller.ID, key, s.keyCutoff())
+	if err != nil {
+		return fmt.Errorf("requests: reclaim idempotency key: %w", err)
+	}
+	return nil
 }
 
 // decodeSubmission reads body, whose generic decoding is doc.
@@ -339,19 +386,22 @@ func describeMembers(m []string) string {
 	return "context (" + strings.Join(m, ", ") + ")"
 }
 
-// create writes the request, its idempotency key, the spent jti, the first
-// audit event and the outbox row in one round trip: a pipeline with one Sync
-// is one implicit transaction, and any failing statement rolls back the
-// others. The key row is written first, so a concurrent duplicate blocks on
-// it until the first commits and then fails on it (errKeyTaken): concurrent
+// create writes the request, the first audit event and the outbox row in
+// one round trip: a pipeline with one Sync is one implicit transaction, and
+// any failing statement rolls back the others. The request row carries the
+// Idempotency-Key (with the body's hash) and the spent jti, each under a
+// unique index (migration 0022), so its INSERT is the idempotency and
+// replay check: a concurrent duplicate blocks on the first's index entry
+// until the first commits and then fails on it (errKeyTaken, or the jti's
+// refusal, which Submit answers from the key all the same): concurrent
 // duplicates create one request. A rule with resolvers also schedules them,
 // which needs River's insert in an explicit transaction.
 func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHash []byte, sub *authzen.Submission, c *evaluation.BindingClaims, rule *evaluation.Rule) (*Submitted, error) {
 	now := s.now()
 	// The denial is kept without its binding_token, which nothing reads once
-	// verified (the row keeps its evaluation_id and binding_hash, and
-	// binding_jtis its jti): with it, a request row outgrew a page's inline
-	// limit, and every one was written twice, the token out of line (TOAST).
+	// verified (the row keeps its evaluation_id, binding_hash and jti):
+	// with it, a request row outgrew a page's inline limit, and every one
+	// was written twice, the token out of line (TOAST).
 	denial := *sub.Denial
 	denial.BindingToken = ""
 	r := &Request{
@@ -377,20 +427,21 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 		UpdatedAt:             now,
 		TraceParent:           telemetry.TraceParent(ctx),
 	}
-	b := &pgx.Batch{}
+	var keyHash []byte // NULL without a key, as the key
 	if key != "" {
-		b.Queue(`INSERT INTO arap.idempotency_keys (client_id, key, body_hash, request_id, created_at)
-			VALUES ($1, $2, $3, $4, $5)`, caller.ID, key, bodyHash, r.ID, now)
+		keyHash = bodyHash
 	}
-	b.Queue(`INSERT INTO arap.binding_jtis (jti, expires_at, request_id) VALUES ($1, $2, $3)`,
-		c.ID, c.ExpiresAt.Time, r.ID)
+	b := &pgx.Batch{}
 	b.Queue(`INSERT INTO arap.requests (id, client_id, status, rule, subject, resource, action, context,
 		requested_access, client_info, denial, evaluation_id, binding_hash, binding_context_members, display,
-		expires_at, created_at, updated_at, approval_policy, callback, next_reminder_at, escalate_at, trace_parent)
-		VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17, $18, $19, $20, nullif($21, ''))`,
+		expires_at, created_at, updated_at, approval_policy, callback, next_reminder_at, escalate_at, trace_parent,
+		idempotency_key, idempotency_hash, binding_jti)
+		VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16, $17, $18, $19, $20, nullif($21, ''),
+		nullif($22, ''), $23, $24)`,
 		r.ID, r.ClientID, r.Rule, r.Subject, r.Resource, r.Action, r.Context, r.RequestedAccess, r.ClientInfo, r.Denial,
 		r.EvaluationID, r.BindingHash, r.BindingContextMembers, r.Display, r.ExpiresAt, now, r.ApprovalPolicy, r.Callback,
-		after(now, r.ApprovalPolicy.RemindEvery), after(now, r.ApprovalPolicy.EscalateAfter), r.TraceParent)
+		after(now, r.ApprovalPolicy.RemindEvery), after(now, r.ApprovalPolicy.EscalateAfter), r.TraceParent,
+		key, keyHash, c.ID)
 	if err := audit.QueueFirst(b, audit.Event{Chain: r.ID, Kind: "request.submitted", Actor: caller.principal(), At: now,
 		Data: map[string]any{
 			"client_id": caller.ID, "rule": r.Rule, "evaluation_id": r.EvaluationID, "binding_hash": r.BindingHash,
@@ -429,16 +480,23 @@ func (s *Service) create(ctx context.Context, caller Caller, key string, bodyHas
 // errKeyTaken is a creation that found its Idempotency-Key recorded.
 var errKeyTaken = errors.New("requests: idempotency key taken")
 
-// createErr names the creating batch's failure: its two unique keys are the
-// idempotency and replay checks.
+// The unique indexes of arap.requests that are the idempotency and replay
+// checks (migration 0022).
+const (
+	indexIdempotencyKey = "requests_idempotency_key"
+	indexBindingJTI     = "requests_binding_jti"
+)
+
+// createErr names the creating batch's failure: the request's two unique
+// keys besides its id are the idempotency and replay checks.
 func createErr(err error) error {
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.TableName == "idempotency_keys":
+	case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == indexIdempotencyKey:
 		return errKeyTaken
-	case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.TableName == "binding_jtis":
+	case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == indexBindingJTI:
 		return refuse(authzen.ProblemInvalidDenialBinding, "denial.binding_token has already been used for another request (jti replay); evaluate again for a fresh denial")
 	}
 	return fmt.Errorf("requests: create: %w", err)
