@@ -29,19 +29,32 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// readyz answers 200 when the process can take traffic, else 503 with a
+// reason; with the database's durability (synchronous_commit, standbys, a
+// warning when a failover could lose an execution claim) whenever the
+// database answered. A warning is not an outage: ready stays 200.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	if err := s.d.Ready(r.Context()); err != nil {
+	report, err := s.d.Ready(r.Context())
+	body := map[string]any{"status": "ready"}
+	if report != nil {
+		body["database"] = report
+	}
+	if err != nil {
 		s.d.Log.WarnContext(r.Context(), "not ready", "error", err)
 		// The probe is unauthenticated: the reason names the part, never
 		// the driver's text (host, port, user).
 		reason := err.Error()
-		if dbdown.Is(err) {
+		switch {
+		case dbdown.ReadOnly(err):
+			reason = "the database is read-only (a standby in recovery, or transaction_read_only is on): writes are refused"
+		case dbdown.Is(err):
 			reason = "the database is unavailable"
 		}
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": reason})
+		body["status"], body["reason"] = "unavailable", reason
+		writeJSON(w, http.StatusServiceUnavailable, body)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (s *Server) url(path string) string { return s.d.PublicURL + path }

@@ -18,6 +18,7 @@ import (
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/durability"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/requests"
 	"github.com/omcp/arap/signing"
@@ -64,8 +65,9 @@ type Deps struct {
 	// TrustedProxies are the peers whose X-Forwarded-For is believed
 	// (internal/clientip); none: every request's address is its peer.
 	TrustedProxies []netip.Prefix
-	// Ready reports whether the service can take traffic (database, workers).
-	Ready func(ctx context.Context) error
+	// Ready reports whether the service can take traffic (database, workers),
+	// with the database's durability when it answered (host.Probe).
+	Ready func(ctx context.Context) (*durability.Report, error)
 	// UI, when set, is the approvers' web interface, served under /ui/.
 	UI http.Handler
 	// Audit reads the audit trail for GET /v1/audit (404 without it).
@@ -113,7 +115,7 @@ func New(d Deps) (*Server, error) {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
 	if d.Ready == nil {
-		d.Ready = func(context.Context) error { return nil }
+		d.Ready = func(context.Context) (*durability.Report, error) { return nil, nil }
 	}
 	l := &d.Limits
 	if l.MaxBody == 0 {

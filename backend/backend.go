@@ -334,7 +334,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
-		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Ready, UI: ui, People: b.people, DevMail: cfg.DevMail, Audit: pool,
+		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Probe, UI: ui, People: b.people, DevMail: cfg.DevMail, Audit: pool,
 		Slack: slackApp, TrustedProxies: cfg.TrustedProxies, Metrics: served, ReloadPolicy: b.reloadEverywhere,
 	})
 	if err != nil {

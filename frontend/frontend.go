@@ -26,6 +26,7 @@ import (
 
 	"github.com/omcp/arap/agentauth"
 	"github.com/omcp/arap/arapclient"
+	"github.com/omcp/arap/internal/durability"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/internal/seal"
@@ -239,9 +240,10 @@ func (f *Frontend) build(ctx context.Context) (err error) {
 	return nil
 }
 
-// ready checks, at once, the process and its database (host.Ready), the
-// backend, and every upstream, and names those that fail.
-func (f *Frontend) ready(ctx context.Context) map[string]error {
+// ready checks, at once, the process and its database (host.Probe, which
+// also reports the database's durability), the backend, and every
+// upstream, and names those that fail.
+func (f *Frontend) ready(ctx context.Context) (map[string]error, *durability.Report) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second) // a probe's answer is worth little later
 	defer cancel()
 	var mu sync.Mutex
@@ -251,13 +253,16 @@ func (f *Frontend) ready(ctx context.Context) map[string]error {
 		failing[name] = err
 		mu.Unlock()
 	}
+	var database *durability.Report
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := f.host.Ready(ctx); errors.Is(err, host.ErrDatabase) {
+		report, err := f.host.Probe(ctx)
+		if errors.Is(err, host.ErrDatabase) {
 			fail("database", err)
 		} else if err != nil {
 			fail("process", err) // starting, or shutting down
 		}
+		database = report
 	})
 	wg.Go(func() {
 		if err := f.gate.BackendReady(ctx); err != nil {
@@ -274,7 +279,7 @@ func (f *Frontend) ready(ctx context.Context) map[string]error {
 		})
 	}
 	wg.Wait()
-	return failing
+	return failing, database
 }
 
 // connectUpstreams reads the upstreams file and connects its servers; an

@@ -17,6 +17,8 @@ import (
 
 	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/clientip"
+	"github.com/omcp/arap/internal/dbdown"
+	"github.com/omcp/arap/internal/durability"
 	"github.com/omcp/arap/internal/logs"
 )
 
@@ -32,26 +34,41 @@ const (
 )
 
 // readyz answers 200 when every component is ready, else 503 naming the
-// failing ones (their errors, which may hold addresses, are only logged).
+// failing ones (their errors, which may hold addresses, are only logged;
+// a read-only database is said so). The database's durability is shown
+// either way: its warning is not an outage.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	var failing map[string]error
+	var database *durability.Report
 	if s.ready != nil {
-		failing = s.ready(r.Context())
+		failing, database = s.ready(r.Context())
 	}
 	names := slices.Sorted(maps.Keys(failing))
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	body := map[string]any{"status": "ready"}
+	if database != nil {
+		body["database"] = database
+	}
 	if len(names) == 0 {
-		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+		_ = json.NewEncoder(w).Encode(body)
 		return
 	}
 	attrs := make([]any, 0, 2*len(names))
+	reasons := map[string]string{}
 	for _, n := range names {
 		attrs = append(attrs, n, failing[n].Error())
+		if dbdown.ReadOnly(failing[n]) {
+			reasons[n] = "the database is read-only (a standby in recovery, or transaction_read_only is on): writes are refused"
+		}
 	}
 	s.log.WarnContext(r.Context(), "not ready", slog.Group("failing", attrs...))
+	body["status"], body["failing"] = "unavailable", names
+	if len(reasons) > 0 {
+		body["reasons"] = reasons
+	}
 	w.WriteHeader(http.StatusServiceUnavailable)
-	_ = json.NewEncoder(w).Encode(map[string]any{"status": "unavailable", "failing": names})
+	_ = json.NewEncoder(w).Encode(body)
 }
 
 // logInfo carries what inner handlers learn back to the access log.

@@ -20,6 +20,7 @@ import (
 	"github.com/omcp/arap/internal/clean"
 	"github.com/omcp/arap/internal/clientip"
 	"github.com/omcp/arap/internal/dbdown"
+	"github.com/omcp/arap/internal/durability"
 	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/mcp/tasks"
@@ -65,8 +66,10 @@ type ServerOptions struct {
 	// by the owner); nil refuses task listen streams.
 	Notifier *tasks.Notifier
 	// Ready reports the components that cannot serve now, by name (none:
-	// ready); GET /readyz answers 503 naming them. Nil: always ready.
-	Ready func(ctx context.Context) map[string]error
+	// ready), and the database's durability when it answered; GET /readyz
+	// answers 503 naming them, and shows the durability either way. Nil:
+	// always ready.
+	Ready func(ctx context.Context) (map[string]error, *durability.Report)
 	// Upstreams, when set, are the upstream MCP servers whose resources,
 	// prompts and completions pass through (passthrough.go), each request
 	// decided by the PDP; their tools come through the gate's sources.
@@ -87,7 +90,7 @@ type Server struct {
 	handler http.Handler
 	anon    *Principal
 	agents  *agentauth.Verifier // nil: caller tokens only
-	ready   func(context.Context) map[string]error
+	ready   func(context.Context) (map[string]error, *durability.Report)
 	log     *slog.Logger
 
 	toolsMu sync.Mutex

@@ -2,6 +2,7 @@ package dbtest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -61,5 +62,44 @@ func (r *Replicated) Exec(tb testing.TB, sql string) {
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, sql); err != nil {
 		tb.Fatalf("dbtest: %s: %v", sql, err)
+	}
+}
+
+// Addr is c's TCP address (a cluster started with a Port).
+func Addr(c *pgembed.Cluster) string { return fmt.Sprintf("127.0.0.1:%d", c.Port()) }
+
+// WaitReplayed waits until standby has replayed everything the primary
+// has written so far.
+func (r *Replicated) WaitReplayed(tb testing.TB, standby *pgembed.Cluster) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var lsn string
+	p, err := pgx.Connect(ctx, r.Primary.ConnString("postgres"))
+	if err == nil {
+		err = p.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn)
+		_ = p.Close(ctx)
+	}
+	if err != nil {
+		tb.Fatalf("dbtest: primary's WAL position: %v", err)
+	}
+	s, err := pgx.Connect(ctx, standby.ConnString("postgres"))
+	if err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	defer s.Close(ctx)
+	for {
+		var done bool
+		if err := s.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", lsn).Scan(&done); err != nil {
+			tb.Fatalf("dbtest: standby's replay: %v", err)
+		}
+		if done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			tb.Fatalf("dbtest: the standby has not replayed %s within a minute", lsn)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }

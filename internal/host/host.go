@@ -30,6 +30,8 @@ import (
 	"github.com/riverqueue/rivercontrib/otelriver"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/omcp/arap/internal/dbdown"
+	"github.com/omcp/arap/internal/durability"
 	"github.com/omcp/arap/internal/logs"
 	"github.com/omcp/arap/internal/telemetry"
 	"github.com/omcp/arap/migrations"
@@ -137,8 +139,24 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	if h.pool, err = migrations.Open(ctx, cfg.DatabaseURL, cfg.Migrate, cfg.Log); err != nil {
 		h.closeListeners()
+		if dbdown.ReadOnly(err) {
+			return nil, fmt.Errorf("%w (%s)", err, readOnlyAdvice)
+		}
 		return nil, err
 	}
+	// The durability it runs with, once (a warning when a failover could
+	// lose an execution claim); a read-only database is refused: its
+	// workers could not start (River's LISTEN) and nothing could be written.
+	report, err := durability.Check(ctx, h.pool)
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	if report.ReadOnly {
+		h.Close()
+		return nil, fmt.Errorf("the database is read-only: %s (%s)", report.Summary(), readOnlyAdvice)
+	}
+	durability.Log(ctx, cfg.Log, report)
 	// The trace context travels in job metadata: a job's span links to the
 	// span that queued it (a job may run much later, or after a restart).
 	h.otelRiver = otelriver.NewMiddleware(&otelriver.MiddlewareConfig{
@@ -309,25 +327,45 @@ loop:
 	return errors.Join(serveErr, stop())
 }
 
-// ErrDatabase marks Ready's error when the database does not answer (as
-// opposed to a process starting or stopping).
+// readOnlyAdvice follows every "the database is read-only" of a host.
+const readOnlyAdvice = "a standby, or transaction_read_only is on: point the database URL at the primary, e.g. a multi-host URL with target_session_attrs=read-write"
+
+// ErrDatabase marks Ready's error when the database does not answer, or
+// answers read-only (dbdown.ErrReadOnly too), as opposed to a process
+// starting or stopping.
 var ErrDatabase = errors.New("database")
 
 // Ready reports whether the process can take traffic: started, not
-// stopping, and its database answering.
+// stopping, and its database answering and writable.
 func (h *Host) Ready(ctx context.Context) error {
+	_, err := h.Probe(ctx)
+	return err
+}
+
+// Probe is Ready with the durability report of the database (nil when it
+// was not asked or did not answer). A read-only database (a standby in
+// recovery, as a stale DNS name or a pooler pointing at a former primary
+// gives after a failover) is not ready, and the pool's connections are
+// dropped, so that new ones look up the address again; a durability
+// warning is not an outage.
+func (h *Host) Probe(ctx context.Context) (*durability.Report, error) {
 	if h.stopping.Load() {
-		return errors.New("shutting down")
+		return nil, errors.New("shutting down")
 	}
 	if !h.started.Load() {
-		return errors.New("starting")
+		return nil, errors.New("starting")
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := h.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("%w: %w", ErrDatabase, err)
+	report, err := durability.Check(ctx, h.pool)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDatabase, err)
 	}
-	return nil
+	if report.ReadOnly {
+		h.pool.Reset()
+		return &report, fmt.Errorf("%w: %w: %s", ErrDatabase, dbdown.ErrReadOnly, report.Summary())
+	}
+	return &report, nil
 }
 
 // URL is the public base URL, without a trailing slash.
