@@ -59,7 +59,11 @@ type Config struct {
 	// PublicURL is the base URL clients use; derived from Addr when empty.
 	PublicURL   string
 	DatabaseURL string
-	PolicyFile  string
+	// ListenURL, when set, is a direct connection to PostgreSQL for LISTEN
+	// and migrations, DatabaseURL then going through a transaction-mode
+	// pooler (host.Config.ListenURL, --database-listen-url).
+	ListenURL  string
+	PolicyFile string
 	// MasterKey (32 bytes) seals signing keys in the database.
 	MasterKey []byte
 	// PreviousMasterKeys (32 bytes each) open values sealed before a master-key
@@ -155,7 +159,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	// the default registry: several backends in one process (tests) each
 	// show their own.
 	reg := prometheus.NewRegistry()
-	h, err := host.New(ctx, host.Config{Name: "backend", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log,
+	h, err := host.New(ctx, host.Config{Name: "backend", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, ListenURL: cfg.ListenURL, Migrate: cfg.Migrate, Log: cfg.Log,
 		Key: "backend", Metrics: reg, MetricsAddr: cfg.MetricsAddr, TracerProvider: cfg.TracerProvider,
 		QuietJobs: []string{requests.ExpireDueArgs{}.Kind(), requests.RemindDueArgs{}.Kind()}})
 	if err != nil {

@@ -43,6 +43,10 @@ type Config struct {
 	// callbacks); derived from Addr when empty.
 	PublicURL   string
 	DatabaseURL string
+	// ListenURL, when set, is a direct connection to PostgreSQL for LISTEN
+	// and migrations, DatabaseURL then going through a transaction-mode
+	// pooler (host.Config.ListenURL, --database-listen-url).
+	ListenURL string
 	// MasterKey (32 bytes) seals stored arguments and submission bodies.
 	MasterKey []byte
 	// PreviousMasterKeys (32 bytes each) open values sealed before a master-key
@@ -143,7 +147,7 @@ func New(ctx context.Context, cfg Config) (*Frontend, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = pep.NewMetrics()
 	}
-	h, err := host.New(ctx, host.Config{Name: "mcp front-end", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, Migrate: cfg.Migrate, Log: cfg.Log,
+	h, err := host.New(ctx, host.Config{Name: "mcp front-end", Addr: cfg.Addr, PublicURL: cfg.PublicURL, DatabaseURL: cfg.DatabaseURL, ListenURL: cfg.ListenURL, Migrate: cfg.Migrate, Log: cfg.Log,
 		Key: "frontend", Metrics: cfg.Metrics, MetricsAddr: cfg.MetricsAddr, TracerProvider: cfg.TracerProvider})
 	if err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)

@@ -128,6 +128,10 @@ func databaseURL(c *config.Set) *config.Secret {
 	return c.Secret("database-url", "the PostgreSQL URL (it may hold a password)", "ARAP_DATABASE_URL", "DATABASE_URL")
 }
 
+func listenURL(c *config.Set) *config.Secret {
+	return c.Secret("database-listen-url", "a direct PostgreSQL URL, not through a pooler, for LISTEN and migrations: set it when --database-url goes through PgBouncer in transaction mode (docs/reliability.md, Connection poolers)", "ARAP_DATABASE_LISTEN_URL")
+}
+
 func logLevel(c *config.Set) *slog.Level {
 	l := new(slog.Level)
 	c.TextVar(l, "log-level", slog.LevelInfo, "debug, info, warn or error")
@@ -161,6 +165,7 @@ func serve(args []string) error {
 	addr := c.String("addr", "127.0.0.1:8480", "listen address")
 	public := c.String("public-url", "", "external base URL, e.g. https://arap.example.com (default http://<addr>)")
 	dbURL := databaseURL(c)
+	listen := listenURL(c)
 	policy := c.String("policy", "", "policy file; reloaded on SIGHUP")
 	key := c.Secret("master-key", "the master key, base64 of 32 random bytes (openssl rand -base64 32)")
 	doMigrate := c.Bool("migrate", false, "apply pending migrations before starting")
@@ -219,7 +224,7 @@ func serve(args []string) error {
 	}
 	ctx, reload := signals()
 	b, err := backend.New(ctx, backend.Config{
-		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), PolicyFile: *policy, MasterKey: masterKey, PreviousMasterKeys: previous, Migrate: *doMigrate, Log: log,
+		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), ListenURL: listen.Value(), PolicyFile: *policy, MasterKey: masterKey, PreviousMasterKeys: previous, Migrate: *doMigrate, Log: log,
 		JobTimeout: *jobTimeout, Limits: arap.Limits{RequestsPerMinute: *rate}, Mail: mail, Slack: slackConf,
 		OIDC: oidcConf, NoLocalPasswords: !*localPasswords, TrustedProxies: proxies, MetricsAddr: *metrics,
 	})
@@ -363,6 +368,7 @@ func runMCP(args []string) error {
 	addr := c.String("addr", "127.0.0.1:8481", "listen address", "ARAP_MCP_ADDR")
 	public := c.String("public-url", "", "base URL the backend uses for callbacks (default http://<addr>)", "ARAP_MCP_PUBLIC_URL")
 	dbURL := databaseURL(c)
+	listen := listenURL(c)
 	backendURL := c.String("backend-url", "http://127.0.0.1:8480", "the backend (PDP and Access Request Service) base URL")
 	token := c.Secret("backend-token", "the front-end's API token at the backend (scopes evaluate and request)")
 	secrets := c.Secret("webhook-secrets", "the secrets verifying the backend's callbacks, comma-separated (for rotation); none: poll only")
@@ -421,7 +427,7 @@ func runMCP(args []string) error {
 	}
 	defer flush()
 	cfg := frontend.Config{
-		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), MasterKey: masterKey, PreviousMasterKeys: previous, BackendURL: *backendURL, BackendToken: token.Value(),
+		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), ListenURL: listen.Value(), MasterKey: masterKey, PreviousMasterKeys: previous, BackendURL: *backendURL, BackendToken: token.Value(),
 		WebhookSecrets: webhookSecrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
 		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log, TrustedProxies: proxies, MetricsAddr: *metrics,
 		ApprovalTools: *approvalTools,

@@ -59,6 +59,9 @@ type Options struct {
 	// DatabaseURL, when set, is a migrated database of the test's own
 	// (dbtest.Private, which the test may stop), seeded here.
 	DatabaseURL string
+	// ListenURL is backend.Config.ListenURL: a direct connection for
+	// LISTEN and migrations, DatabaseURL going through a pooler.
+	ListenURL string
 	// Now is the web UI's clock (time.Now when nil).
 	Now func() time.Time
 	// Mail turns on e-mail notifications.
@@ -116,7 +119,7 @@ func Start(t testing.TB, o Options) *Env {
 	// against openapi/arap.yaml; the proxy's URL is the public URL.
 	front := httptest.NewUnstartedServer(nil)
 	b, err := backend.New(ctx, backend.Config{
-		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
+		Addr: "127.0.0.1:0", PublicURL: "http://" + front.Listener.Addr().String(), DatabaseURL: dbURL, ListenURL: o.ListenURL, PolicyFile: file, MasterKey: make([]byte, 32), Limits: o.Limits,
 		RequestRetention: o.RequestRetention, CallbackSchedule: o.CallbackSchedule, RateLimitClock: clock, Now: o.Now, Mail: o.Mail, Slack: o.Slack,
 		OIDC: o.OIDC, NoLocalPasswords: o.NoLocalPasswords, TrustedProxies: o.TrustedProxies, TracerProvider: o.TracerProvider, MetricsAddr: o.MetricsAddr,
 		Log: o.Log,

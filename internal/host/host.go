@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/riverqueue/rivercontrib/otelriver"
@@ -33,6 +35,7 @@ import (
 	"github.com/omcp/arap/internal/dbdown"
 	"github.com/omcp/arap/internal/durability"
 	"github.com/omcp/arap/internal/logs"
+	"github.com/omcp/arap/internal/pglisten"
 	"github.com/omcp/arap/internal/telemetry"
 	"github.com/omcp/arap/migrations"
 )
@@ -47,6 +50,13 @@ type Config struct {
 	// address when empty.
 	PublicURL   string
 	DatabaseURL string
+	// ListenURL, when set, connects to PostgreSQL directly, for what needs
+	// a session of its own: every LISTEN (pglisten's and River's) and the
+	// migrations (a session advisory lock). Set it when DatabaseURL goes
+	// through a transaction-mode pooler (PgBouncer); the pool then also
+	// uses no named prepared statements (default_query_exec_mode=
+	// cache_describe, unless DatabaseURL says otherwise).
+	ListenURL string
 	// Migrate applies pending migrations before anything else.
 	Migrate bool
 	Log     *slog.Logger
@@ -103,6 +113,9 @@ type Host struct {
 	cfg      Config
 	listener net.Listener
 	pool     *pgxpool.Pool
+	// listen is a small pool on Config.ListenURL for River's listener
+	// (nil without one).
+	listen   *pgxpool.Pool
 	parts    Parts
 	server   *http.Server
 	running  int // services started
@@ -137,11 +150,8 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 			return nil, fmt.Errorf("listen on %s (metrics): %w", cfg.MetricsAddr, err)
 		}
 	}
-	if h.pool, err = migrations.Open(ctx, cfg.DatabaseURL, cfg.Migrate, cfg.Log); err != nil {
+	if err := h.open(ctx); err != nil {
 		h.closeListeners()
-		if dbdown.ReadOnly(err) {
-			return nil, fmt.Errorf("%w (%s)", err, readOnlyAdvice)
-		}
 		return nil, err
 	}
 	// The durability it runs with, once (a warning when a failover could
@@ -173,6 +183,87 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	return h, nil
 }
 
+// open opens the pool, migrating first if asked: through ListenURL when
+// there is one (the migrations hold a session advisory lock), and the
+// small pool of River's listener on it.
+func (h *Host) open(ctx context.Context) error {
+	cfg := h.cfg
+	wrap := func(err error) error {
+		if dbdown.ReadOnly(err) {
+			return fmt.Errorf("%w (%s)", err, readOnlyAdvice)
+		}
+		return err
+	}
+	dbURL := cfg.DatabaseURL
+	if cfg.ListenURL != "" {
+		listenCfg, err := pgxpool.ParseConfig(cfg.ListenURL)
+		if err != nil {
+			return fmt.Errorf("listen database URL: %w", err)
+		}
+		if cfg.Migrate {
+			direct, err := migrations.Open(ctx, cfg.ListenURL, true, cfg.Log)
+			if err != nil {
+				return wrap(err)
+			}
+			direct.Close()
+			cfg.Migrate = false
+		}
+		if dbURL, err = pooled(dbURL); err != nil {
+			return err
+		}
+		listenCfg.MaxConns = 2
+		listenCfg.MinConns = 0
+		if h.listen, err = pgxpool.NewWithConfig(ctx, listenCfg); err != nil {
+			return fmt.Errorf("connect (listen database URL): %w", err)
+		}
+	}
+	var err error
+	if h.pool, err = migrations.Open(ctx, dbURL, cfg.Migrate, cfg.Log); err != nil {
+		if h.listen != nil {
+			h.listen.Close()
+		}
+		return wrap(err)
+	}
+	if h.listen != nil {
+		pglisten.Direct(h.pool, h.listen.Config().ConnConfig)
+	}
+	return nil
+}
+
+// pooled is databaseURL for a pool behind a transaction-mode pooler: with
+// default_query_exec_mode=cache_describe (statements described once and
+// cached by pgx, each then sent unnamed and parsed where it runs, so that
+// no named prepared statement is left on a server connection the pooler
+// hands to another client next; parameters keep their types, which exec
+// mode would lose) unless it names a mode itself.
+func pooled(databaseURL string) (string, error) {
+	if strings.Contains(databaseURL, "default_query_exec_mode") {
+		return databaseURL, nil
+	}
+	if u, err := url.Parse(databaseURL); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		q.Set("default_query_exec_mode", "cache_describe")
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	if strings.Contains(databaseURL, "://") {
+		return "", errors.New("database URL: not a postgres:// URL")
+	}
+	return databaseURL + " default_query_exec_mode=cache_describe", nil // keyword/value
+}
+
+// riverDriver is River's pgx driver on the pool, whose listener (River's
+// LISTEN) connects through the listen pool instead: a pooler in
+// transaction mode would hand its session to others.
+type riverDriver struct {
+	*riverpgxv5.Driver
+	listen *riverpgxv5.Driver
+}
+
+func (d riverDriver) GetListener(params *riverdriver.GetListenenerParams) riverdriver.Listener {
+	return d.listen.GetListener(params)
+}
+
 func (h *Host) closeListeners() {
 	_ = h.listener.Close()
 	if h.metricsLn != nil {
@@ -191,7 +282,11 @@ func (h *Host) River(cfg *river.Config) (*river.Client[pgx.Tx], error) {
 	if cfg.Workers != nil {
 		cfg.Middleware = append(cfg.Middleware, rivertype.Middleware(h.jobs))
 	}
-	c, err := river.NewClient(riverpgxv5.New(h.pool), cfg)
+	var driver riverdriver.Driver[pgx.Tx] = riverpgxv5.New(h.pool)
+	if h.listen != nil {
+		driver = riverDriver{Driver: riverpgxv5.New(h.pool), listen: riverpgxv5.New(h.listen)}
+	}
+	c, err := river.NewClient(driver, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("river: %w", err)
 	}
@@ -217,7 +312,15 @@ func (h *Host) Mount(p Parts) {
 // (its process failed to build).
 func (h *Host) Close() {
 	h.closeListeners()
+	h.closePools()
+}
+
+func (h *Host) closePools() {
+	pglisten.Forget(h.pool)
 	h.pool.Close()
+	if h.listen != nil {
+		h.listen.Close()
+	}
 }
 
 // Start runs the services and the workers, then serves. If any fails to
@@ -278,7 +381,7 @@ func (h *Host) Stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("stop workers: %w", err))
 		}
 	}
-	h.pool.Close()
+	h.closePools()
 	h.cfg.Log.Info(h.cfg.Name + " stopped")
 	return errors.Join(errs...)
 }

@@ -350,3 +350,8 @@ func childrenOf(pid int) []int {
 	}
 	return out
 }
+
+// SocketDir is the directory of the server's Unix socket (a pooler in
+// front of it may connect there, so that its connections are told apart
+// from TCP ones: client_addr is null in pg_stat_activity).
+func (c *Cluster) SocketDir() string { return c.socketDir }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,9 +44,34 @@ type Listener struct {
 	Heard func(payload string)
 }
 
-// Dial opens a connection of its own and LISTENs on the channel.
+// direct holds, by pool, the connection configuration its listeners use
+// instead of the pool's own (Direct).
+var direct sync.Map // *pgxpool.Pool -> *pgx.ConnConfig
+
+// Direct makes every Listener on pool connect with cfg instead of with
+// pool's configuration: when pool goes through a transaction-mode
+// connection pooler (PgBouncer), which hands each transaction a server
+// connection of its choosing, a LISTEN must hold a PostgreSQL session of
+// its own, so cfg connects to PostgreSQL directly. The process that opened
+// pool calls Direct before its listeners start, and Forget when it closes
+// pool.
+func Direct(pool *pgxpool.Pool, cfg *pgx.ConnConfig) { direct.Store(pool, cfg) }
+
+// Forget undoes Direct.
+func Forget(pool *pgxpool.Pool) { direct.Delete(pool) }
+
+// config is the configuration l's connections are made with.
+func (l *Listener) config() *pgx.ConnConfig {
+	if cfg, ok := direct.Load(l.DB); ok {
+		return cfg.(*pgx.ConnConfig).Copy()
+	}
+	return l.DB.Config().ConnConfig.Copy()
+}
+
+// Dial opens a connection of its own (to PostgreSQL itself when the pool
+// goes through a pooler: Direct) and LISTENs on the channel.
 func (l *Listener) Dial(ctx context.Context) (*pgx.Conn, error) {
-	cc := l.DB.Config().ConnConfig.Copy()
+	cc := l.config()
 	cc.RuntimeParams["application_name"] = l.Name
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
