@@ -129,7 +129,7 @@ func databaseURL(c *config.Set) *config.Secret {
 }
 
 func listenURL(c *config.Set) *config.Secret {
-	return c.Secret("database-listen-url", "a direct PostgreSQL URL, not through a pooler, for LISTEN and migrations: set it when --database-url goes through PgBouncer in transaction mode (docs/reliability.md, Connection poolers)", "ARAP_DATABASE_LISTEN_URL")
+	return c.Secret("database-listen-url", "a direct PostgreSQL URL, not through a pooler, for LISTEN and migrations: set it when DATABASE_URL goes through PgBouncer in transaction mode (docs/reliability.md, Connection poolers)", "ARAP_DATABASE_LISTEN_URL")
 }
 
 func logLevel(c *config.Set) *slog.Level {
