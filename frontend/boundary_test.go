@@ -30,7 +30,7 @@ var backendDomain = []string{
 // backend state or logic and import no backend package.
 var shared = []string{
 	"arapclient", "authzen", "identity", "migrations", "webhook",
-	"internal/chain", "internal/clean", "internal/clientip", "internal/dbdown", "internal/fault", "internal/host", "internal/logs", "internal/pglisten", "internal/ratelimit",
+	"internal/chain", "internal/clean", "internal/clientip", "internal/dbdown", "internal/durability", "internal/fault", "internal/host", "internal/logs", "internal/pglisten", "internal/ratelimit",
 	"internal/schemamsg", "internal/seal", "internal/telemetry", "internal/version", "internal/visible", "internal/yamlfile",
 }
 
