@@ -1,9 +1,10 @@
 // Package bench measures arap under load: a closed-loop load generator, the
-// operations worth measuring (evaluate, submit, status, the MCP gate,
-// approve-to-complete), the baselines they are compared with in the same
-// run (a trivial HTTP JSON handler, a single-row INSERT commit), and a
-// system it starts for the purpose (private PostgreSQL, arapd serve and
-// arapd mcp as separate processes, so each one's memory can be read).
+// operations worth measuring (evaluate, allowed and requestable apart;
+// submit, status, the MCP gate, approve-to-complete), the baselines they
+// are compared with in the same run (a trivial HTTP JSON handler, a
+// single-row INSERT commit), and a system it starts for the purpose
+// (private PostgreSQL, arapd serve and arapd mcp as separate processes, so
+// each one's memory can be read).
 package bench
 
 import (

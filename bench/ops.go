@@ -72,28 +72,39 @@ func get(ctx context.Context, url, token string) (int, []byte, error) {
 	return send(ctx, http.MethodGet, url, token, nil)
 }
 
-// evaluation is the AuthZEN request the PEP makes for a gated
-// wire_transfer: a requestable denial with a signed binding_token.
-func evaluation(to string) map[string]any {
+// evaluation is the AuthZEN request the PEP makes for a wire_transfer of
+// amount: over 25,000 the dev policy answers with a requestable denial and
+// a signed binding_token, up to it with an allow (after the same rules'
+// conditions).
+func evaluation(to string, amount int) map[string]any {
 	return map[string]any{
 		"subject":  map[string]any{"type": "user", "id": "alice", "properties": map[string]any{"act": map[string]any{"sub": "agent:demo"}}},
 		"action":   map[string]any{"name": "tools/call"},
-		"resource": map[string]any{"type": "mcp_tool", "id": "wire_transfer", "properties": map[string]any{"arguments": map[string]any{"to": to, "amount": 50000}}},
+		"resource": map[string]any{"type": "mcp_tool", "id": "wire_transfer", "properties": map[string]any{"arguments": map[string]any{"to": to, "amount": amount}}},
 	}
 }
 
-var evaluationBody, _ = json.Marshal(evaluation("acct-991"))
+var (
+	evaluationBody, _ = json.Marshal(evaluation("acct-991", 50000)) // requestable
+	allowedBody, _    = json.Marshal(evaluation("acct-991", 100))
+)
 
-// Evaluate is POST /access/v1/evaluation answered with a requestable denial.
-func (s *System) Evaluate() Op {
+// Evaluate is POST /access/v1/evaluation answered with an allow (allow
+// true) or a requestable denial, which alone carries a binding_token and
+// so an ES256 signature.
+func (s *System) Evaluate(allow bool) Op {
 	url := s.BackendURL + "/access/v1/evaluation"
+	body, want := evaluationBody, []byte(`"binding_token"`)
+	if allow {
+		body, want = allowedBody, []byte(`"decision":true`)
+	}
 	return func(ctx context.Context, _ int) (time.Duration, error) {
-		code, body, err := post(ctx, url, s.PEPToken, evaluationBody)
+		code, out, err := post(ctx, url, s.PEPToken, body)
 		if err != nil {
 			return 0, err
 		}
-		if code != http.StatusOK || !bytes.Contains(body, []byte(`"binding_token"`)) {
-			return 0, fmt.Errorf("evaluate: HTTP %d %.200s", code, body)
+		if code != http.StatusOK || !bytes.Contains(out, want) {
+			return 0, fmt.Errorf("evaluate (allow %v): HTTP %d %.200s", allow, code, out)
 		}
 		return 0, nil
 	}
@@ -108,7 +119,7 @@ type submitted struct {
 // submission evaluates a fresh call and returns the submission body for
 // its denial.
 func (s *System) submission(ctx context.Context) ([]byte, error) {
-	call := evaluation("acct-" + nonce())
+	call := evaluation("acct-"+nonce(), 50000)
 	b, _ := json.Marshal(call)
 	code, body, err := post(ctx, s.BackendURL+"/access/v1/evaluation", s.PEPToken, b)
 	if err != nil {
