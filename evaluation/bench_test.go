@@ -47,3 +47,46 @@ func BenchmarkEvaluateTodo(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEvaluateAllow is the PDP's cost for an allowed call of the dev
+// policy, arapbench's evaluate-allow: a small wire_transfer, which passes
+// the conditions of the three rules before the one that allows it (hidden
+// characters, the hard limit) and signs nothing.
+func BenchmarkEvaluateAllow(b *testing.B) {
+	p, err := evaluation.LoadFile("../internal/dev/policy.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	e, _ := setup(b)
+	e.SetPolicy(p)
+	ctx := context.Background()
+	req := benchCall(100)
+	b.ReportAllocs()
+	for b.Loop() {
+		out, err := e.Evaluate(ctx, "client-1", req)
+		if err != nil || !out.Decision.Decision {
+			b.Fatalf("%v %v", out, err)
+		}
+	}
+}
+
+// BenchmarkValidateRequest is the check of every evaluation request
+// before the PDP sees it: the AuthZEN schema and the subject's identities.
+func BenchmarkValidateRequest(b *testing.B) {
+	req := benchCall(100)
+	b.ReportAllocs()
+	for b.Loop() {
+		if v := evaluation.ValidateRequest(req); len(v) > 0 {
+			b.Fatal(v)
+		}
+	}
+}
+
+// benchCall is arapbench's evaluation request, as the backend decodes it.
+func benchCall(amount float64) authzen.EvaluationRequest {
+	return authzen.EvaluationRequest{
+		Subject:  authzen.Object{"type": "user", "id": "alice", "properties": map[string]any{"act": map[string]any{"sub": "agent:demo"}}},
+		Action:   authzen.Object{"name": "tools/call"},
+		Resource: authzen.Object{"type": "mcp_tool", "id": "wire_transfer", "properties": map[string]any{"arguments": map[string]any{"to": "acct-991", "amount": amount}}},
+	}
+}

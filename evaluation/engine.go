@@ -429,6 +429,9 @@ var requestSchema = func() *jsonschema.Schema {
 // ValidateRequest checks req against the AuthZEN 1.0 request schema, and
 // its subject's identifiers and actor chain, and returns the violations.
 func ValidateRequest(req authzen.EvaluationRequest) []string {
+	if fitsRequestSchema(req) {
+		return identityViolations(req.Subject)
+	}
 	inst := map[string]any{}
 	for k, v := range map[string]authzen.Object{"subject": req.Subject, "resource": req.Resource, "action": req.Action, "context": req.Context} {
 		if v != nil {
