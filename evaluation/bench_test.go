@@ -50,8 +50,8 @@ func BenchmarkEvaluateTodo(b *testing.B) {
 
 // BenchmarkEvaluateAllow is the PDP's cost for an allowed call of the dev
 // policy, arapbench's evaluate-allow: a small wire_transfer, which passes
-// the conditions of the three rules before the one that allows it (hidden
-// characters, the hard limit) and signs nothing.
+// the conditions of the two rules before the one that allows it (hidden
+// characters, the hard limit) and that rule's own, and signs nothing.
 func BenchmarkEvaluateAllow(b *testing.B) {
 	p, err := evaluation.LoadFile("../internal/dev/policy.yaml")
 	if err != nil {
