@@ -78,6 +78,8 @@ var bidi = &unicode.RangeTable{R16: []unicode.Range16{
 // Newline is hidden too: callers that show multi-line text skip it.
 func Hidden(r rune) (string, bool) {
 	switch {
+	case ' ' <= r && r <= '~':
+		return "", false // printable ASCII, the common case, in no table below
 	case r == utf8.RuneError:
 		return "", false // U+FFFD itself shows; invalid bytes are found by Scan
 	case unicode.Is(bidi, r):
@@ -166,8 +168,16 @@ func finding(offset, size int, r rune, why string) Finding {
 	return Finding{Offset: offset, Size: size, Rune: r, Code: fmt.Sprintf("%s%04X", markerPrefix, r), Name: runenames.Name(r), Why: why}
 }
 
-// Clean reports whether s has nothing Scan would report.
-func Clean(s string) bool { return len(Scan(s, false)) == 0 }
+// Clean reports whether s has nothing Scan would report. Printable ASCII
+// has nothing: no control, one script, each character its own NFKC form.
+func Clean(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return len(Scan(s, false)) == 0
+		}
+	}
+	return true
+}
 
 // Segment is a piece of a text as shown: plain text, or one marker.
 type Segment struct {

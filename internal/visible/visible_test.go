@@ -74,6 +74,27 @@ func TestPlainTextIsClean(t *testing.T) {
 	}
 }
 
+// TestPrintableASCIIShortcut: Clean and Hidden answer printable ASCII
+// without the Unicode tables (a policy's hidden_characters() reads every
+// argument of every call); Scan, which has no shortcut, agrees, and a
+// control character beside printable ones is still found.
+func TestPrintableASCIIShortcut(t *testing.T) {
+	var all []byte
+	for c := byte(' '); c <= '~'; c++ {
+		all = append(all, c)
+		_, hidden := Hidden(rune(c))
+		require.False(t, hidden, "%q", c)
+		require.Empty(t, Scan(string(c), false), "%q", c)
+	}
+	require.True(t, Clean(string(all)))
+	require.Empty(t, Scan(string(all), false))
+	for _, c := range []byte{0, '\t', '\n', 0x1b, 0x7f, 0x80, 0xff} {
+		require.False(t, Clean(string(all)+string([]byte{c})), "%q", c)
+		_, hidden := Hidden(rune(c))
+		require.Equal(t, c != 0xff, hidden, "%q", c) // as runes, 0x80 is a C1 control and 0xff is ÿ
+	}
+}
+
 // TestCompatibilityPerCharacter: each character is compared with its own
 // NFKC form, so a combining sequence neither hides a compatibility character
 // nor makes ordinary decomposed text one; the finding names the NFKC form.
