@@ -71,7 +71,7 @@ func writeProblemWith(w http.ResponseWriter, r *http.Request, code, detail strin
 		p = problems[authzen.ProblemInternal]
 		code = authzen.ProblemInternal
 	}
-	if r != nil && r.Context().Value(plainErrorsKey) != nil {
+	if r != nil && isPlain(r) {
 		// AuthZEN 1.0 evaluation endpoints answer errors with a plain message.
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.WriteHeader(p.status)
@@ -112,12 +112,12 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // changed), otherwise 500.
 func (s *Server) internal(w http.ResponseWriter, r *http.Request, err error) {
 	if dbdown.Is(err) {
-		s.d.Log.WarnContext(r.Context(), "database unavailable", "route", r.URL.Path, "request_id", r.Context().Value(requestIDKey), "error", err)
+		s.d.Log.WarnContext(r.Context(), "database unavailable", "route", r.URL.Path, "request_id", requestIDOf(r), "error", err)
 		w.Header().Set("Retry-After", dbdown.RetryAfterHeader)
 		writeProblem(w, r, authzen.ProblemUnavailable, UnavailableDetail, nil)
 		return
 	}
-	s.d.Log.ErrorContext(r.Context(), "request failed", "route", r.URL.Path, "request_id", r.Context().Value(requestIDKey), "error", err)
+	s.d.Log.ErrorContext(r.Context(), "request failed", "route", r.URL.Path, "request_id", requestIDOf(r), "error", err)
 	writeProblem(w, r, authzen.ProblemInternal, "internal error; the request id in X-Request-ID identifies it in the logs", nil)
 }
 
