@@ -4,7 +4,7 @@
 # git apply (patch is not on every machine).
 #   (no argument)  re-create the copy
 #   --test         first run the release's tests on the patched sources and
-#                  fuzz the patched decoding against the released one
+#                  fuzz the patched decodings against the released ones
 #   --check        --test, then compare with the committed copy (.ci/run)
 set -eu
 version=v1.8.0
@@ -32,7 +32,11 @@ got=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p')
 #   TestStdioContextCancellation gives a child process 5 s to exit after
 #   SIGINT and sends it no message, so the decoding is not on its path
 #   (failed once in 8 runs of the package with both cores busy).
-flaky='^(TestStreamableStateful_DiscoverDoesNotLeakSession|TestStdioContextCancellation)$'
+#   TestStreamableSessionTimeout gives a stateful session 50 ms between
+#   the client's connect and its next request (unpatched v1.8.0,
+#   -count=200 at load 6 to 12: 2 failures; once in a run of the package
+#   at load 35).
+flaky='^(TestStreamableStateful_DiscoverDoesNotLeakSession|TestStdioContextCancellation|TestStreamableSessionTimeout)$'
 
 if [ -n "$mode" ]; then
 	mkdir "$t/full"
@@ -40,7 +44,8 @@ if [ -n "$mode" ]; then
 	chmod -R u+w "$t/full"
 	(cd "$t/full" && git apply "$here/go-sdk.patch" &&
 		go test -skip "$flaky" ./internal/json/ ./jsonrpc/ ./mcp/ &&
-		go test -run - -fuzz FuzzEquivalent -fuzztime 30s ./internal/json/)
+		go test -run - -fuzz FuzzEquivalent -fuzztime 30s ./internal/json/ &&
+		go test -run - -fuzz FuzzRequestDecodingEquivalent -fuzztime 30s ./mcp/)
 fi
 
 mkdir "$t/copy"

@@ -530,19 +530,59 @@ func setProgressToken(p Params, pt any) {
 	m[progressTokenKey] = pt
 }
 
-// extractRequestMeta performs a lightweight partial unmarshal of the `_meta`
-// field from a JSON-RPC request's raw params.
-func extractRequestMeta(rawParams json.RawMessage) Meta {
+// requestMetaFields are the members of a request's `_meta` that the SDK
+// reads for itself, the typed ones left undecoded. Decoding the whole
+// `_meta` into a [Meta] for them made every map in it (the client's
+// capabilities, its info) for each of the two or three readers of a
+// request, and each typed value was then marshaled and decoded again.
+// The names are [MetaKeyProtocolVersion], [MetaKeyClientInfo],
+// [MetaKeyClientCapabilities] and [MetaKeyLogLevel].
+type requestMetaFields struct {
+	ProtocolVersion    any             `json:"io.modelcontextprotocol/protocolVersion"`
+	ClientInfo         json.RawMessage `json:"io.modelcontextprotocol/clientInfo"`
+	ClientCapabilities json.RawMessage `json:"io.modelcontextprotocol/clientCapabilities"`
+	LogLevel           json.RawMessage `json:"io.modelcontextprotocol/logLevel"`
+}
+
+// extractRequestMetaFields performs a lightweight partial unmarshal of the
+// `_meta` field from a JSON-RPC request's raw params, of the members the
+// SDK reads: nil when the params have no `_meta` object. A member that is
+// present holds its JSON, null included.
+func extractRequestMetaFields(rawParams json.RawMessage) *requestMetaFields {
 	if len(rawParams) == 0 {
 		return nil
 	}
-	var meta struct {
-		Meta Meta `json:"_meta"`
+	var params struct {
+		Meta *requestMetaFields `json:"_meta"`
 	}
-	if err := internaljson.Unmarshal(rawParams, &meta); err != nil {
+	if err := internaljson.Unmarshal(rawParams, &params); err != nil {
 		return nil
 	}
-	return meta.Meta
+	return params.Meta
+}
+
+// metaProtocolVersion is the `_meta` protocol version of a request's raw
+// params, or "".
+func metaProtocolVersion(rawParams json.RawMessage) string {
+	if meta := extractRequestMetaFields(rawParams); meta != nil {
+		v, _ := meta.ProtocolVersion.(string)
+		return v
+	}
+	return ""
+}
+
+// decodeMetaJSON decodes a typed `_meta` value from its JSON, as
+// [decodeMetaValue] does from a decoded [Meta]: absent or null is no value.
+func decodeMetaJSON[T any](raw json.RawMessage) (T, bool) {
+	var v T
+	if len(raw) == 0 || string(raw) == "null" {
+		return v, false
+	}
+	if err := internaljson.Unmarshal(raw, &v); err != nil {
+		var zero T
+		return zero, false
+	}
+	return v, true
 }
 
 type validatedMeta struct {
@@ -569,18 +609,18 @@ func validateRequestMeta(req *jsonrpc.Request) (*validatedMeta, error) {
 	if !req.IsCall() {
 		return &validatedMeta{usesNewProtocol: false, initializeParams: nil}, nil
 	}
-	meta := extractRequestMeta(req.Params)
+	meta := extractRequestMetaFields(req.Params)
 	if meta == nil {
 		return &validatedMeta{usesNewProtocol: false, initializeParams: nil}, nil
 	}
-	protocolVersion, ok := meta[MetaKeyProtocolVersion].(string)
+	protocolVersion, ok := meta.ProtocolVersion.(string)
 	if !ok || protocolVersion < protocolVersion20260728 {
 		return &validatedMeta{usesNewProtocol: false, initializeParams: nil}, nil
 	}
 	var clientInfo *Implementation
-	if _, present := meta[MetaKeyClientInfo]; present {
+	if meta.ClientInfo != nil {
 		var ok bool
-		clientInfo, ok = decodeMetaValue[*Implementation](meta, MetaKeyClientInfo)
+		clientInfo, ok = decodeMetaJSON[*Implementation](meta.ClientInfo)
 		if !ok {
 			return nil, &jsonrpc.Error{
 				Code:    jsonrpc.CodeInvalidParams,
@@ -588,14 +628,14 @@ func validateRequestMeta(req *jsonrpc.Request) (*validatedMeta, error) {
 			}
 		}
 	}
-	capabilities, ok := decodeMetaValue[*clientCapabilitiesV2](meta, MetaKeyClientCapabilities)
+	capabilities, ok := decodeMetaJSON[*clientCapabilitiesV2](meta.ClientCapabilities)
 	if !ok {
 		return nil, &jsonrpc.Error{
 			Code:    jsonrpc.CodeInvalidParams,
 			Message: fmt.Sprintf("missing or invalid _meta field %q", MetaKeyClientCapabilities),
 		}
 	}
-	logLevel, _ := decodeMetaValue[LoggingLevel](meta, MetaKeyLogLevel)
+	logLevel, _ := decodeMetaJSON[LoggingLevel](meta.LogLevel)
 	return &validatedMeta{usesNewProtocol: true, initializeParams: &InitializeParams{
 		ProtocolVersion: protocolVersion,
 		Capabilities:    capabilities.toV1(),

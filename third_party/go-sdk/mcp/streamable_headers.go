@@ -35,8 +35,17 @@ const (
 func extractName(method string, params json.RawMessage) (string, bool) {
 	switch method {
 	case "tools/call":
-		var p CallToolParams
-		if err := internaljson.Unmarshal(params, &p); err == nil {
+		// The name only: CallToolParams would decode _meta and the
+		// arguments, making a map of every object in them, for each
+		// request sent and received.
+		var p struct {
+			Meta           json.RawMessage  `json:"_meta,omitempty"`
+			Name           string           `json:"name"`
+			Arguments      json.RawMessage  `json:"arguments,omitempty"`
+			InputResponses InputResponseMap `json:"inputResponses,omitempty"`
+			RequestState   string           `json:"requestState,omitempty"`
+		}
+		if err := internaljson.Unmarshal(params, &p); err == nil && objectOrNull(p.Meta) {
 			return p.Name, true
 		}
 	case "prompts/get":
@@ -52,6 +61,12 @@ func extractName(method string, params json.RawMessage) (string, bool) {
 	}
 
 	return "", false
+}
+
+// objectOrNull reports whether raw, a member's JSON, decodes into a [Meta]:
+// absent, null or an object.
+func objectOrNull(raw json.RawMessage) bool {
+	return len(raw) == 0 || raw[0] == '{' || string(raw) == "null"
 }
 
 // headerSchemaProperty captures the fields needed for x-mcp-header processing.
@@ -390,7 +405,7 @@ func validateMcpHeaders(header http.Header, msg jsonrpc.Message, toolLookup func
 
 		if msg.Method == "tools/call" && toolLookup != nil {
 			if st, ok := toolLookup(nameInBody); ok && st != nil {
-				if err := validateParamHeaders(header, msg, st.tool); err != nil {
+				if err := validateParamHeadersFor(header, msg, st.paramHeaders()); err != nil {
 					return err
 				}
 			}
@@ -400,7 +415,12 @@ func validateMcpHeaders(header http.Header, msg jsonrpc.Message, toolLookup func
 }
 
 func validateParamHeaders(header http.Header, msg *jsonrpc.Request, tool *Tool) error {
-	paramHeaders := extractParamHeaderAnnotations(tool)
+	return validateParamHeadersFor(header, msg, extractParamHeaderAnnotations(tool))
+}
+
+// validateParamHeadersFor is validateParamHeaders with the tool's
+// bindings (extractParamHeaderAnnotations).
+func validateParamHeadersFor(header http.Header, msg *jsonrpc.Request, paramHeaders []paramHeaderBinding) error {
 	if len(paramHeaders) == 0 {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/google/jsonschema-go/jsonschema"
 	internaljson "github.com/modelcontextprotocol/go-sdk/internal/json"
@@ -60,6 +61,18 @@ type ToolHandlerFor[In, Out any] func(_ context.Context, request *CallToolReques
 type serverTool struct {
 	tool    *Tool
 	handler ToolHandler
+
+	// headers are the tool's x-mcp-header bindings, found once: finding
+	// them marshals the input schema and decodes it again, and a Tool
+	// must not be modified once added.
+	headersOnce sync.Once
+	headers     []paramHeaderBinding
+}
+
+// paramHeaders returns extractParamHeaderAnnotations(st.tool).
+func (st *serverTool) paramHeaders() []paramHeaderBinding {
+	st.headersOnce.Do(func() { st.headers = extractParamHeaderAnnotations(st.tool) })
+	return st.headers
 }
 
 // applySchema validates whether data is valid JSON according to the provided
