@@ -60,6 +60,10 @@ func (s *Server) routes() http.Handler {
 		r.Post(authzen.PathSearchAction, s.searchAction)
 	})
 
+	// What may change a decision the PDP marked cacheable, for the
+	// front-ends' decision caches: a long-lived event stream.
+	r.With(s.authenticate, s.rateLimit, s.require(clients.ScopeEvaluate)).Get(authzen.PathDecisionChanges, s.decisionChanges)
+
 	// ARAP (errors as problem+json).
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate, s.rateLimit)

@@ -18,6 +18,7 @@ import (
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/announce"
 	"github.com/omcp/arap/internal/durability"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/requests"
@@ -86,6 +87,9 @@ type Deps struct {
 	// ReloadPolicy reloads the policy file on every replica (POST
 	// /v1/admin/policy/reload); nil: not offered.
 	ReloadPolicy func(ctx context.Context) (*evaluation.Policy, error)
+	// Changes feeds the decision change stream (GET
+	// /v1/decisions/changes); nil: not offered.
+	Changes *announce.Hub
 }
 
 // SlackApp handles a Slack interactivity request (slackapp.App).

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/internal/announce"
 	"github.com/omcp/arap/internal/pglisten"
 )
 
@@ -76,6 +77,9 @@ func (s *Store) Snapshot(ctx context.Context) (map[string]any, error) {
 	s.mu.Lock()
 	gen := s.gen
 	s.mu.Unlock()
+	// The snapshot's age counts from before the read, so that MaxStaleness
+	// bounds how far behind the table it can be.
+	start := time.Now()
 	rows, err := s.db.Query(ctx, `SELECT key, value FROM arap.attributes`)
 	if err != nil {
 		return nil, fmt.Errorf("attributes: load: %w", err)
@@ -98,7 +102,7 @@ func (s *Store) Snapshot(ctx context.Context) (map[string]any, error) {
 	}
 	s.mu.Lock()
 	if gen == s.gen {
-		s.snapshot, s.loaded = snap, time.Now()
+		s.snapshot, s.loaded = snap, start
 	}
 	s.mu.Unlock()
 	return snap, nil
@@ -113,6 +117,11 @@ func (s *Store) cached() map[string]any {
 	}
 	return nil
 }
+
+// MaxStaleness bounds how far behind the table a Snapshot may be: a change
+// committed longer ago than this is in every snapshot read after, whether
+// or not its notification was heard.
+func (s *Store) MaxStaleness() time.Duration { return cmp.Or(s.MaxAge, maxAge) }
 
 // forget empties the cache.
 func (s *Store) forget() {
@@ -146,9 +155,13 @@ func (s *Store) Set(ctx context.Context, key string, value any, by string, then 
 			Data: map[string]any{"key": key, "value": json.RawMessage(raw)}}); err != nil {
 			return err
 		}
-		// Heard by every listening replica if, and once, this commits.
+		// Heard by every listening replica if, and once, this commits;
+		// and by the front-ends' decision caches, through every replica.
 		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, Channel, key); err != nil {
 			return fmt.Errorf("attributes: announce %s: %w", key, err)
+		}
+		if err := announce.In(ctx, tx, announce.Attributes, ""); err != nil {
+			return fmt.Errorf("attributes: %s: %w", key, err)
 		}
 		if then != nil {
 			return then(ctx, tx)

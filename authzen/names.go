@@ -18,6 +18,18 @@ const (
 	PathSchemas     = "/access/v1/schemas"
 )
 
+// PathDecisionChanges is this server's own (not AuthZEN's) change stream:
+// a text/event-stream that starts with EventHello and carries an
+// EventChange whenever a decision marked CtxCache may have changed (a
+// policy reload, an attribute, the directory, the client's revocation).
+const PathDecisionChanges = "/v1/decisions/changes"
+
+// Events of the change stream, and the members of their data (JSON).
+const (
+	EventHello  = "hello"  // data: {epoch, keepalive, settle}
+	EventChange = "change" // data: {epoch, kind}
+)
+
 // Batch evaluation semantics (AuthZEN 1.0 section 7.1.2).
 const (
 	SemanticExecuteAll          = "execute_all"
@@ -35,6 +47,13 @@ const (
 	CtxNextAction    = "next_action"
 	CtxRetryAfter    = "retry_after"
 )
+
+// CtxCache is this PDP's own member of an allowed decision's context (not
+// ARAP's, hence the reverse-DNS name): the decision may be reused for the
+// same evaluation request, within max_age seconds and while the PEP hears
+// the backend's change stream (PathDecisionChanges). Its value is a
+// CacheHint. No other decision carries it.
+const CtxCache = "arap.omcp.dev/cache"
 
 // MachineryContextMembers are never authorization-relevant (ARAP Terminology).
 var MachineryContextMembers = []string{CtxAccessRequest, CtxEvaluationID, CtxEvaluatedAt, CtxReason, CtxApproval}

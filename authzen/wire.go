@@ -175,6 +175,30 @@ type Problem struct {
 // ProblemContentType is the media type of Problem documents.
 const ProblemContentType = "application/problem+json"
 
+// CacheHint is context[CtxCache] of an allowed decision that may be reused.
+type CacheHint struct {
+	// MaxAge bounds the reuse, in seconds from the evaluation.
+	MaxAge int `json:"max_age"`
+}
+
+// Cacheable says for how long the decision may be reused (CtxCache): zero
+// unless it is an allow that carries a well-formed hint.
+func (d Decision) Cacheable() time.Duration {
+	raw, ok := d.Context[CtxCache]
+	if !ok || !d.Decision {
+		return 0
+	}
+	h, ok := raw.(CacheHint)
+	if !ok {
+		var err error
+		if h, err = Convert[CacheHint](raw); err != nil {
+			return 0
+		}
+	}
+	// At most a day: a longer reuse is no reuse a PEP should make.
+	return time.Duration(min(max(h.MaxAge, 0), 86400)) * time.Second
+}
+
 // AccessRequest returns the requestable-denial hint of a decision received
 // over the wire, if there is one.
 func (d Decision) AccessRequest() (*AccessRequestHint, bool) {

@@ -6,6 +6,7 @@
 package backend
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,6 +32,7 @@ import (
 	"github.com/omcp/arap/clients"
 	"github.com/omcp/arap/directory"
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/announce"
 	"github.com/omcp/arap/internal/host"
 	"github.com/omcp/arap/internal/ratelimit"
 	"github.com/omcp/arap/internal/seal"
@@ -113,7 +115,14 @@ type Config struct {
 	// TracerProvider traces requests, jobs and callbacks; the global
 	// provider (set up from OTEL_* by telemetry.FromEnv) when nil.
 	TracerProvider trace.TracerProvider
+	// DecisionMaxAge bounds how long a front-end may reuse an allowed
+	// decision the PDP marks cacheable (evaluation.CacheOptions); default
+	// DefaultDecisionMaxAge, negative: no decision is marked.
+	DecisionMaxAge time.Duration
 }
+
+// DefaultDecisionMaxAge is the default of Config.DecisionMaxAge.
+const DefaultDecisionMaxAge = time.Minute
 
 // Backend is a running (or ready to run) backend.
 type Backend struct {
@@ -124,6 +133,7 @@ type Backend struct {
 	clients   *clients.Store
 	people    *directory.Store
 	attrs     *attributes.Store
+	changes   *announce.Hub // the change stream's listener
 	callbacks *callbacks.Service
 	notify    *notify.Service
 	host      *host.Host
@@ -189,6 +199,14 @@ func (b *Backend) build(ctx context.Context) error {
 	b.attrs = attributes.NewStore(pool)
 	b.attrs.Log = cfg.Log
 	b.people = directory.NewStore(pool)
+	// What the front-ends' decision caches hear of (package announce): a
+	// decision computed within Settle of a change may have read the
+	// attributes as they were before it.
+	b.changes = &announce.Hub{DB: pool, Log: cfg.Log, Settle: b.attrs.MaxStaleness() + 500*time.Millisecond}
+	maxAge := cmp.Or(cfg.DecisionMaxAge, DefaultDecisionMaxAge)
+	if maxAge < 0 {
+		maxAge = 0
+	}
 	if b.engine, err = evaluation.New(evaluation.Options{
 		PolicyFile: cfg.PolicyFile, Keys: b.keys, Issuer: public, RequestsURL: requestsURL,
 		SchemaURL:  func(tpl string) string { return public + authzen.PathSchemas + "/" + url.PathEscape(tpl) },
@@ -197,7 +215,10 @@ func (b *Backend) build(ctx context.Context) error {
 		// subject_attributes: {source: directory}.
 		SubjectSources: map[string]evaluation.SubjectSource{"directory": attributes.Directory{People: b.people}},
 		Approvals:      &requests.ApprovalStore{DB: pool, Now: time.Now},
-		Log:            cfg.Log,
+		// Attributes.Set, the directory's changes and every reload are
+		// announced; the time never is.
+		Cache: evaluation.CacheOptions{MaxAge: maxAge, Attributes: true, Sources: []string{"directory"}},
+		Log:   cfg.Log,
 	}); err != nil {
 		return err
 	}
@@ -339,14 +360,16 @@ func (b *Backend) build(ctx context.Context) error {
 	h, err := arap.New(arap.Deps{
 		PublicURL: public, Clients: b.clients, Engine: b.engine, Requests: b.requests, Keys: b.keys, Callbacks: b.callbacks,
 		Counters: counters, Limits: cfg.Limits, Log: cfg.Log, Ready: b.host.Probe, UI: ui, People: b.people, DevMail: cfg.DevMail, Audit: pool,
-		Slack: slackApp, TrustedProxies: cfg.TrustedProxies, Metrics: served, ReloadPolicy: b.reloadEverywhere,
+		Slack: slackApp, TrustedProxies: cfg.TrustedProxies, Metrics: served, ReloadPolicy: b.reloadEverywhere, Changes: b.changes,
 	})
 	if err != nil {
 		return err
 	}
 	b.host.Mount(host.Parts{
 		Handler: h, Metrics: b.metrics, Workers: jobs, Reload: func() { _ = b.Reload() },
-		Services: []host.Service{&notify.Dispatcher{Service: b.notify}, b.attrs, &policyHearer{b: b}},
+		Services: []host.Service{&notify.Dispatcher{Service: b.notify}, b.attrs, &policyHearer{b: b}, b.changes},
+		// A change stream never ends by itself.
+		OnShutdown: []func(){b.changes.End},
 		Started: func() []any {
 			// The master key's id (which says nothing about the key) shows
 			// which key each replica seals under during a rotation.
@@ -422,6 +445,9 @@ func (b *Backend) Requests() *requests.Service { return b.requests }
 
 // Callbacks is the callback service.
 func (b *Backend) Callbacks() *callbacks.Service { return b.callbacks }
+
+// Changes is the listener feeding the decision change stream.
+func (b *Backend) Changes() *announce.Hub { return b.changes }
 
 // Engine is the policy decision point.
 func (b *Backend) Engine() *evaluation.Engine { return b.engine }

@@ -3,10 +3,12 @@ package backend
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/omcp/arap/evaluation"
+	"github.com/omcp/arap/internal/announce"
 	"github.com/omcp/arap/internal/pglisten"
 )
 
@@ -29,7 +31,11 @@ var policyReloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Policy reloads by result: loaded, or rejected (the file has errors; the running policy stays).",
 }, []string{"result"})
 
-// Reload re-reads the policy file; on error the running policy stays.
+// Reload re-reads the policy file; on error the running policy stays. A
+// policy loaded is announced to the front-ends' decision caches (package
+// announce) once it is in force here, whichever way the reload came (a
+// signal, an administrator, another replica's announcement): a front-end
+// connected to any replica forgets what it decided by the old one.
 func (b *Backend) Reload() error {
 	if err := b.engine.Reload(); err != nil {
 		policyReloads.WithLabelValues("rejected").Inc()
@@ -38,6 +44,15 @@ func (b *Backend) Reload() error {
 	}
 	policyReloads.WithLabelValues("loaded").Inc()
 	b.cfg.Log.Info("policy reloaded", "policy", b.cfg.PolicyFile, "rules", len(b.engine.Policy().Rules))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := announce.Now(ctx, b.host.Pool(), announce.Policy); err != nil {
+		// The front-ends connected here lose their stream, and with it
+		// their decisions; those connected elsewhere keep theirs up to
+		// their max age.
+		b.changes.Drop()
+		b.cfg.Log.Error("policy reloaded, but the front-ends' decision caches could not be told; those connected to other replicas keep their decisions up to their max age", "error", err.Error())
+	}
 	return nil
 }
 

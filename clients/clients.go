@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omcp/arap/audit"
+	"github.com/omcp/arap/internal/announce"
 )
 
 // Scopes.
@@ -323,6 +324,11 @@ func (s *Store) Revoke(ctx context.Context, idOrName, by string) (*Client, error
 			return ErrNotFound
 		}
 		if err != nil {
+			return fmt.Errorf("clients: revoke: %w", err)
+		}
+		// A front-end whose own client this is stops using the decisions
+		// it remembered (package announce) when this commits.
+		if err := announce.In(ctx, tx, announce.Client, c.ID); err != nil {
 			return fmt.Errorf("clients: revoke: %w", err)
 		}
 		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "client.revoked", Actor: by,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/omcp/arap/audit"
 	"github.com/omcp/arap/identity"
+	"github.com/omcp/arap/internal/announce"
 )
 
 // User is a person.
@@ -101,7 +102,7 @@ func (s *Store) CreateUser(ctx context.Context, u User, password, by string) err
 		if err != nil {
 			return fmt.Errorf("directory: create user: %w", err)
 		}
-		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "user.created", Actor: by,
+		return changed(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "user.created", Actor: by,
 			Data: map[string]any{"user": u.Name, "email": u.Email}})
 	})
 }
@@ -137,7 +138,7 @@ func (s *Store) DisableUser(ctx context.Context, name, by string) error {
 		if tag.RowsAffected() == 0 {
 			return ErrNotFound
 		}
-		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "user.disabled", Actor: by, Data: map[string]any{"user": name}})
+		return changed(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "user.disabled", Actor: by, Data: map[string]any{"user": name}})
 	})
 }
 
@@ -300,7 +301,7 @@ func (s *Store) CreateGroup(ctx context.Context, name, by string) error {
 		if err != nil {
 			return err
 		}
-		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "group.created", Actor: by, Data: map[string]any{"group": name}})
+		return changed(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "group.created", Actor: by, Data: map[string]any{"group": name}})
 	})
 }
 
@@ -323,7 +324,7 @@ func (s *Store) AddMember(ctx context.Context, group, user, by string) error {
 			}
 			return nil
 		}
-		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "group.member_added", Actor: by,
+		return changed(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "group.member_added", Actor: by,
 			Data: map[string]any{"group": group, "user": user}})
 	})
 }
@@ -338,7 +339,7 @@ func (s *Store) RemoveMember(ctx context.Context, group, user, by string) error 
 		if tag.RowsAffected() == 0 {
 			return ErrNotFound
 		}
-		return audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "group.member_removed", Actor: by,
+		return changed(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "group.member_removed", Actor: by,
 			Data: map[string]any{"group": group, "user": user}})
 	})
 }
@@ -361,6 +362,16 @@ func (s *Store) Groups(ctx context.Context) (map[string][]string, error) {
 		out[g] = members
 	}
 	return out, rows.Err()
+}
+
+// changed records a change of the directory in tx: its audit event, and
+// its announcement to the front-ends' decision caches (package announce),
+// which a policy reading subject_attributes from the directory depends on.
+func changed(ctx context.Context, tx pgx.Tx, ev audit.Event) error {
+	if err := announce.In(ctx, tx, announce.Directory, ""); err != nil {
+		return fmt.Errorf("directory: %w", err)
+	}
+	return audit.Append(ctx, tx, ev)
 }
 
 func isUnique(err error) bool {

@@ -101,7 +101,7 @@ func (s *Store) signInExternal(ctx context.Context, tx pgx.Tx, e External) (stri
 			if _, err := tx.Exec(ctx, `UPDATE arap.users SET display_name = $2, email = nullif($3, '') WHERE name = $1`, name, display, email); err != nil {
 				return "", fmt.Errorf("directory: update user %s: %w", name, err)
 			}
-			if err := audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "user.updated", Actor: by,
+			if err := changed(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "user.updated", Actor: by,
 				Data: map[string]any{"user": name, "display_name": display, "email": email}}); err != nil {
 				return "", err
 			}
@@ -145,7 +145,7 @@ func createExternal(ctx context.Context, tx pgx.Tx, e External, display, email, 
 			e.Issuer, e.Subject, name); err != nil {
 			return "", err // a unique violation: another sign-in linked it first; the caller retries
 		}
-		return name, audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "user.created", Actor: by,
+		return name, changed(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "user.created", Actor: by,
 			Data: map[string]any{"user": name, "email": email, "issuer": e.Issuer, "subject": e.Subject}})
 	}
 	return "", fmt.Errorf("directory: no free user name for %q", base)
@@ -167,7 +167,7 @@ func syncGroups(ctx context.Context, tx pgx.Tx, user string, want []string, by s
 		if _, err := tx.Exec(ctx, `INSERT INTO arap.group_members (group_name, user_name) VALUES ($1, $2)`, g, user); err != nil {
 			return err
 		}
-		if err := audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "group.member_added", Actor: by,
+		if err := changed(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "group.member_added", Actor: by,
 			Data: map[string]any{"group": g, "user": user}}); err != nil {
 			return err
 		}
@@ -179,7 +179,7 @@ func syncGroups(ctx context.Context, tx pgx.Tx, user string, want []string, by s
 		if _, err := tx.Exec(ctx, `DELETE FROM arap.group_members WHERE group_name = $1 AND user_name = $2`, g, user); err != nil {
 			return err
 		}
-		if err := audit.Append(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "group.member_removed", Actor: by,
+		if err := changed(ctx, tx, audit.Event{Chain: audit.SystemChain, Kind: "group.member_removed", Actor: by,
 			Data: map[string]any{"group": g, "user": user}}); err != nil {
 			return err
 		}

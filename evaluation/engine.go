@@ -60,8 +60,30 @@ type Options struct {
 	// Approvals resolves approval ids at re-evaluation; without it every
 	// presented approval is unverifiable.
 	Approvals Approvals
-	Now       func() time.Time
-	Log       *slog.Logger
+	// Cache says which allowed decisions a PEP may reuse (CtxCache); none
+	// when its MaxAge is zero.
+	Cache CacheOptions
+	Now   func() time.Time
+	Log   *slog.Logger
+}
+
+// CacheOptions say which allowed decisions are marked cacheable
+// (authzen.CtxCache), and for how long. A decision is marked only when it
+// is an allow, from no re-evaluation, and the conditions evaluated to reach
+// it (the deciding rule's and those of every rule before it whose match
+// held) read nothing but the request and what the deployment announces
+// every change of (package announce): never the time (now, windows), never
+// an attribute or subject source whose changes are not announced. Anything
+// else is not marked: the default is no reuse.
+type CacheOptions struct {
+	// MaxAge bounds a reuse; zero marks nothing.
+	MaxAge time.Duration
+	// Attributes says every change of Options.Attributes is announced.
+	Attributes bool
+	// Sources names the SubjectSources whose every change is announced. A
+	// subject_attributes file is read with the policy, so a reload (which
+	// is announced) is its only change.
+	Sources []string
 }
 
 // AttributeSource gives the current attributes.
@@ -185,7 +207,7 @@ func (e *Engine) Evaluate(ctx context.Context, callerID string, req authzen.Eval
 	if approval, ok := req.Context[authzen.CtxApproval]; ok {
 		return e.reevaluate(ctx, p, callerID, req, approval, evalID, now)
 	}
-	rule, err := e.match(ctx, p, req, now)
+	rule, reads, err := e.match(ctx, p, req, now)
 	if noVerdict(err) {
 		return Outcome{}, err
 	}
@@ -201,6 +223,9 @@ func (e *Engine) Evaluate(ctx context.Context, callerID string, req authzen.Eval
 	switch rule.Effect {
 	case EffectAllow:
 		out.Decision = authzen.Decision{Decision: true, Context: authzen.Object{authzen.CtxEvaluationID: evalID}}
+		if age := e.cacheFor(p, reads); age > 0 {
+			out.Decision.Context[authzen.CtxCache] = authzen.CacheHint{MaxAge: int(age / time.Second)}
+		}
 	case EffectDeny:
 		out.Decision = deny(rule.Reason)
 	case EffectRequest:
@@ -264,10 +289,32 @@ type activation struct {
 	p    *Policy
 	vars map[string]any
 	memo map[string]any
+	// reads are the inputs beyond the request that the conditions
+	// evaluated so far have read (a definition's reads are its reader's).
+	reads inputs
 }
 
-// ResolveName implements interpreter.Activation.
+// inputs are what conditions read besides the request itself; they decide
+// whether a decision may be reused (cacheFor).
+type inputs uint8
+
+const (
+	readClock             inputs = 1 << iota // now, windows
+	readAttributes                           // attributes
+	readSubjectAttributes                    // subject_attributes
+)
+
+// ResolveName implements interpreter.Activation. Every variable a condition
+// reads passes here, so reads is what the conditions actually read.
 func (a *activation) ResolveName(name string) (any, bool) {
+	switch name {
+	case varNow, varWindows:
+		a.reads |= readClock
+	case varAttributes:
+		a.reads |= readAttributes
+	case varSubjectAttributes:
+		a.reads |= readSubjectAttributes
+	}
 	if v, ok := a.vars[name]; ok {
 		return v, true
 	}
@@ -304,32 +351,52 @@ func (a *activation) ResolveName(name string) (any, bool) {
 // Parent implements interpreter.Activation.
 func (a *activation) Parent() interpreter.Activation { return nil }
 
-// match returns the first rule that applies, or nil.
-func (e *Engine) match(ctx context.Context, p *Policy, req authzen.EvaluationRequest, now time.Time) (*Rule, error) {
+// match returns the first rule that applies, or nil, and what the
+// conditions evaluated to find it read (a rule whose match did not hold is
+// decided by the request alone).
+func (e *Engine) match(ctx context.Context, p *Policy, req authzen.EvaluationRequest, now time.Time) (*Rule, inputs, error) {
 	vars, err := e.activation(ctx, p, req, now)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	for _, r := range p.Rules {
 		if !r.Match.matches(req) {
 			continue
 		}
 		if r.program == nil {
-			return r, nil
+			return r, vars.reads, nil
 		}
 		val, _, err := r.program.Eval(vars)
 		if err != nil {
-			return nil, fmt.Errorf("rule %q: %w", r.Name, err)
+			return nil, vars.reads, fmt.Errorf("rule %q: %w", r.Name, err)
 		}
 		b, ok := val.Value().(bool)
 		if !ok {
-			return nil, fmt.Errorf("rule %q: condition returned %T, not bool", r.Name, val.Value())
+			return nil, vars.reads, fmt.Errorf("rule %q: condition returned %T, not bool", r.Name, val.Value())
 		}
 		if b {
-			return r, nil
+			return r, vars.reads, nil
 		}
 	}
-	return nil, nil
+	return nil, vars.reads, nil
+}
+
+// cacheFor is how long an allow of p reached by conditions that read reads
+// may be reused (CacheOptions): zero unless everything read is announced.
+func (e *Engine) cacheFor(p *Policy, reads inputs) time.Duration {
+	c := e.opts.Cache
+	switch {
+	case c.MaxAge < time.Second, reads&readClock != 0:
+		return 0
+	case reads&readAttributes != 0 && !c.Attributes:
+		return 0
+	case reads&readSubjectAttributes != 0:
+		sa := p.SubjectAttributes
+		if sa == nil || (sa.file == nil && !slices.Contains(c.Sources, sa.Source)) {
+			return 0
+		}
+	}
+	return c.MaxAge
 }
 
 func (m Match) matches(req authzen.EvaluationRequest) bool {

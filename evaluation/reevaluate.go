@@ -138,7 +138,7 @@ func (e *Engine) reevaluate(ctx context.Context, p *Policy, callerID string, req
 		return o, nil
 	}
 
-	rule, err := e.match(ctx, p, req, now)
+	rule, _, err := e.match(ctx, p, req, now)
 	if noVerdict(err) {
 		return Outcome{}, err
 	}

@@ -31,7 +31,7 @@ func Try(ctx context.Context, p *Policy, req authzen.EvaluationRequest, in Trial
 		e.opts.SubjectSources = map[string]SubjectSource{sa.Source: staticSubject(in.SubjectAttributes)}
 	}
 	e.policy.Store(p)
-	rule, err := e.match(ctx, p, req, in.Now)
+	rule, _, err := e.match(ctx, p, req, in.Now)
 	if err != nil || rule == nil || rule.Effect != EffectRequest {
 		return Trial{Rule: rule}, err
 	}

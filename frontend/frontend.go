@@ -89,6 +89,12 @@ type Config struct {
 	IntentGrace time.Duration
 	// ReconcileEvery is how often crash leftovers are repaired (default 10s).
 	ReconcileEvery time.Duration
+	// DecisionCache bounds the allowed decisions the gate reuses while it
+	// hears the backend's change stream (pep.Config.DecisionCache; default
+	// 10,000, negative: off, --decision-cache); DecisionMaxAge bounds how
+	// long one is reused (default 1 minute, --decision-cache-max-age).
+	DecisionCache  int
+	DecisionMaxAge time.Duration
 	// ListenStreams bounds the subscriptions/listen streams one caller may
 	// hold open on this process (default 10); ListenLifetime ends each
 	// stream (default 30 minutes).
@@ -188,6 +194,7 @@ func (f *Frontend) build(ctx context.Context) (err error) {
 			HTTP: &http.Client{Timeout: 30 * time.Second, Transport: telemetry.Transport(arapclient.Pooled(), cfg.TracerProvider)}},
 		CallbackURL: callbackURL, Tools: cfg.Tools, Sources: sources, ApprovalTools: cfg.ApprovalTools, PollInterval: cfg.PollInterval, ExecTimeout: cfg.ExecTimeout, MaxWindow: cfg.MaxWindow,
 		IntentGrace: cfg.IntentGrace, ReconcileEvery: cfg.ReconcileEvery, Metrics: cfg.Metrics, Log: cfg.Log,
+		DecisionCache: cfg.DecisionCache, DecisionMaxAge: cfg.DecisionMaxAge,
 	}); err != nil {
 		return err
 	}

@@ -39,11 +39,12 @@ func (g *Gate) spawn(f func(ctx context.Context)) bool {
 }
 
 // Start runs the look sweep (look.go), the reconciler (every
-// Config.ReconcileEvery) and the listener that lets the callers'
-// authentication be remembered (Callers.Listen). Callback wake-ups need no
+// Config.ReconcileEvery), the listener that lets the callers'
+// authentication be remembered (Callers.Listen) and the watcher of the
+// backend's change stream that lets allowed decisions be (watchDecisions). Callback wake-ups need no
 // Start: they run from NewGate until Stop.
 func (g *Gate) Start(context.Context) error {
-	if !g.spawn(g.lookLoop) || !g.spawn(g.reconcileLoop) || !g.spawn(func(ctx context.Context) { g.callers.Listen(ctx, g.cfg.Log) }) {
+	if !g.spawn(g.lookLoop) || !g.spawn(g.reconcileLoop) || !g.spawn(func(ctx context.Context) { g.callers.Listen(ctx, g.cfg.Log) }) || !g.spawn(g.watchDecisions) {
 		return errors.New("pep: the gate has stopped")
 	}
 	return nil

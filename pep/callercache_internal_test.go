@@ -20,19 +20,19 @@ func TestCallerCacheKeepsNoAnswerReadBeforeARevocation(t *testing.T) {
 
 	_, gen, ok := c.get(h)
 	require.False(t, ok)
-	c.put(h, p, gen)
+	c.put(h, p, gen, callerCacheTTL)
 	_, _, ok = c.get(h)
 	require.False(t, ok, "remembered while not listening")
 
-	c.setLive(true)
+	c.setLive(true, 0)
 	_, gen, _ = c.get(h)
 	c.forget() // a revocation heard while the lookup was at the table
-	c.put(h, p, gen)
+	c.put(h, p, gen, callerCacheTTL)
 	_, _, ok = c.get(h)
 	require.False(t, ok, "an answer read before the revocation was remembered")
 
 	_, gen, _ = c.get(h)
-	c.put(h, p, gen)
+	c.put(h, p, gen, callerCacheTTL)
 	got, _, ok := c.get(h)
 	require.True(t, ok)
 	require.Equal(t, p, got)
@@ -42,7 +42,7 @@ func TestCallerCacheKeepsNoAnswerReadBeforeARevocation(t *testing.T) {
 	require.False(t, ok, "remembered past its lifetime")
 
 	now = now.Add(-callerCacheTTL)
-	c.setLive(false)
+	c.setLive(false, 0)
 	_, _, ok = c.get(h)
 	require.False(t, ok, "remembered after the listener was lost")
 }

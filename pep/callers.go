@@ -108,6 +108,17 @@ func (p Principal) Subject() authzen.Object {
 type Callers struct {
 	DB    *pgxpool.Pool
 	cache *callerCache // nil: no memory
+	// revoked, if set, also hears every revocation (the gate's decision
+	// memory empties too).
+	revoked func()
+}
+
+// heard is a revocation heard or made here.
+func (c *Callers) heard() {
+	c.cache.forget()
+	if c.revoked != nil {
+		c.revoked()
+	}
 }
 
 // CallersChannel is the PostgreSQL notification channel on which Revoke
@@ -151,7 +162,7 @@ func (c *Callers) Create(ctx context.Context, name, token string, p Principal) e
 // Authenticate returns the principal of a live token.
 func (c *Callers) Authenticate(ctx context.Context, token string) (Principal, error) {
 	h := sha256.Sum256([]byte(token))
-	p, gen, ok := c.cache.get(h)
+	p, st, ok := c.cache.get(h)
 	if ok {
 		return p, nil
 	}
@@ -164,7 +175,7 @@ func (c *Callers) Authenticate(ctx context.Context, token string) (Principal, er
 	if err != nil {
 		return Principal{}, err
 	}
-	c.cache.put(h, p, gen)
+	c.cache.put(h, p, st, callerCacheTTL)
 	return p, nil
 }
 
@@ -211,6 +222,6 @@ func (c *Callers) Revoke(ctx context.Context, name string) error {
 		_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, CallersChannel)
 		return err
 	})
-	c.cache.forget()
+	c.heard()
 	return err
 }

@@ -49,6 +49,22 @@ func (g *Gate) CallerMemory() (live bool, listens, remembered int) {
 	return c.live, c.listens, len(c.m)
 }
 
+// WatchDecisions runs the decision cache's watcher of the backend's change
+// stream (which Start runs with the rest) until Stop.
+func (g *Gate) WatchDecisions() { g.spawn(g.watchDecisions) }
+
+// DecisionCache says whether the decision cache is in use, how often its
+// stream has said hello, and how many decisions it holds.
+func (g *Gate) DecisionCache() (live bool, listens, size int) {
+	if g.decisions == nil {
+		return false, 0, 0
+	}
+	m := g.decisions.mem
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live, m.listens, len(m.m)
+}
+
 // LockLimits is the class of the principals' limit locks.
 const LockLimits = lockLimits
 

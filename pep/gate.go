@@ -5,6 +5,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -76,6 +77,14 @@ type Config struct {
 	// ReconcileEvery is how often Start's reconciler repairs crash
 	// leftovers (Reconcile); default 10s.
 	ReconcileEvery time.Duration
+	// DecisionCache bounds the allowed decisions remembered for reuse
+	// (decisions.go), default DefaultDecisionCache; negative: none are,
+	// every call asks the PDP. It is used only while Start's watcher hears
+	// the backend's change stream.
+	DecisionCache int
+	// DecisionMaxAge bounds how long one is remembered, below the PDP's
+	// own bound; default DefaultDecisionMaxAge.
+	DecisionMaxAge time.Duration
 	// Metrics counts calls, task endings and the task gauge (on the
 	// metrics' registry); default: fresh metrics of the gate's own.
 	Metrics *Metrics
@@ -89,14 +98,15 @@ type Config struct {
 // Gate is the enforcement point: it decides every tools/call through the PDP
 // and runs approval tasks.
 type Gate struct {
-	cfg     Config
-	box     *seal.Box
-	tasks   *tasks.Store
-	callers *Callers
-	catalog *catalog
-	advance chan struct{} // bounds concurrent Advance runs started by callbacks
-	bg      background    // what the gate runs on its own: wake-ups, the reconciler
-	tracer  trace.Tracer
+	cfg       Config
+	box       *seal.Box
+	tasks     *tasks.Store
+	callers   *Callers
+	decisions *decisions // nil: off
+	catalog   *catalog
+	advance   chan struct{} // bounds concurrent Advance runs started by callbacks
+	bg        background    // what the gate runs on its own: wake-ups, the reconciler
+	tracer    trace.Tracer
 }
 
 // NewGate checks cfg and builds a Gate.
@@ -120,6 +130,7 @@ func NewGate(cfg Config) (*Gate, error) {
 	def(&cfg.MaxWindow, 7*24*time.Hour)
 	def(&cfg.IntentGrace, 15*time.Second)
 	def(&cfg.ReconcileEvery, 10*time.Second)
+	def(&cfg.DecisionMaxAge, DefaultDecisionMaxAge)
 	if brokenBuild && broken(violateNoRetention) { // keeps a result a minute
 		cfg.ResultRetention = time.Minute
 	}
@@ -141,6 +152,11 @@ func NewGate(cfg Config) (*Gate, error) {
 	g := &Gate{cfg: cfg, box: box, tasks: &tasks.Store{DB: cfg.DB, Now: cfg.Now}, callers: &Callers{DB: cfg.DB, cache: newCallerCache(cfg.Now)}, advance: make(chan struct{}, 16),
 		tracer: telemetry.Provider(cfg.TracerProvider).Tracer("github.com/omcp/arap/pep")}
 	g.bg.life, g.bg.end = context.WithCancel(context.Background())
+	if cfg.DecisionCache >= 0 && cfg.DecisionMaxAge > 0 {
+		// Real time, not cfg.Now: how long a decision may be reused.
+		g.decisions = &decisions{mem: newMemory[struct{}](time.Now, cmp.Or(cfg.DecisionCache, DefaultDecisionCache)), maxAge: cfg.DecisionMaxAge}
+		g.callers.revoked = func() { g.forgetDecisions(causeCaller) }
+	}
 	sources := cfg.Sources
 	if len(cfg.Tools) > 0 {
 		// Their derived fields once, not on every call.
@@ -342,15 +358,26 @@ func (g *Gate) respond(ctx context.Context, t *tasks.Task) sdk.Result {
 }
 
 // evaluate asks the PDP about ev (a tool call, or a passed-through
-// request), retrying transient failures. A failure is the JSON-RPC error
-// the caller gets; the log names the action and what it is about, never
-// the request's properties (a tool's arguments).
+// request), retrying transient failures, unless the decision cache holds
+// an allow for it (decisions.go). A failure is the JSON-RPC error the
+// caller gets; the log names the action and what it is about, never the
+// request's properties (a tool's arguments).
 func (g *Gate) evaluate(ctx context.Context, ev authzen.EvaluationRequest) (authzen.Decision, error) {
+	key, st, cached := g.decisions.lookup(ev)
+	g.cfg.Metrics.decisionLookup(cached)
+	if cached == CacheHit {
+		noteDecision(ctx, decisionFromCache)
+		return authzen.Decision{Decision: true}, nil
+	}
 	var d authzen.Decision
 	err := retryTransient(ctx, func() (err error) {
 		d, err = g.cfg.Backend.Evaluate(ctx, ev)
 		return err
 	})
+	if err == nil {
+		noteDecision(ctx, decisionFromPDP)
+		g.decisions.keep(key, st, cached, d)
+	}
 	if err != nil {
 		g.cfg.Log.ErrorContext(ctx, "evaluation failed", "action", ev.Action["name"], "resource_type", ev.Resource["type"], "error", err)
 		if backendUnavailable(err) {

@@ -61,6 +61,8 @@ type Metrics struct {
 	upDur    *prometheus.HistogramVec
 	upErrors *prometheus.CounterVec
 	http     *prometheus.CounterVec
+	cache    *prometheus.CounterVec
+	forgets  *prometheus.CounterVec
 }
 
 // NewMetrics makes the front-end's metrics on a fresh registry, with the Go
@@ -84,8 +86,14 @@ func NewMetrics() *Metrics {
 		http: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "arap_pep_http_requests_total", Help: "HTTP requests served by the MCP front-end, by route and status code.",
 		}, []string{"method", "route", "code"}),
+		cache: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "arap_pep_decision_cache_total", Help: "Decisions the gate needed, by result: hit (an allowed decision reused), miss (asked the PDP), bypass (asked the PDP; the cache is off: no change stream, or disabled).",
+		}, []string{"result"}),
+		forgets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "arap_pep_decision_cache_invalidations_total", Help: "Times the decision cache was emptied, by cause: policy, attributes, directory, client (announced by the backend), caller (a caller revoked), stream-lost (the change stream ended), other.",
+		}, []string{"cause"}),
 	}
-	m.reg.MustRegister(m.calls, m.ended, m.upDur, m.upErrors, m.http, version.Collector(),
+	m.reg.MustRegister(m.calls, m.ended, m.upDur, m.upErrors, m.http, m.cache, m.forgets, version.Collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -142,6 +150,27 @@ func (m *Metrics) called(tool string, res sdk.Result, err error) string {
 		m.calls.WithLabelValues(tool, outcome).Inc()
 	}
 	return outcome
+}
+
+// decisionLookup counts one decision the gate needed (CacheHit, CacheMiss,
+// CacheBypass).
+func (m *Metrics) decisionLookup(result string) {
+	if m != nil {
+		m.cache.WithLabelValues(result).Inc()
+	}
+}
+
+// decisionsForgotten counts the decision cache emptied for cause (bounded
+// to the known causes: the backend names the kinds).
+func (m *Metrics) decisionsForgotten(cause string) {
+	switch cause {
+	case "policy", "attributes", "directory", "client", causeCaller, causeStreamLost:
+	default:
+		cause = "other"
+	}
+	if m != nil {
+		m.forgets.WithLabelValues(cause).Inc()
+	}
 }
 
 // taskEnded counts a task that this process ended.

@@ -73,8 +73,8 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 
 // logInfo carries what inner handlers learn back to the access log.
 type logInfo struct {
-	mu                            sync.Mutex
-	caller, method, tool, outcome string
+	mu                                      sync.Mutex
+	caller, method, tool, outcome, decision string
 }
 
 type logInfoKey struct{}
@@ -84,6 +84,23 @@ func noteCaller(ctx context.Context, name string) {
 	if li, ok := ctx.Value(logInfoKey{}).(*logInfo); ok {
 		li.mu.Lock()
 		li.caller = name
+		li.mu.Unlock()
+	}
+}
+
+// Where a request's allow came from (logInfo.decision): the gate's
+// decision cache, or the PDP asked now.
+const (
+	decisionFromCache = "cache"
+	decisionFromPDP   = "pdp"
+)
+
+// noteDecision records, for the access log, where the request's decision
+// came from.
+func noteDecision(ctx context.Context, from string) {
+	if li, ok := ctx.Value(logInfoKey{}).(*logInfo); ok {
+		li.mu.Lock()
+		li.decision = from
 		li.mu.Unlock()
 	}
 }
@@ -129,7 +146,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		li.mu.Lock()
 		attrs := []any{"method", r.Method, "route", route, "status", rec.Status, "bytes", rec.Bytes,
 			"duration_ms", float64(elapsed.Microseconds()) / 1000, "request_id", id, "remote", clientip.Addr(r).String()}
-		for _, a := range [][2]string{{"caller", li.caller}, {"rpc_method", li.method}, {"tool", li.tool}, {"outcome", li.outcome}} {
+		for _, a := range [][2]string{{"caller", li.caller}, {"rpc_method", li.method}, {"tool", li.tool}, {"outcome", li.outcome}, {"decision", li.decision}} {
 			if a[1] != "" {
 				attrs = append(attrs, a[0], a[1])
 			}

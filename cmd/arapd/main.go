@@ -382,6 +382,8 @@ func runMCP(args []string) error {
 	grace := c.Duration("intent-grace", 15*time.Second, "how long an unbound intent is left to the process that wrote it")
 	listenStreams := c.Int("listen-streams", 10, "subscriptions/listen streams one caller may hold open on this replica")
 	listenLifetime := c.Duration("listen-lifetime", 30*time.Minute, "longest a subscriptions/listen stream stays open; then it ends and the client listens again")
+	decisionCache := c.Int("decision-cache", pep.DefaultDecisionCache, "allowed decisions the PDP marks cacheable remembered for reuse, while the backend's change stream is heard (every policy, attribute, directory or client change empties them); 0: none, every call asks the PDP")
+	decisionMaxAge := c.Duration("decision-cache-max-age", pep.DefaultDecisionMaxAge, "longest an allowed decision is reused (the PDP's own bound applies too)")
 	doMigrate := c.Bool("migrate", false, "apply pending migrations before starting")
 	conformance := c.Bool("conformance-fixtures", false, "also serve the official MCP conformance suite's fixture tools, and let requests without a token in as an anonymous caller (for conformance testing only, never in production)")
 	approvalTools := c.Bool("approval-tools", false, "let clients that do not drive tasks get calls approved: a requestable call makes the request and answers with a handle, followed with the approval_status tool; the same call made again after approval runs it once")
@@ -430,7 +432,10 @@ func runMCP(args []string) error {
 		Addr: *addr, PublicURL: *public, DatabaseURL: dbURL.Value(), ListenURL: listen.Value(), MasterKey: masterKey, PreviousMasterKeys: previous, BackendURL: *backendURL, BackendToken: token.Value(),
 		WebhookSecrets: webhookSecrets, Upstreams: *upstreams, Migrate: *doMigrate, PollInterval: *poll, ExecTimeout: *execTimeout, MaxWindow: *maxWindow, IntentGrace: *grace, ReconcileEvery: *reconcile,
 		ListenStreams: *listenStreams, ListenLifetime: *listenLifetime, Log: log, TrustedProxies: proxies, MetricsAddr: *metrics,
-		ApprovalTools: *approvalTools,
+		ApprovalTools: *approvalTools, DecisionCache: *decisionCache, DecisionMaxAge: *decisionMaxAge,
+	}
+	if cfg.DecisionCache <= 0 || cfg.DecisionMaxAge <= 0 {
+		cfg.DecisionCache = -1 // off
 	}
 	if *oauthIssuers != "" {
 		cfg.OAuth = &agentauth.Config{Issuers: splitList(*oauthIssuers), Resource: *oauthResource, Scopes: splitList(*oauthScopes), SubjectClaim: *oauthSubject}
