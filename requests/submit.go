@@ -64,7 +64,7 @@ func (s *Service) Submit(ctx context.Context, caller Caller, key string, body []
 	if err != nil {
 		return nil, err
 	}
-	for reclaimed := false; ; reclaimed = true {
+	for attempt := 1; ; attempt++ {
 		res, err := s.checkAndCreate(ctx, caller, key, bodyHash[:], body, doc)
 		if key == "" || err == nil {
 			return res, err
@@ -76,16 +76,24 @@ func (s *Service) Submit(ctx context.Context, caller Caller, key string, body []
 		if !errors.Is(err, errKeyTaken) {
 			return nil, err
 		}
-		if !stale || reclaimed {
-			// Between the conflict and the read, another submission
-			// reclaimed the key and has not committed its request yet.
-			return nil, errors.New("requests: idempotency key vanished")
+		if attempt == maxKeyAttempts {
+			return nil, errors.New("requests: idempotency key still contended after reclaiming it")
 		}
-		if err := s.reclaim(ctx, caller, key); err != nil {
-			return nil, err
+		if stale {
+			if err := s.reclaim(ctx, caller, key); err != nil {
+				return nil, err
+			}
 		}
+		// Otherwise nothing held the key when it was read: another
+		// submission reclaimed it and has not committed its request yet.
+		// The next INSERT waits for that one, then conflicts with it (and
+		// is answered from it) or takes the key.
 	}
 }
+
+// maxKeyAttempts bounds Submit's tries at a key: the first, one after
+// reclaiming a stale key, one after waiting out a concurrent reclaimer.
+const maxKeyAttempts = 3
 
 func (s *Service) checkAndCreate(ctx context.Context, caller Caller, key string, bodyHash, body []byte, doc any) (*Submitted, error) {
 	sub, err := decodeSubmission(body, doc)
