@@ -127,6 +127,7 @@ func TestDecisionCacheInvalidations(t *testing.T) {
 		t.Parallel()
 		c := newCached(t, pepOptions{})
 		c.reused(t, "get_balance", map[string]any{})
+		_, before, _ := c.gate.DecisionCache()
 		_, err := c.env.Backend.Clients().Revoke(context.Background(), "dev-pep", "test")
 		require.NoError(t, err)
 		// The PDP no longer answers this front-end at all: nothing it
@@ -135,8 +136,13 @@ func TestDecisionCacheInvalidations(t *testing.T) {
 			_, err := c.alice.CallTool(context.Background(), "get_balance", map[string]any{}, nil)
 			return err != nil
 		}, time.Minute/2, 20*time.Millisecond, "a call was still allowed after the front-end's client was revoked at the backend")
-		live, _, _ := c.gate.DecisionCache()
-		require.False(t, live, "the cache is in use without a change stream")
+		// The stream ends after the change that revoked its client (the
+		// cache was emptied by that change) and is refused after it.
+		require.Eventually(t, func() bool { live, _, _ := c.gate.DecisionCache(); return !live }, time.Minute, 10*time.Millisecond,
+			"the cache is in use without a change stream")
+		live, listens, _ := c.gate.DecisionCache()
+		require.False(t, live)
+		require.Equal(t, before, listens, "a revoked client's stream was served again")
 	})
 	t.Run("a caller revoked", func(t *testing.T) {
 		t.Parallel()
