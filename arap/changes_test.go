@@ -156,3 +156,31 @@ func TestDecisionChangesEndWhenNotHeard(t *testing.T) {
 	err := pep.Changes(refusedCtx, func(arapclient.Change) { t.Error("a stream was served while the replica does not hear changes") })
 	require.True(t, arapclient.IsProblem(err, authzen.ProblemUnavailable), "%v", err)
 }
+
+// TestDecisionChangesNeedEvaluate: the change stream is the evaluate
+// scope's, like the evaluations whose reuse it governs: no token is 401, a
+// client without the scope (an ITSM system, a resolver) is 403
+// insufficient_scope, and neither gets a hello.
+func TestDecisionChangesNeedEvaluate(t *testing.T) {
+	t.Parallel()
+	env := backendtest.Start(t, backendtest.Options{})
+	for _, tc := range []struct {
+		token  string
+		status int
+		code   string
+	}{
+		{"", http.StatusUnauthorized, authzen.ProblemUnauthorized},
+		{dev.ITSMToken, http.StatusForbidden, authzen.ProblemInsufficientScope},
+		{dev.ResolverToken, http.StatusForbidden, authzen.ProblemInsufficientScope},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := (&arapclient.Client{BaseURL: env.URL, Token: tc.token}).Changes(ctx, func(arapclient.Change) {
+			t.Errorf("a stream was served to %q", tc.token)
+		})
+		cancel()
+		var pe *arapclient.ProblemError
+		require.True(t, errors.As(err, &pe), "%q: %v", tc.token, err)
+		require.Equal(t, tc.status, pe.Status, "%q", tc.token)
+		require.True(t, arapclient.IsProblem(err, tc.code), "%q: %v", tc.token, err)
+	}
+}
