@@ -61,8 +61,8 @@ func envInt(t *testing.T, name string, def int) int {
 // exactly one request.expired audit event and exactly one callback delivery
 // (each subscribed, as every request a PEP makes does); every audit chain
 // still verifies, and both replicas are still running. With
-// ARAP_SCALE_REQUESTS set (the scale run), the last must also expire within
-// a minute of the deadline.
+// ARAP_SCALE_WITHIN set (a duration), the last must also expire within it of
+// the deadline.
 //
 // The requests are written in bulk rather than through the API (100k
 // submissions would take longer than the expiry being measured), but they
@@ -125,11 +125,13 @@ func TestScaleExpiry(t *testing.T) {
 	took := last.Sub(start)
 	t.Logf("expiry: N=%d, last expired %.1fs after the deadline (polled: %.1fs), %.0f requests/s, two replicas",
 		n, took.Seconds(), observed.Seconds(), float64(n)/took.Seconds())
-	// A bound on time is a measurement: asserted in the scale run that
-	// states it (ARAP_SCALE_REQUESTS set), only logged in `go test ./...`,
-	// where a loaded machine says nothing about the code.
-	if os.Getenv("ARAP_SCALE_REQUESTS") != "" {
-		require.Less(t, took, time.Minute, "%d requests expire within a minute of their deadline", n)
+	// A bound on time measures the machine as much as the code: asserted
+	// only when ARAP_SCALE_WITHIN states one (a quiet host, as
+	// docs/performance.md runs it), logged otherwise.
+	if within := os.Getenv("ARAP_SCALE_WITHIN"); within != "" {
+		bound, err := time.ParseDuration(within)
+		require.NoError(t, err, "ARAP_SCALE_WITHIN must be a duration")
+		require.Less(t, took, bound, "%d requests expire within %s of their deadline", n, bound)
 	}
 
 	// Every request expired, exactly once.
