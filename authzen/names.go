@@ -30,6 +30,14 @@ const (
 	EventChange = "change" // data: {epoch, kind}
 )
 
+// Kinds of an EventChange: what changed.
+const (
+	ChangePolicy     = "policy"
+	ChangeAttributes = "attributes"
+	ChangeDirectory  = "directory"
+	ChangeClient     = "client"
+)
+
 // Batch evaluation semantics (AuthZEN 1.0 section 7.1.2).
 const (
 	SemanticExecuteAll          = "execute_all"

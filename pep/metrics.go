@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/omcp/arap/authzen"
 	"github.com/omcp/arap/internal/version"
 	"github.com/omcp/arap/mcp/tasks"
 )
@@ -164,7 +165,7 @@ func (m *Metrics) decisionLookup(result string) {
 // to the known causes: the backend names the kinds).
 func (m *Metrics) decisionsForgotten(cause string) {
 	switch cause {
-	case "policy", "attributes", "directory", "client", causeCaller, causeStreamLost:
+	case authzen.ChangePolicy, authzen.ChangeAttributes, authzen.ChangeDirectory, authzen.ChangeClient, causeCaller, causeStreamLost:
 	default:
 		cause = "other"
 	}

@@ -22,18 +22,21 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/omcp/arap/authzen"
 )
 
 // Channel is the PostgreSQL notification channel of the announcements.
 const Channel = "arap_decision_inputs"
 
 // What changed: an announcement's payload is a kind, or a kind, ":" and
-// what it is about (the revoked client's id).
+// what it is about (the revoked client's id). The kinds are the change
+// stream's, whose wire names authzen keeps.
 const (
-	Policy     = "policy"
-	Attributes = "attributes"
-	Directory  = "directory"
-	Client     = "client"
+	Policy     = authzen.ChangePolicy
+	Attributes = authzen.ChangeAttributes
+	Directory  = authzen.ChangeDirectory
+	Client     = authzen.ChangeClient
 )
 
 // Execer is a transaction or a pool.
