@@ -162,6 +162,7 @@ func TestDecisionCacheNeverKeepsDenials(t *testing.T) {
 	t.Parallel()
 	c := newCached(t, pepOptions{})
 	c.reused(t, "get_balance", map[string]any{}) // the settle time has passed
+	_, heard, _ := c.gate.DecisionCache()
 	over := map[string]any{"to": "acct-1", "amount": 2000000}
 	for range 3 {
 		ran, asked := c.call(t, "wire_transfer", over)
@@ -179,8 +180,13 @@ func TestDecisionCacheNeverKeepsDenials(t *testing.T) {
 	var ran int
 	require.NoError(t, c.db.QueryRow(context.Background(), `SELECT count(*) FROM pep.ledger`).Scan(&ran))
 	require.Zero(t, ran, "a denied or requestable transfer ran")
-	_, _, size := c.gate.DecisionCache()
-	require.Equal(t, 1, size, "only get_balance's allow is kept")
+	live, listens, size := c.gate.DecisionCache()
+	if live && listens == heard {
+		require.Equal(t, 1, size, "only get_balance's allow is kept")
+	} else { // the stream was taken for lost meanwhile, which empties the cache
+		t.Logf("the change stream was lost during the test (live %v, hellos %d then %d)", live, heard, listens)
+		require.LessOrEqual(t, size, 1, "only get_balance's allow is kept")
+	}
 }
 
 // TestDecisionCacheOffWithoutStream: when the change stream is lost (here
