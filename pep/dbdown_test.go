@@ -158,3 +158,24 @@ func TestRateLimitDatabaseDown(t *testing.T) {
 		return err == nil
 	}, 30*time.Second, 50*time.Millisecond)
 }
+
+// TestInternalErrorSaysNothingOfItsCause: an error the front-end has no
+// answer for (here its table is gone, as a state lost by an asynchronous
+// failover leaves no row where one must be) is answered -32603 "internal
+// error", not code 0 with the driver's text naming the table; once the
+// table is back, the same call opens its task.
+func TestInternalErrorSaysNothingOfItsCause(t *testing.T) {
+	t.Parallel()
+	p := newPEP(t, pepOptions{})
+	ctx := context.Background()
+	_, err := p.db.Exec(ctx, `ALTER TABLE pep.approval_tasks RENAME TO approval_tasks_gone`)
+	require.NoError(t, err)
+	_, err = p.alice.CallTool(ctx, "wire_transfer", map[string]any{"to": "acct-1", "amount": 50000}, nil)
+	var re *tasks.RPCError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, tasks.CodeInternalError, re.Code, "%s", re.Message)
+	require.Equal(t, "internal error", re.Message)
+	_, err = p.db.Exec(ctx, `ALTER TABLE pep.approval_tasks_gone RENAME TO approval_tasks`)
+	require.NoError(t, err)
+	p.transfer(t, 50000)
+}

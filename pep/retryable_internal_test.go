@@ -19,8 +19,9 @@ import (
 )
 
 // TestRetryable: an error of an unavailable database that reaches route
-// (which the SDK would answer -32603 with the driver's text, naming the
-// server) becomes tasks.Unavailable; other errors pass unchanged.
+// (which the SDK would answer with the driver's text, naming the server)
+// becomes tasks.Unavailable; one with a JSON-RPC code passes unchanged;
+// any other is an internal error that says nothing of its cause.
 func TestRetryable(t *testing.T) {
 	s := &Server{log: slog.New(slog.DiscardHandler)}
 	_, down := pgx.Connect(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=5")
@@ -30,8 +31,10 @@ func TestRetryable(t *testing.T) {
 	require.Equal(t, int64(tasks.CodeUnavailable), je.Code)
 	require.NotContains(t, je.Message, "127.0.0.1")
 
-	other := errors.New("something else")
-	require.Equal(t, other, s.retryable("tools/call", other))
+	other := errors.New(`ERROR: relation "pep.approval_tasks" does not exist (SQLSTATE 42P01)`)
+	require.ErrorAs(t, s.retryable("tools/call", other), &je)
+	require.Equal(t, int64(tasks.CodeInternalError), je.Code)
+	require.Equal(t, "internal error", je.Message)
 	own := rpcError(tasks.CodeInvalidParams, "bad")
 	require.Equal(t, error(own), s.retryable("tools/call", own))
 	require.NoError(t, s.retryable("tools/list", nil))
