@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -162,11 +164,14 @@ func TestRateLimitDatabaseDown(t *testing.T) {
 // TestInternalErrorSaysNothingOfItsCause: an error the front-end has no
 // answer for (here its table is gone, as a state lost by an asynchronous
 // failover leaves no row where one must be) is answered -32603 "internal
-// error", not code 0 with the driver's text naming the table; once the
-// table is back, the same call opens its task.
+// error", not code 0 with the driver's text naming the table; the cause is
+// in the log (written before the answer), nothing is left behind, and once
+// the table is back the same call opens its task.
 func TestInternalErrorSaysNothingOfItsCause(t *testing.T) {
 	t.Parallel()
-	p := newPEP(t, pepOptions{})
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	p := newPEP(t, pepOptions{log: slog.New(slog.NewJSONHandler(lockedWriter{&mu, &buf}, nil))})
 	ctx := context.Background()
 	_, err := p.db.Exec(ctx, `ALTER TABLE pep.approval_tasks RENAME TO approval_tasks_gone`)
 	require.NoError(t, err)
@@ -175,6 +180,13 @@ func TestInternalErrorSaysNothingOfItsCause(t *testing.T) {
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, tasks.CodeInternalError, re.Code, "%s", re.Message)
 	require.Equal(t, "internal error", re.Message)
+	mu.Lock()
+	logged := buf.String()
+	mu.Unlock()
+	require.Regexp(t, `"level":"ERROR","msg":"tools/call","error":"[^\n]*approval_tasks`, logged, "the cause is logged for the operator")
+	var n int
+	require.NoError(t, p.db.QueryRow(ctx, `SELECT count(*) FROM pep.tasks`).Scan(&n))
+	require.Zero(t, n, "the failed call left a task")
 	_, err = p.db.Exec(ctx, `ALTER TABLE pep.approval_tasks_gone RENAME TO approval_tasks`)
 	require.NoError(t, err)
 	p.transfer(t, 50000)

@@ -381,25 +381,17 @@ func (s *Server) route(next sdk.MethodHandler) sdk.MethodHandler {
 	}
 }
 
-// retryable is what the caller is answered for err: an error that says the
-// database is unavailable becomes the retryable tasks.Unavailable; an
-// error with a JSON-RPC code passes unchanged; any other (which the SDK
-// would answer with code 0 and the error's text, naming tables or
-// addresses) is logged and answered as an internal error.
+// retryable is what the caller is answered for err: an error with a
+// JSON-RPC code as it is; any other (which the SDK would answer with code
+// 0 and the error's text, naming tables or addresses) as tasks.InternalError
+// answers it: retryable while the database is unavailable, otherwise an
+// internal error, its cause logged.
 func (s *Server) retryable(method string, err error) error {
 	var je *jsonrpc.Error
-	switch {
-	case err == nil || errors.As(err, &je):
+	if err == nil || errors.As(err, &je) {
 		return err
-	case dbdown.Is(err):
-		s.log.Warn("database unavailable", "method", method, "error", err)
-		return tasks.Unavailable(tasks.WhatDatabase)
-	case errors.Is(err, context.Canceled):
-		s.log.Debug("request cancelled", "method", method, "error", err)
-	default:
-		s.log.Error("internal error", "method", method, "error", err)
 	}
-	return &jsonrpc.Error{Code: tasks.CodeInternalError, Message: "internal error"}
+	return tasks.InternalError(s.log, method, err)
 }
 
 // callback receives the backend's signed callbacks (verified by the

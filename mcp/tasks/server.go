@@ -244,19 +244,31 @@ func (s *Server) cancel(ctx context.Context, _ *sdk.ServerSession, p *TaskParams
 }
 
 // failed is the error of a task method that failed, not by the caller's
-// fault: retryable (Unavailable) while the database is unavailable,
-// otherwise an internal error. A Kind's own Unavailable error (the
-// backend unavailable) passes as it is.
+// fault (InternalError).
 func (s *Server) failed(what, taskID string, err error) *jsonrpc.Error {
+	return InternalError(s.log(), what, err, "task_id", taskID)
+}
+
+// InternalError is the answer to a request that failed, not by the caller's
+// fault: retryable (Unavailable) while the database is unavailable,
+// otherwise an internal error that says nothing of its cause (an error's
+// own text names tables and addresses), which is logged with args. A
+// Kind's own Unavailable error (the backend unavailable) passes as it is.
+func InternalError(log *slog.Logger, what string, err error, args ...any) *jsonrpc.Error {
 	var je *jsonrpc.Error
 	if errors.As(err, &je) && je.Code == CodeUnavailable {
 		return je
 	}
-	if dbdown.Is(err) {
-		s.log().Warn(what+": database unavailable", "task_id", taskID, "error", err)
+	args = append(args, "error", err)
+	switch {
+	case dbdown.Is(err):
+		log.Warn(what+": database unavailable", args...)
 		return Unavailable(WhatDatabase)
+	case errors.Is(err, context.Canceled): // the caller went away
+		log.Debug(what+": cancelled", args...)
+	default:
+		log.Error(what, args...)
 	}
-	s.log().Error(what, "task_id", taskID, "error", err)
 	return &jsonrpc.Error{Code: CodeInternalError, Message: "internal error"}
 }
 
